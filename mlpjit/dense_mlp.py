@@ -1,0 +1,367 @@
+"""DenseMlp: the public layer. Validates once, plans per token count, launches two kernels.
+
+    mlp = DenseMlp(w13, w13_scale, w2, w2_scale, limit=None, ue8m0=True)
+    mlp.prepare(range(1, 9))   # every worker, before CUDA graph capture
+    out = mlp(x)               # x [m, hidden] bf16 -> [m, hidden] bf16 (TP-partial)
+
+Path per token count m (``path(m)``):
+- "kernel": CUDA weights on sm_90a, 1 <= m <= 8 and both shapes supported by the fp8_gemv
+  kernel (kernels.plan.kernel_supports): the gate_up kernel (SwiGLU fused) writes act, the
+  down kernel writes out. Kernels come from the compile cache and are loaded by prepare();
+- "stock": other shapes/token counts on a Hopper GPU: torch's block-scaled _scaled_mm
+  (reference.stock_forward), correct but five kernels;
+- "reference": CPU weights or GPUs without block-scaled _scaled_mm: the reference math.
+
+prepare() on CPU weights (or a GPU without the kernels) compiles and loads nothing: no token
+count takes the kernel path there. To fill a cache on a machine without a GPU use
+``mlpjit warm --arch sm_90a``.
+
+The weights are the caller's tensors (no copy is kept or made); weight scales are converted
+to float32 once (scales.to_float32_scale: no copy for contiguous float32 scales).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from numbers import Real
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from mlpjit import reference
+from mlpjit.errors import CaptureError
+from mlpjit.scales import BLOCK, to_float32_scale
+
+if TYPE_CHECKING:
+    from mlpjit.jit.launcher import LoadedKernel
+    from mlpjit.jit.manager import KernelRequest
+
+__all__ = ["DenseMlp", "MAX_TOKENS", "kernel_arch", "kernel_requests", "kernel_supported"]
+
+MAX_TOKENS = 8  # the fp8_gemv kernels take 1..8 tokens (the 8 columns of one mma)
+
+_KERNEL_ARCHS = {(9, 0): "sm_90a"}
+
+
+def kernel_arch(device: torch.device) -> str | None:
+    """The fp8_gemv target arch for ``device`` ("sm_90a" on Hopper), or None: no kernels."""
+    if device.type != "cuda":
+        return None
+    return _KERNEL_ARCHS.get(tuple(torch.cuda.get_device_capability(device)))
+
+
+def kernel_supported(hidden: int, intermediate: int, m: int) -> bool:
+    """True when both fp8_gemv kernels of a layer take m tokens (else: the stock path)."""
+    if not 1 <= m <= MAX_TOKENS:
+        return False
+    from mlpjit.kernels.plan import kernel_supports
+
+    return kernel_supports(2 * intermediate, hidden, m) and kernel_supports(hidden, intermediate, m)
+
+
+def kernel_requests(
+    hidden: int,
+    intermediate: int,
+    tokens: Iterable[int],
+    arch: str,
+    *,
+    limit: float | None,
+    ue8m0: bool,
+) -> list[KernelRequest]:
+    """The compile requests (gate_up then down per supported token count) of one layer.
+
+    The same requests as ``mlpjit warm`` for that shard (kernels.plan.dense_mlp_requests with
+    tp=1), so a cache warmed by the CLI serves prepare() without compiling. No GPU needed:
+    e.g. ``kernel_requests(6144, 1536, range(1, 9), "sm_90a", limit=None, ue8m0=True)``.
+    """
+    from mlpjit.kernels.plan import dense_mlp_requests
+
+    return dense_mlp_requests(
+        hidden, intermediate, 1, _token_counts(tokens), arch, ue8m0=ue8m0, limit=limit
+    )
+
+
+def _check_weight(w: object, name: str, shape_doc: str) -> Tensor:
+    if not isinstance(w, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor {shape_doc}, got {type(w).__name__}")
+    if w.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"{name} must have dtype torch.float8_e4m3fn, got {w.dtype}")
+    if w.dim() != 2:
+        raise ValueError(f"{name} must be 2-D {shape_doc}, got shape {list(w.shape)}")
+    if not w.is_contiguous():
+        raise ValueError(
+            f"{name} must be contiguous (DenseMlp uses the caller's weights without copying), "
+            f"got strides {w.stride()}"
+        )
+    return w
+
+
+def _check_limit(limit: object) -> float | None:
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, Real):
+        raise ValueError(f"limit must be None or a finite number > 0, got {limit!r}")
+    value = float(limit)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"limit must be None or a finite number > 0, got {limit!r}")
+    return value
+
+
+def _token_counts(tokens: Iterable[int]) -> list[int]:
+    try:
+        items = list(tokens)
+    except TypeError:
+        raise ValueError(
+            f"tokens must be an iterable of ints >= 1 (e.g. range(1, 9)), got {tokens!r}"
+        ) from None
+    counts = []
+    for t in items:
+        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+            raise ValueError(f"tokens must be ints >= 1, got {t!r} in {items!r}")
+        if t not in counts:
+            counts.append(t)
+    return counts
+
+
+class DenseMlp:
+    """The dense SwiGLU MLP of a DeepSeek-style FP8 layer, TP-partial (no all-reduce).
+
+    Args:
+        w13: float8_e4m3fn [2*inter, hidden], gate rows then up rows, contiguous.
+        w13_scale: block scales of w13: float32 or float8_e8m0fnu [2*inter/128, hidden/128],
+            or UE8M0 bytes packed four per int32 along K [2*inter/128, ceil(hidden/512)].
+        w2: float8_e4m3fn [hidden, inter], contiguous, on w13's device.
+        w2_scale: block scales of w2, same forms ([hidden/128, inter/128] ...).
+        limit: None, or L > 0 for the clamped SwiGLU (gate <= L, -L <= up <= L).
+        ue8m0: round activation scales up to powers of two (vLLM's default with DeepGEMM).
+
+    Attribute ``pdl`` (default None: as compiled, i.e. on) set to False launches the kernels
+    without programmatic dependent launch, to measure what streaming weights early buys.
+    """
+
+    def __init__(
+        self,
+        w13: Tensor,
+        w13_scale: Tensor,
+        w2: Tensor,
+        w2_scale: Tensor,
+        limit: float | None = None,
+        ue8m0: bool = False,
+    ) -> None:
+        w13 = _check_weight(w13, "w13", "[2*intermediate, hidden]")
+        w2 = _check_weight(w2, "w2", "[hidden, intermediate]")
+        if w13.device != w2.device:
+            raise ValueError(f"w2 must be on w13's device {w13.device}, got {w2.device}")
+        rows13, hidden = w13.shape
+        if rows13 % 2:
+            raise ValueError(f"w13 must have an even number of rows (gate then up), got {rows13}")
+        inter = rows13 // 2
+        if tuple(w2.shape) != (hidden, inter):
+            raise ValueError(
+                f"w2 must be [hidden, intermediate] = [{hidden}, {inter}] to match w13 "
+                f"[{rows13}, {hidden}], got {list(w2.shape)}"
+            )
+        if hidden % BLOCK or inter % BLOCK:
+            raise ValueError(
+                f"hidden ({hidden}) and intermediate ({inter}) must be multiples of {BLOCK}"
+            )
+        for scale, name in ((w13_scale, "w13_scale"), (w2_scale, "w2_scale")):
+            if isinstance(scale, Tensor) and scale.device != w13.device:
+                raise ValueError(f"{name} must be on the weights' device {w13.device}")
+        if not isinstance(ue8m0, bool):
+            raise ValueError(f"ue8m0 must be a bool, got {ue8m0!r}")
+
+        self.hidden = hidden
+        self.intermediate = inter
+        self.limit = _check_limit(limit)
+        self.ue8m0 = ue8m0
+        self.device = w13.device
+        self.w13 = w13
+        self.w2 = w2
+        self.w13_scale = to_float32_scale(w13_scale, rows13, hidden, name="w13_scale")
+        self.w2_scale = to_float32_scale(w2_scale, hidden, inter, name="w2_scale")
+        self.arch = kernel_arch(self.device)
+        # -1 off CUDA; get_device() is the cheapest per-call device check (cpu and meta
+        # tensors both say -1, so off CUDA the device itself is compared as well).
+        self._index = w13.get_device()
+        self._kernels: dict[int, tuple[LoadedKernel, LoadedKernel]] = {}
+        # Programmatic dependent launch: None = as compiled (on), False = off (benchmarks).
+        self.pdl: bool | None = None
+        self._paths: dict[int, str] = {}
+        self._stock = reference.stock_gemm_supported(self.device)
+        # _scaled_mm's weight-scale operands, prepared once (views unless k/128 % 4 != 0).
+        self._stock_scales = (
+            (
+                reference.stock_weight_scale(self.w13_scale, rows13, hidden),
+                reference.stock_weight_scale(self.w2_scale, hidden, inter),
+            )
+            if self._stock
+            else None
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"DenseMlp(hidden={self.hidden}, intermediate={self.intermediate}, "
+            f"limit={self.limit}, ue8m0={self.ue8m0}, device={self.device}, "
+            f"prepared={sorted(self._kernels)})"
+        )
+
+    # ---- planning ---------------------------------------------------------------------------
+
+    def path(self, m: int) -> str:
+        """How a call with m tokens runs: "kernel", "stock" (torch _scaled_mm) or "reference"."""
+        found = self._paths.get(m)
+        if found is None:
+            found = self._plan(m)
+            self._paths[m] = found
+        return found
+
+    def _plan(self, m: int) -> str:
+        if self.arch is not None and kernel_supported(self.hidden, self.intermediate, m):
+            return "kernel"
+        return "stock" if self._stock else "reference"
+
+    def prepare(self, tokens: Iterable[int]) -> None:
+        """Compile (through the cache) and load the kernels for these token counts.
+
+        Call it in every worker before CUDA graph capture. Token counts that do not take the
+        kernel path (see ``path``) need nothing and are skipped, so on CPU this is a no-op.
+        Raises CaptureError if called while the current stream is capturing and anything is
+        left to load.
+        """
+        todo = [
+            m for m in _token_counts(tokens) if m not in self._kernels and self.path(m) == "kernel"
+        ]
+        if not todo:
+            return
+        if self._capturing():
+            raise CaptureError(
+                f"DenseMlp.prepare({todo}) called during CUDA graph capture; "
+                "prepare every token count before capture"
+            )
+        from mlpjit.jit.launcher import load_kernel
+        from mlpjit.jit.manager import default_manager
+
+        requests = kernel_requests(
+            self.hidden, self.intermediate, todo, self.arch, limit=self.limit, ue8m0=self.ue8m0
+        )
+        entries = default_manager().warm(requests)
+        by_role = {
+            (r.params["tokens"], r.params["swiglu"]): e
+            for r, e in zip(requests, entries, strict=True)
+        }
+        for m in todo:
+            gate_up = load_kernel(by_role[(m, True)], self.device)
+            down = load_kernel(by_role[(m, False)], self.device)
+            self._kernels[m] = (gate_up, down)
+
+    def _capturing(self) -> bool:
+        if self.device.type != "cuda":
+            return False
+        with torch.cuda.device(self.device):
+            return torch.cuda.is_current_stream_capturing()
+
+    # ---- calls ------------------------------------------------------------------------------
+
+    def _check_x(self, x: object) -> int:
+        """Validate x; return m. Cheap checks only: this runs on every call."""
+        if not isinstance(x, Tensor):
+            raise ValueError(f"x must be a torch.Tensor [m, {self.hidden}] bf16")
+        if x.dtype != torch.bfloat16:
+            raise ValueError(f"x must have dtype torch.bfloat16, got {x.dtype}")
+        if x.get_device() != self._index or (self._index < 0 and x.device != self.device):
+            raise ValueError(f"x must be on the weights' device {self.device}, got {x.device}")
+        if x.dim() != 2 or x.shape[1] != self.hidden:
+            raise ValueError(f"x must be [m, hidden={self.hidden}], got shape {list(x.shape)}")
+        m = x.shape[0]
+        if m == 0:
+            raise ValueError("x must have at least one token (m >= 1), got m = 0")
+        if not x.is_contiguous():
+            raise ValueError(f"x must be contiguous, got strides {x.stride()}")
+        return m
+
+    def _check_buffer(self, buf: object, name: str, m: int, cols: int) -> None:
+        if not isinstance(buf, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor [{m}, {cols}] bf16 or None")
+        if buf.dtype != torch.bfloat16:
+            raise ValueError(f"{name} must have dtype torch.bfloat16, got {buf.dtype}")
+        if buf.get_device() != self._index or (self._index < 0 and buf.device != self.device):
+            raise ValueError(f"{name} must be on the weights' device {self.device}")
+        if buf.dim() != 2 or buf.shape[0] != m or buf.shape[1] != cols:
+            raise ValueError(f"{name} must have shape [{m}, {cols}], got {list(buf.shape)}")
+        if not buf.is_contiguous():
+            raise ValueError(f"{name} must be contiguous, got strides {buf.stride()}")
+
+    def __call__(self, x: Tensor, out: Tensor | None = None) -> Tensor:
+        """x [m, hidden] bf16 contiguous on the weights' device -> out [m, hidden] bf16.
+
+        Allocates act [m, inter] (and out unless given). An unprepared kernel-path token
+        count is prepared on first use, or raises CaptureError during graph capture.
+        """
+        m = self._check_x(x)
+        if out is not None:
+            self._check_buffer(out, "out", m, self.hidden)
+        kernels = self._kernels.get(m)
+        if kernels is None:
+            return self._slow_call(x, m, None, out)
+        # new_empty: x's dtype and device are already checked, and it is the cheapest call
+        act = x.new_empty((m, self.intermediate))
+        if out is None:
+            out = x.new_empty((m, self.hidden))
+        kernels[0].launch((act, x, self.w13, self.w13_scale), pdl=self.pdl)
+        kernels[1].launch((out, act, self.w2, self.w2_scale), pdl=self.pdl)
+        return out
+
+    def forward_into(self, x: Tensor, act: Tensor, out: Tensor) -> Tensor:
+        """Like ``__call__`` but writes act [m, inter] and out [m, hidden] into the caller's
+        buffers (nothing allocated on the kernel path); returns out."""
+        m = self._check_x(x)
+        self._check_buffer(act, "act", m, self.intermediate)
+        self._check_buffer(out, "out", m, self.hidden)
+        kernels = self._kernels.get(m)
+        if kernels is None:
+            return self._slow_call(x, m, act, out)
+        kernels[0].launch((act, x, self.w13, self.w13_scale), pdl=self.pdl)
+        kernels[1].launch((out, act, self.w2, self.w2_scale), pdl=self.pdl)
+        return out
+
+    def _slow_call(self, x: Tensor, m: int, act: Tensor | None, out: Tensor | None) -> Tensor:
+        """First call for a token count, or a fallback path."""
+        if self.path(m) == "kernel":
+            if self._capturing():
+                raise CaptureError(
+                    f"DenseMlp called with {m} tokens during CUDA graph capture, but that "
+                    f"token count is not prepared: call prepare(tokens) with {m} in it "
+                    "before capture (a compile or module load cannot be captured)"
+                )
+            self.prepare([m])
+            if act is None:
+                return self(x, out)
+            return self.forward_into(x, act, out)
+        new_act, new_out = self._fallback(x)
+        if act is not None:
+            act.copy_(new_act)
+        if out is None:
+            return new_out
+        out.copy_(new_out)
+        return out
+
+    def _fallback(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        if self._stock_scales is not None:
+            w13_b, w2_b = self._stock_scales
+            return reference.stock_forward(
+                x,
+                self.w13,
+                self.w2,
+                w13_b,
+                w2_b,
+                limit=self.limit,
+                ue8m0=self.ue8m0,
+            )
+        act = reference.gemv_reference(
+            x, self.w13, self.w13_scale, swiglu=True, limit=self.limit, ue8m0=self.ue8m0
+        )
+        out = reference.gemv_reference(act, self.w2, self.w2_scale, swiglu=False, ue8m0=self.ue8m0)
+        return act, out

@@ -1,0 +1,370 @@
+"""DenseMlp on the H200: kernels vs the reference, fallbacks, CUDA graphs, memory.
+
+Run with the prebuilt cache (docs: GPU.md workflow), e.g.
+    MLPJIT_CACHE_DIR=.gpu-cache python3 -m pytest -q -s tests/gpu/test_dense_mlp_gpu.py
+``-s`` shows one line per case with the measured relative L2 errors. The kernels these tests
+need are listed by ``kernel_requests()`` (scripts/warm_gpu_cases.py warms them on a CPU box).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from mlpjit import DenseMlp
+from mlpjit import reference as ref
+from mlpjit.dense_mlp import kernel_supported
+from mlpjit.errors import CaptureError
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+TOL = 5e-3  # relative L2 error allowed against the reference, for act and out
+LIMIT = 3.0  # a clamp that clips: gate/up values here have a standard deviation near 2
+
+# (hidden, intermediate per TP shard)
+SHAPES = {
+    "glm5-tp1": (6144, 12288),
+    "glm5-tp2": (6144, 6144),
+    "glm5-tp4": (6144, 3072),
+    "glm5-tp8": (6144, 1536),
+    "glm4.5-tp8": (5120, 1536),
+}
+TOKENS = tuple(range(1, 9))
+
+# (shape, tokens, ue8m0, limit): every shape x every token count with vLLM's Hopper default
+# (ue8m0, no clamp); the other scale rule and the clamp on GLM-5 TP8 for every token count
+# and on a few token counts of the others (each combination is its own compiled kernel).
+CASES = (
+    [(s, m, True, None) for s in SHAPES for m in TOKENS]
+    + [(s, m, u, lim) for s in ("glm5-tp8",) for m in TOKENS
+       for (u, lim) in ((False, None), (True, LIMIT), (False, LIMIT))]
+    + [("glm5-tp1", m, False, LIMIT) for m in (1, 6)]
+    + [("glm4.5-tp8", m, False, None) for m in (1, 5)]
+    + [("glm4.5-tp8", m, True, LIMIT) for m in (2, 7)]
+)  # fmt: skip
+
+GRAPH_SHAPE, GRAPH_LAYERS, GRAPH_TOKENS = "glm5-tp8", 4, 4
+
+
+def kernel_requests(arch: str = "sm_90a") -> list:
+    """Every compile request these tests use (for warming a cache without a GPU)."""
+    from mlpjit.dense_mlp import kernel_requests as layer_requests
+
+    wanted: dict[tuple, set[int]] = {}
+    for shape, m, ue8m0, limit in CASES:
+        wanted.setdefault((*SHAPES[shape], ue8m0, limit), set()).add(m)
+    # graph, memory and allocation tests: GLM-5 TP8, ue8m0, no clamp, tokens 1..8
+    wanted.setdefault((*SHAPES[GRAPH_SHAPE], True, None), set()).update(TOKENS)
+    requests = []
+    for (hidden, inter, ue8m0, limit), tokens in wanted.items():
+        requests += layer_requests(hidden, inter, sorted(tokens), arch, limit=limit, ue8m0=ue8m0)
+    return requests
+
+
+# ---- data -----------------------------------------------------------------------------------
+
+
+def make_layer(hidden: int, inter: int, seed: int) -> dict[str, torch.Tensor]:
+    """Random FP8 weights from a scaled normal and positive random block scales, sized so
+    gate/up come out with a standard deviation near 2 and out near 1 for unit inputs."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def fp8(n: int, k: int) -> torch.Tensor:
+        w = torch.randn(n, k, generator=gen, device="cuda") * 64
+        return w.clamp_(-448, 448).to(torch.float8_e4m3fn)
+
+    def scales(n: int, k: int, std: float) -> torch.Tensor:
+        u = torch.rand(n // 128, k // 128, generator=gen, device="cuda") + 0.5
+        return u * (std / 64)
+
+    return {
+        "w13": fp8(2 * inter, hidden),
+        "w13_scale": scales(2 * inter, hidden, 2.0 / math.sqrt(hidden)),
+        "w2": fp8(hidden, inter),
+        "w2_scale": scales(hidden, inter, 1.0 / math.sqrt(inter)),
+    }
+
+
+def make_x(m: int, hidden: int, seed: int) -> torch.Tensor:
+    """Unit-normal activations with a few outlier channels; never an exact zero."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, hidden, generator=gen, device="cuda")
+    x[:, 7::997] *= 20
+    x = torch.where(x == 0, torch.full_like(x, 0.5), x)
+    return x.to(torch.bfloat16)
+
+
+def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
+    got64, want64 = got.double(), want.double()
+    return float((got64 - want64).norm() / want64.norm())
+
+
+def poisoned(m: int, cols: int) -> torch.Tensor:
+    return torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def exact_fp32_matmul() -> Iterator[None]:
+    """The reference's fp32 GEMMs must not run in TF32."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+_layers: dict[str, dict[str, torch.Tensor]] = {}
+_inputs: dict[str, torch.Tensor] = {}
+_refs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_mlps: dict[tuple, DenseMlp] = {}
+
+
+def layer(shape: str) -> dict[str, torch.Tensor]:
+    if shape not in _layers:
+        _layers[shape] = make_layer(*SHAPES[shape], seed=len(_layers) + 1)
+        _inputs[shape] = make_x(8, SHAPES[shape][0], seed=100 + len(_inputs))
+    return _layers[shape]
+
+
+def reference_for(shape: str, ue8m0: bool, limit: float | None) -> tuple:
+    """(act, out) of the reference for the shape's 8-token input (rows are independent)."""
+    key = (shape, ue8m0, limit)
+    if key not in _refs:
+        w = layer(shape)
+        x = _inputs[shape]
+        act = ref.gemv_reference(x, w["w13"], w["w13_scale"], swiglu=True, limit=limit, ue8m0=ue8m0)
+        out = ref.gemv_reference(act, w["w2"], w["w2_scale"], swiglu=False, ue8m0=ue8m0)
+        _refs[key] = (act, out)
+    return _refs[key]
+
+
+def mlp_for(shape: str, ue8m0: bool, limit: float | None) -> DenseMlp:
+    key = (shape, ue8m0, limit)
+    if key not in _mlps:
+        mlp = DenseMlp(**layer(shape), limit=limit, ue8m0=ue8m0)
+        mlp.prepare(sorted({m for s, m, u, lim in CASES if (s, u, lim) == key}))
+        _mlps[key] = mlp
+    return _mlps[key]
+
+
+# ---- the kernels against the reference --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "shape,m,ue8m0,limit",
+    CASES,
+    ids=[f"{s}-m{m}-{'ue8m0' if u else 'f32s'}-{'L' if lim else 'noL'}" for s, m, u, lim in CASES],
+)
+def test_kernels_match_reference(shape: str, m: int, ue8m0: bool, limit: float | None) -> None:
+    mlp = mlp_for(shape, ue8m0, limit)
+    hidden, inter = SHAPES[shape]
+    # kernels.plan decides; a target shape it declines runs (and is checked) on the stock path
+    path = mlp.path(m)
+    assert path == ("kernel" if kernel_supported(hidden, inter, m) else "stock")
+    x = _inputs[shape][:m]
+    act, out = poisoned(m, inter), poisoned(m, hidden)
+    mlp.forward_into(x, act, out)
+    torch.cuda.synchronize()
+    want_act, want_out = reference_for(shape, ue8m0, limit)
+    err_act = rel_l2(act, want_act[:m])
+    err_out = rel_l2(out, want_out[:m])
+    print(
+        f"[dense_mlp] {shape:10s} m={m} ue8m0={ue8m0!s:5s} limit={limit!s:4s} path={path:6s} "
+        f"act_rel_l2={err_act:.2e} out_rel_l2={err_out:.2e}"
+    )
+    assert torch.isfinite(act).all(), "act has NaN/Inf (unwritten or overflowed elements)"
+    assert torch.isfinite(out).all(), "out has NaN/Inf (unwritten or overflowed elements)"
+    assert err_act < TOL and err_out < TOL
+
+
+@pytest.mark.parametrize("shape", ["glm5-tp8", "glm4.5-tp8"])
+def test_clipping_limit_clips(shape: str) -> None:
+    """The LIMIT cases really exercise the clamp: many gate/up values exceed it."""
+    w = layer(shape)
+    gate_up = ref.gemv_reference(
+        _inputs[shape], w["w13"], w["w13_scale"], swiglu=False, ue8m0=True
+    ).float()
+    inter = SHAPES[shape][1]
+    clipped = (gate_up[:, :inter] > LIMIT).float().mean() + (
+        gate_up[:, inter:].abs() > LIMIT
+    ).float().mean()
+    assert float(clipped) > 0.02
+    act_l, _ = reference_for(shape, True, LIMIT)
+    act_n, _ = reference_for(shape, True, None)
+    assert rel_l2(act_l, act_n) > 0.05
+
+
+def test_call_allocating_equals_forward_into() -> None:
+    mlp = mlp_for("glm5-tp8", True, None)
+    hidden, inter = SHAPES["glm5-tp8"]
+    x = _inputs["glm5-tp8"][:3]
+    act, out = poisoned(3, inter), poisoned(3, hidden)
+    mlp.forward_into(x, act, out)
+    assert torch.equal(mlp(x), out)
+    given = poisoned(3, hidden)
+    assert mlp(x, out=given) is given and torch.equal(given, out)
+
+
+def test_unprepared_token_count_prepares_lazily_outside_capture() -> None:
+    mlp = DenseMlp(**layer("glm5-tp8"), ue8m0=True)
+    out = mlp(_inputs["glm5-tp8"][:6])
+    assert "prepared=[6]" in repr(mlp)
+    _, want = reference_for("glm5-tp8", True, None)
+    assert rel_l2(out, want[:6]) < TOL
+
+
+# ---- fallbacks (stock path: torch block-scaled _scaled_mm) -------------------------------------
+
+
+@pytest.mark.parametrize("m", [9, 16, 40])
+def test_fallback_more_than_8_tokens(m: int) -> None:
+    hidden, inter = SHAPES["glm5-tp8"]
+    w = layer("glm5-tp8")
+    mlp = DenseMlp(**w, ue8m0=True)
+    assert mlp.path(m) == "stock"
+    x = make_x(m, hidden, seed=m)
+    act, out = poisoned(m, inter), poisoned(m, hidden)
+    mlp.forward_into(x, act, out)
+    want_act = ref.gemv_reference(x, w["w13"], w["w13_scale"], swiglu=True, ue8m0=True)
+    want_out = ref.gemv_reference(want_act, w["w2"], w["w2_scale"], swiglu=False, ue8m0=True)
+    err_act, err_out = rel_l2(act, want_act), rel_l2(out, want_out)
+    print(f"[fallback] glm5-tp8 m={m}: act_rel_l2={err_act:.2e} out_rel_l2={err_out:.2e}")
+    assert torch.isfinite(out).all() and torch.isfinite(act).all()
+    assert err_act < TOL and err_out < TOL
+    assert torch.equal(mlp(x), out)
+
+
+@pytest.mark.parametrize("m", [1, 4, 8])
+@pytest.mark.parametrize("ue8m0,limit", [(True, None), (False, LIMIT)])
+def test_fallback_k_not_multiple_of_512(m: int, ue8m0: bool, limit: float | None) -> None:
+    """DeepSeek-V3 TP8 dense shard: hidden 7168, intermediate 2304 (2304 % 512 != 0)."""
+    hidden, inter = 7168, 2304
+    if "dsv3" not in _layers:
+        _layers["dsv3"] = make_layer(hidden, inter, seed=77)
+    w = _layers["dsv3"]
+    mlp = DenseMlp(**w, limit=limit, ue8m0=ue8m0)
+    assert mlp.path(m) == "stock"
+    x = make_x(m, hidden, seed=200 + m)
+    act, out = poisoned(m, inter), poisoned(m, hidden)
+    mlp.forward_into(x, act, out)
+    want_act = ref.gemv_reference(
+        x, w["w13"], w["w13_scale"], swiglu=True, limit=limit, ue8m0=ue8m0
+    )
+    want_out = ref.gemv_reference(want_act, w["w2"], w["w2_scale"], swiglu=False, ue8m0=ue8m0)
+    err_act, err_out = rel_l2(act, want_act), rel_l2(out, want_out)
+    print(
+        f"[fallback] dsv3-tp8 m={m} ue8m0={ue8m0} limit={limit}: "
+        f"act_rel_l2={err_act:.2e} out_rel_l2={err_out:.2e}"
+    )
+    assert torch.isfinite(out).all() and torch.isfinite(act).all()
+    assert err_act < TOL and err_out < TOL
+
+
+# ---- CUDA graphs ------------------------------------------------------------------------------
+
+
+def test_graph_of_a_chain_replays_like_eager() -> None:
+    hidden, inter = SHAPES[GRAPH_SHAPE]
+    layers = [
+        DenseMlp(**make_layer(hidden, inter, seed=300 + i), ue8m0=True) for i in range(GRAPH_LAYERS)
+    ]
+    for mlp in layers:
+        mlp.prepare(TOKENS)
+        assert mlp.path(GRAPH_TOKENS) == "kernel"
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        for mlp in layers:
+            x = mlp(x)
+        return x
+
+    static_x = make_x(GRAPH_TOKENS, hidden, seed=400)
+    eager = chain(static_x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = chain(static_x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isfinite(static_out).all()
+    assert torch.equal(static_out, eager)
+    # new input, same graph
+    x2 = make_x(GRAPH_TOKENS, hidden, seed=401)
+    static_x.copy_(x2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_out, chain(x2))
+    assert not torch.equal(static_out, eager)
+
+
+def test_unprepared_token_count_during_capture_raises() -> None:
+    hidden, _ = SHAPES[GRAPH_SHAPE]
+    mlp = DenseMlp(**layer(GRAPH_SHAPE), ue8m0=True)
+    mlp.prepare([1, 2])
+    x = make_x(3, hidden, seed=500)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(CaptureError, match=r"prepare\(tokens\)"), torch.cuda.graph(graph):
+        mlp(x)
+    assert "prepared=[1, 2]" in repr(mlp)  # nothing was compiled or loaded during capture
+
+
+# ---- memory -----------------------------------------------------------------------------------
+
+
+def _block(nbytes: int) -> int:
+    """Bytes torch's caching allocator accounts for an allocation (512-byte granules)."""
+    return -(-nbytes // 512) * 512
+
+
+def test_memory_no_weight_copies_only_act_and_out_per_call() -> None:
+    hidden, inter = SHAPES["glm5-tp8"]
+    w = make_layer(hidden, inter, seed=600)
+    x = make_x(8, hidden, seed=601)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    mlp = DenseMlp(**w, ue8m0=True)
+    assert torch.cuda.memory_allocated() == base, "construction allocated device memory"
+    assert mlp.w13.data_ptr() == w["w13"].data_ptr() and mlp.w2.data_ptr() == w["w2"].data_ptr()
+    mlp.prepare(TOKENS)
+    assert torch.cuda.memory_allocated() == base, "prepare allocated torch device memory"
+    for m in (1, 5, 8):
+        xm = x[:m]
+        act_b, out_b = _block(m * inter * 2), _block(m * hidden * 2)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        out = mlp(xm)
+        torch.cuda.synchronize()
+        assert torch.cuda.max_memory_allocated() - start == act_b + out_b
+        assert torch.cuda.memory_allocated() - start == out_b  # act released
+        del out
+        given = torch.empty(m, hidden, dtype=torch.bfloat16, device="cuda")
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        mlp(xm, out=given)
+        torch.cuda.synchronize()
+        assert torch.cuda.max_memory_allocated() - start == act_b
+        assert torch.cuda.memory_allocated() == start
+        del given
+
+
+def test_scale_forms_on_gpu() -> None:
+    w = layer("glm4.5-tp8")
+    exponent = torch.log2(w["w13_scale"]).round()
+    pow2 = torch.exp2(exponent)
+    e8m0 = (exponent + 127).to(torch.uint8).view(torch.float8_e8m0fnu)
+    mlp = DenseMlp(w["w13"], e8m0, w["w2"], w["w2_scale"], ue8m0=True)
+    assert mlp.w13_scale.device.type == "cuda"
+    assert torch.equal(mlp.w13_scale, pow2)
+    # the same exponents packed four per int32 along K (little-endian bytes)
+    exps = (exponent + 127).to(torch.int64).cpu()
+    n, kb = exps.shape
+    padded = torch.zeros(n, -(-kb // 4) * 4, dtype=torch.int64)
+    padded[:, :kb] = exps
+    words = sum(padded[:, j::4] << (8 * j) for j in range(4))
+    packed = ((words + 2**31) % 2**32 - 2**31).to(torch.int32).cuda()
+    mlp2 = DenseMlp(w["w13"], packed, w["w2"], w["w2_scale"], ue8m0=True)
+    assert torch.equal(mlp2.w13_scale, pow2)

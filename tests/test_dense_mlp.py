@@ -1,0 +1,353 @@
+"""DenseMlp on CPU: validation, the reference fallback, scale forms, prepare without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mlpjit import DenseMlp
+from mlpjit import reference as ref
+from mlpjit.errors import CaptureError
+
+HIDDEN, INTER = 512, 256
+
+
+def _weights(seed: int = 0, inter: int = INTER) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+
+    def fp8(n: int, k: int) -> torch.Tensor:
+        return (torch.randn(n, k, generator=gen) * 48).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+    def pow2(n: int, k: int) -> torch.Tensor:
+        # power-of-two scales so every scale form can express them
+        return 2.0 ** torch.randint(-12, -8, (n // 128, k // 128), generator=gen)
+
+    return {
+        "w13": fp8(2 * inter, HIDDEN),
+        "w13_scale": pow2(2 * inter, HIDDEN),
+        "w2": fp8(HIDDEN, inter),
+        "w2_scale": pow2(HIDDEN, inter),
+    }
+
+
+def _x(m: int, seed: int = 1) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(m, HIDDEN, generator=gen) + 0.05).to(torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def weights() -> dict[str, torch.Tensor]:
+    return _weights()
+
+
+def _mlp(weights: dict[str, torch.Tensor], **kw: object) -> DenseMlp:
+    args = dict(weights)
+    args.update(kw)
+    return DenseMlp(**args)  # type: ignore[arg-type]
+
+
+# ---- the CPU path equals the reference ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("ue8m0", [False, True])
+@pytest.mark.parametrize("limit", [None, 0.75])
+@pytest.mark.parametrize("m", [1, 3, 8, 13])
+def test_cpu_call_equals_reference(weights, m: int, limit, ue8m0: bool) -> None:
+    mlp = _mlp(weights, limit=limit, ue8m0=ue8m0)
+    x = _x(m)
+    expected = ref.dense_mlp_reference(
+        x,
+        weights["w13"],
+        weights["w13_scale"],
+        weights["w2"],
+        weights["w2_scale"],
+        limit=limit,
+        ue8m0=ue8m0,
+    )
+    assert mlp.path(m) == "reference"
+    got = mlp(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (m, HIDDEN)
+    assert torch.equal(got, expected)
+    out = torch.full((m, HIDDEN), float("nan"), dtype=torch.bfloat16)
+    assert mlp(x, out=out) is out and torch.equal(out, expected)
+
+
+def test_forward_into_writes_act_and_out(weights) -> None:
+    mlp = _mlp(weights, limit=1.5, ue8m0=True)
+    x = _x(4)
+    act = torch.full((4, INTER), float("nan"), dtype=torch.bfloat16)
+    out = torch.full((4, HIDDEN), float("nan"), dtype=torch.bfloat16)
+    assert mlp.forward_into(x, act, out) is out
+    exp_act = ref.gemv_reference(
+        x, weights["w13"], weights["w13_scale"], swiglu=True, limit=1.5, ue8m0=True
+    )
+    assert torch.equal(act, exp_act)
+    assert torch.equal(out, mlp(x))
+
+
+def test_limit_changes_the_result(weights) -> None:
+    x = _x(2) * 8
+    assert not torch.equal(_mlp(weights)(x), _mlp(weights, limit=0.1)(x))
+
+
+# ---- scale forms ---------------------------------------------------------------------------------
+
+
+def _pack_ue8m0(scale: torch.Tensor) -> torch.Tensor:
+    exps = (torch.log2(scale).round().to(torch.int64) + 127).clamp(0, 254)
+    n, kb = exps.shape
+    cols = -(-kb // 4)
+    padded = torch.zeros(n, cols * 4, dtype=torch.int64)
+    padded[:, :kb] = exps
+    words = sum(padded[:, j::4] << (8 * j) for j in range(4))
+    return ((words + 2**31) % 2**32 - 2**31).to(torch.int32)
+
+
+@pytest.mark.parametrize("form", ["e8m0", "packed"])
+def test_scale_forms_match_float32(weights, form: str) -> None:
+    def convert(s: torch.Tensor) -> torch.Tensor:
+        if form == "e8m0":
+            return s.to(torch.float8_e8m0fnu)
+        return _pack_ue8m0(s)
+
+    base = _mlp(weights)
+    other = _mlp(
+        weights, w13_scale=convert(weights["w13_scale"]), w2_scale=convert(weights["w2_scale"])
+    )
+    assert torch.equal(other.w13_scale, base.w13_scale)
+    assert torch.equal(other.w2_scale, base.w2_scale)
+    x = _x(3)
+    assert torch.equal(other(x), base(x))
+
+
+def test_no_weight_copies(weights) -> None:
+    mlp = _mlp(weights)
+    assert mlp.w13.data_ptr() == weights["w13"].data_ptr()
+    assert mlp.w2.data_ptr() == weights["w2"].data_ptr()
+    assert mlp.w13_scale.data_ptr() == weights["w13_scale"].data_ptr()
+    assert mlp.w2_scale.data_ptr() == weights["w2_scale"].data_ptr()
+
+
+# ---- prepare on a CPU-only machine ---------------------------------------------------------
+
+
+def test_prepare_on_cpu_is_a_validated_no_op(weights) -> None:
+    mlp = _mlp(weights)
+    mlp.prepare(range(1, 9))
+    mlp.prepare([1, 1, 200])
+    assert mlp.arch is None
+    assert "prepared=[]" in repr(mlp)
+    with pytest.raises(ValueError, match="tokens must be ints >= 1"):
+        mlp.prepare([0])
+    with pytest.raises(ValueError, match="tokens must be ints >= 1"):
+        mlp.prepare([2.0])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="tokens must be an iterable"):
+        mlp.prepare(8)  # type: ignore[arg-type]
+
+
+# ---- bad input: ValueError naming the argument ---------------------------------------------------
+
+
+def _bad_weight_cases(w: dict[str, torch.Tensor]) -> list[tuple[dict, str]]:
+    bf16 = w["w13"].to(torch.bfloat16)
+    return [
+        ({"w13": bf16}, r"w13 must have dtype torch.float8_e4m3fn"),
+        ({"w2": w["w2"].float()}, r"w2 must have dtype torch.float8_e4m3fn"),
+        ({"w13": w["w13"].reshape(-1)}, r"w13 must be 2-D"),
+        ({"w13": w["w13"].unsqueeze(0)}, r"w13 must be 2-D"),
+        ({"w2": w["w2"][:, :128]}, r"w2 must be contiguous"),
+        ({"w13": w["w13"].t()}, r"w13 must be contiguous"),
+        ({"w2": w["w2"][:256].contiguous()}, r"w2 must be \[hidden, intermediate\]"),
+        ({"w13": w["w13"][:510].contiguous()}, r"w2 must be \[hidden, intermediate\]"),
+        ({"w13": w["w13"][:511].contiguous()}, r"w13 must have an even number of rows"),
+        ({"w13": [[1.0]]}, r"w13 must be a torch.Tensor"),
+        ({"w13_scale": w["w13_scale"][:, :3]}, r"w13_scale must be .*\[4, 4\]"),
+        ({"w2_scale": w["w2_scale"].double()}, r"w2_scale must be .*\[4, 2\]"),
+        ({"w2_scale": w["w2_scale"].t()}, r"w2_scale must be .*\[4, 2\]"),
+        ({"w2_scale": w["w2_scale"].to(torch.int32)}, r"w2_scale must be .*int32 \[4, 1\]"),
+        ({"w13_scale": w["w13_scale"].to("meta")}, r"w13_scale must be on the weights' device"),
+        ({"limit": 0.0}, r"limit must be None or a finite number > 0"),
+        ({"limit": -1}, r"limit must be None or a finite number > 0"),
+        ({"limit": float("inf")}, r"limit must be None or a finite number > 0"),
+        ({"limit": "7"}, r"limit must be None or a finite number > 0"),
+        ({"limit": True}, r"limit must be None or a finite number > 0"),
+        ({"ue8m0": 1}, r"ue8m0 must be a bool"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(21))
+def test_bad_construction(weights, case: int) -> None:
+    cases = _bad_weight_cases(weights)
+    assert len(cases) == 21
+    change, message = cases[case]
+    with pytest.raises(ValueError, match=message):
+        _mlp(weights, **change)
+
+
+def test_weights_on_different_devices(weights) -> None:
+    with pytest.raises(ValueError, match="w2 must be on w13's device"):
+        _mlp(weights, w2=weights["w2"].to("meta"))
+
+
+def test_hidden_not_a_multiple_of_128() -> None:
+    w13 = torch.zeros(256, 192, dtype=torch.float8_e4m3fn)
+    w2 = torch.zeros(192, 128, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"hidden \(192\) .* multiples of 128"):
+        DenseMlp(w13, torch.ones(2, 1), w2, torch.ones(1, 1))
+
+
+@pytest.mark.parametrize(
+    "make_x,message",
+    [
+        (lambda: _x(2).float(), r"x must have dtype torch.bfloat16"),
+        (lambda: _x(2).to("meta"), r"x must be on the weights' device"),
+        (lambda: _x(2).reshape(-1), r"x must be \[m, hidden=512\]"),
+        (lambda: _x(2).reshape(2, 1, 512), r"x must be \[m, hidden=512\]"),
+        (lambda: _x(2)[:, :256], r"x must be \[m, hidden=512\]"),
+        (lambda: torch.zeros(2, 256, dtype=torch.bfloat16), r"x must be \[m, hidden=512\]"),
+        (lambda: torch.zeros(0, 512, dtype=torch.bfloat16), r"m >= 1"),
+        (lambda: _x(4)[::2], r"x must be contiguous"),
+        (lambda: "x", r"x must be a torch.Tensor"),
+    ],
+)
+def test_bad_x(weights, make_x, message: str) -> None:
+    mlp = _mlp(weights)
+    with pytest.raises(ValueError, match=message):
+        mlp(make_x())
+    with pytest.raises(ValueError, match=message):
+        mlp.forward_into(
+            make_x(),
+            torch.empty(2, INTER, dtype=torch.bfloat16),
+            torch.empty(2, HIDDEN, dtype=torch.bfloat16),
+        )
+
+
+@pytest.mark.parametrize(
+    "out,message",
+    [
+        (torch.empty(3, HIDDEN, dtype=torch.float32), r"out must have dtype torch.bfloat16"),
+        (torch.empty(2, HIDDEN, dtype=torch.bfloat16), r"out must have shape \[3, 512\]"),
+        (torch.empty(3, 256, dtype=torch.bfloat16), r"out must have shape \[3, 512\]"),
+        (torch.empty(3 * HIDDEN, dtype=torch.bfloat16), r"out must have shape \[3, 512\]"),
+        (torch.empty(HIDDEN, 3, dtype=torch.bfloat16).t(), r"out must be contiguous"),
+        (torch.empty(3, HIDDEN, dtype=torch.bfloat16, device="meta"), r"out must be on"),
+        (object(), r"out must be a torch.Tensor"),
+    ],
+)
+def test_bad_out(weights, out, message: str) -> None:
+    mlp = _mlp(weights)
+    with pytest.raises(ValueError, match=message):
+        mlp(_x(3), out=out)
+
+
+def test_bad_act_buffer(weights) -> None:
+    mlp = _mlp(weights)
+    out = torch.empty(3, HIDDEN, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"act must have shape \[3, 256\]"):
+        mlp.forward_into(_x(3), torch.empty(3, HIDDEN, dtype=torch.bfloat16), out)
+
+
+# ---- the kernel path's orchestration, with fake kernels (no GPU) ---------------------------------
+
+
+class _FakeKernel:
+    """Stands in for a LoadedKernel: computes what the fp8_gemv launch would, records args."""
+
+    def __init__(self, params: dict, log: list) -> None:
+        self.params = params
+        self.log = log
+
+    def launch(self, args, stream=None, pdl=None) -> None:
+        out, x, w, w_scale = args
+        self.log.append((self.params["tokens"], self.params["swiglu"], args))
+        out.copy_(
+            ref.gemv_reference(
+                x,
+                w,
+                w_scale,
+                swiglu=self.params["swiglu"],
+                limit=self.params["limit"],
+                ue8m0=self.params["ue8m0"],
+            )
+        )
+
+
+class _FakeManager:
+    def __init__(self) -> None:
+        self.warmed: list = []
+
+    def warm(self, requests):
+        self.warmed.append(list(requests))
+        return list(requests)  # the "entries" are the requests themselves
+
+
+KERNEL_INTER = 512  # the kernels need k % 512 == 0 for the down projection too
+
+
+@pytest.fixture(scope="module")
+def kernel_weights() -> dict[str, torch.Tensor]:
+    return _weights(seed=5, inter=KERNEL_INTER)
+
+
+@pytest.fixture()
+def fake_kernel_path(monkeypatch, kernel_weights):
+    """A DenseMlp whose planning believes it is on sm_90a, with fake manager and launcher."""
+    import mlpjit.jit.launcher as launcher
+    import mlpjit.jit.manager as manager
+
+    log: list = []
+    fake = _FakeManager()
+    monkeypatch.setattr(manager, "default_manager", lambda: fake)
+    monkeypatch.setattr(launcher, "load_kernel", lambda e, d: _FakeKernel(dict(e.params), log))
+    mlp = _mlp(kernel_weights, limit=2.0, ue8m0=True)
+    mlp.arch = "sm_90a"
+    return mlp, fake, log
+
+
+def test_kernel_path_prepare_and_launch_order(fake_kernel_path, kernel_weights) -> None:
+    weights = kernel_weights
+    mlp, fake, log = fake_kernel_path
+    assert [mlp.path(m) for m in (1, 8, 9)] == ["kernel", "kernel", "reference"]
+    mlp.prepare(range(1, 9))
+    mlp.prepare([3, 9])  # nothing left to load
+    assert len(fake.warmed) == 1 and len(fake.warmed[0]) == 16
+    gate_up = [r for r in fake.warmed[0] if r.params["swiglu"]]
+    assert {r.params["limit"] for r in gate_up} == {2.0}
+    assert {r.params["limit"] for r in fake.warmed[0] if not r.params["swiglu"]} == {None}
+    assert {(r.params["rows"], r.params["k"]) for r in gate_up} == {(2 * KERNEL_INTER, HIDDEN)}
+    x = _x(3)
+    out = mlp(x)
+    (m1, swiglu1, args1), (m2, swiglu2, args2) = log
+    assert (m1, swiglu1, m2, swiglu2) == (3, True, 3, False)
+    act = args1[0]
+    assert act.shape == (3, KERNEL_INTER) and args1[1] is x and args1[2] is weights["w13"]
+    assert args2[0] is out and args2[1] is act and args2[2] is weights["w2"]
+    assert torch.equal(out, ref.dense_mlp_reference(x, limit=2.0, ue8m0=True, **weights))
+
+
+def test_kernel_path_prepares_lazily_and_refuses_during_capture(
+    fake_kernel_path, monkeypatch
+) -> None:
+    mlp, fake, _log = fake_kernel_path
+    mlp(_x(2))  # unprepared, not capturing: prepared on first use
+    assert len(fake.warmed) == 1 and [r.params["tokens"] for r in fake.warmed[0]] == [2, 2]
+    monkeypatch.setattr(mlp, "_capturing", lambda: True)
+    mlp(_x(2))  # prepared: fine during capture
+    with pytest.raises(CaptureError, match=r"5 tokens .* call prepare\(tokens\)"):
+        mlp(_x(5))
+    with pytest.raises(CaptureError, match="during CUDA graph capture"):
+        mlp.prepare([6])
+    assert len(fake.warmed) == 1
+    mlp(_x(12))  # the fallback needs nothing prepared, also during capture
+
+
+def test_kernel_requests_match_the_cli_plan() -> None:
+    from mlpjit.dense_mlp import kernel_requests, kernel_supported
+    from mlpjit.kernels.plan import dense_mlp_requests
+
+    mine = kernel_requests(6144, 1536, range(1, 9), "sm_90a", limit=None, ue8m0=True)
+    cli = dense_mlp_requests(6144, 12288, 8, range(1, 9), "sm_90a", ue8m0=True)
+    assert mine == cli and len(mine) == 16
+    assert kernel_supported(6144, 1536, 8)
+    assert not kernel_supported(6144, 1536, 9)
+    assert not kernel_supported(7168, 2304, 1)  # 2304 % 512 != 0: stock path

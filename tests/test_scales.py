@@ -1,0 +1,93 @@
+"""Weight-scale forms: float32, float8_e8m0fnu and packed UE8M0 int32 give the same float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mlpjit.scales import scale_shape, to_float32_scale
+
+
+def _exponents(rows: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Random UE8M0 exponent bytes [rows/128, k/128] around 2^0 (bias 127)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(100, 140, scale_shape(rows, k), generator=gen, dtype=torch.int32)
+
+
+def _pack(exponents: torch.Tensor) -> torch.Tensor:
+    """Pack exponent bytes four per int32 along K, little-endian (byte j = block 4i+j)."""
+    n, kb = exponents.shape
+    cols = -(-kb // 4)
+    padded = torch.zeros(n, cols * 4, dtype=torch.int64)
+    padded[:, :kb] = exponents.to(torch.int64)
+    words = sum(padded[:, j::4] << (8 * j) for j in range(4))
+    # Exponents >= 128 in byte 3 set the sign bit: wrap to int32 like a checkpoint would.
+    return ((words + 2**31) % 2**32 - 2**31).to(torch.int32)
+
+
+def _float32(exponents: torch.Tensor) -> torch.Tensor:
+    return torch.pow(2.0, exponents.to(torch.float64) - 127).to(torch.float32)
+
+
+def test_float32_contiguous_is_returned_without_copy() -> None:
+    scale = torch.rand(4, 6) + 0.5
+    out = to_float32_scale(scale, 512, 768)
+    assert out.data_ptr() == scale.data_ptr()
+    assert out.dtype == torch.float32 and out.shape == (4, 6)
+
+
+def test_float32_noncontiguous_becomes_contiguous() -> None:
+    scale = (torch.rand(6, 4) + 0.5).t()
+    out = to_float32_scale(scale, 512, 768)
+    assert out.is_contiguous()
+    torch.testing.assert_close(out, scale, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rows,k", [(512, 768), (256, 1024), (128, 128), (384, 2304)])
+def test_e8m0_matches_float32(rows: int, k: int) -> None:
+    exps = _exponents(rows, k)
+    e8m0 = exps.to(torch.uint8).view(torch.float8_e8m0fnu)
+    out = to_float32_scale(e8m0, rows, k)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, _float32(exps), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rows,k", [(512, 768), (256, 1024), (128, 128), (384, 2304)])
+def test_packed_int32_matches_float32(rows: int, k: int) -> None:
+    exps = _exponents(rows, k, seed=1)
+    # Force high exponents into byte 3 so a negative int32 word is exercised.
+    exps[:, 3::4] = 139
+    packed = _pack(exps)
+    assert packed.shape == (rows // 128, -(-(k // 128) // 4))
+    out = to_float32_scale(packed, rows, k)
+    torch.testing.assert_close(out, _float32(exps), rtol=0, atol=0)
+
+
+def test_packed_byte_order_is_little_endian() -> None:
+    # Word 0x80_7F_7E_7D: block 0 = 0x7D (2^-2), 1 = 0x7E (2^-1), 2 = 0x7F (1), 3 = 0x80 (2).
+    word = torch.tensor([[0x807F7E7D - 2**32]], dtype=torch.int32)
+    out = to_float32_scale(word, 128, 512)
+    assert out.tolist() == [[0.25, 0.5, 1.0, 2.0]]
+
+
+@pytest.mark.parametrize(
+    "scale",
+    [
+        torch.ones(4, 5),  # wrong K blocks
+        torch.ones(3, 6),  # wrong N blocks
+        torch.ones(4, 6, dtype=torch.float64),  # wrong dtype
+        torch.ones(4, 6, dtype=torch.bfloat16),
+        torch.ones(4, 6, dtype=torch.int32),  # int32 must be packed [4, 2]
+        torch.ones(24, dtype=torch.float32),  # wrong rank
+    ],
+)
+def test_bad_forms_raise_naming_the_argument(scale: torch.Tensor) -> None:
+    with pytest.raises(ValueError, match=r"w13_scale must be .*\[4, 6\].*int32 \[4, 2\]"):
+        to_float32_scale(scale, 512, 768, name="w13_scale")
+
+
+def test_not_a_tensor_and_bad_weight_shape() -> None:
+    with pytest.raises(ValueError, match="w2_scale must be a torch.Tensor"):
+        to_float32_scale([[1.0]], 128, 128, name="w2_scale")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="multiple of 128"):
+        to_float32_scale(torch.ones(1, 1), 128, 100)
