@@ -1,0 +1,359 @@
+"""Single flight: check -> lock -> re-check -> compile -> publish, with stats and logging.
+
+Across processes a per-key file lock makes W workers asking for the same kernel compile it
+once; within a process, threads asking for the same key share one in-flight compile. warm()
+spreads a list over workers: each starts at a different offset and first takes only keys
+nobody is compiling, then waits for (and re-checks) the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import CancelledError, Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlpjit.errors import CaptureError, CompilerUnavailableError
+from mlpjit.jit import config
+from mlpjit.jit.binary import KernelBinary, launch_fields
+from mlpjit.jit.key import cache_key, key_components, short_key, spec_key, toolchain
+from mlpjit.jit.store import CacheStore, Entry
+from mlpjit.kernels.registry import kernel_def
+
+__all__ = ["CacheStats", "CompileManager", "KernelRequest", "default_manager"]
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int, "KernelRequest"], None]
+
+# CuTe DSL's compiler keeps global state (MLIR context, option objects): one compile at a time.
+_COMPILE_MUTEX = threading.Lock()
+
+
+@dataclass(frozen=True)
+class KernelRequest:
+    """One kernel to get: registered name, compile parameters (plain scalars), target arch."""
+
+    kernel: str
+    params: Mapping[str, Any]
+    arch: str
+
+
+@dataclass
+class CacheStats:
+    """Counters of one manager (snapshot via CompileManager.stats)."""
+
+    hits: int = 0
+    misses: int = 0
+    compiles: int = 0
+    lock_waits: int = 0
+    wait_seconds: float = 0.0
+    compile_seconds: float = 0.0
+    quarantined: int = 0
+
+
+@dataclass
+class _Resolved:
+    """A request with its key material computed once."""
+
+    request: KernelRequest
+    components: dict[str, Any]
+    key: str
+    spec: str
+    waited: float = field(default=0.0)
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is being captured into a graph (torch only if loaded)."""
+    torch = sys.modules.get("torch")  # not imported -> nobody can be capturing with it
+    if torch is None:
+        return False
+    try:
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except Exception:  # a broken CUDA setup is not a capture
+        return False
+
+
+class CompileManager:
+    """Gets kernels from the cache, compiling each missing one once across processes."""
+
+    def __init__(self, store: CacheStore | None = None, lock_timeout: float | None = None) -> None:
+        self.store = store if store is not None else CacheStore()
+        self.lock_timeout = lock_timeout
+        self._mutex = threading.Lock()
+        self._inflight: dict[str, Future[Entry]] = {}
+        self._waiters: dict[str, int] = {}
+        self._memo: dict[str, Entry] = {}
+        self._recorded: set[str] = set()
+        self._stats = CacheStats()
+
+    @property
+    def stats(self) -> CacheStats:
+        """A snapshot of this manager's counters."""
+        with self._mutex:
+            snap = CacheStats(**vars(self._stats))
+        snap.quarantined = self.store.quarantined
+        return snap
+
+    def _count(self, **deltas: float) -> None:
+        with self._mutex:
+            for name, delta in deltas.items():
+                setattr(self._stats, name, getattr(self._stats, name) + delta)
+
+    # ----------------------------------------------------------------- public API
+
+    def get(self, request: KernelRequest) -> Entry:
+        """The entry for ``request``: a cache hit, or a single-flight compile and publish."""
+        entry = self._get(self._resolve(request), blocking=True)
+        assert entry is not None
+        return entry
+
+    def warm(
+        self, requests: Sequence[KernelRequest], progress: Progress | None = None
+    ) -> list[Entry]:
+        """Get every request (in order), spreading compiles over cooperating processes.
+
+        Pass 1 starts at an offset derived from the pid and compiles only keys whose lock is
+        free, skipping ones another worker is compiling; pass 2 waits for those and re-checks.
+        ``progress(done, total, request)`` is called after each request is ready.
+        """
+        resolved = [self._resolve(r) for r in requests]
+        total = len(resolved)
+        results: dict[int, Entry] = {}
+
+        def finish(i: int, entry: Entry) -> None:
+            results[i] = entry
+            if progress is not None:
+                progress(len(results), total, resolved[i].request)
+
+        if total:
+            start = os.getpid() % total
+            for i in [(start + j) % total for j in range(total)]:
+                entry = self._get(resolved[i], blocking=False)
+                if entry is not None:
+                    finish(i, entry)
+            for i in range(total):
+                if i not in results:
+                    entry = self._get(resolved[i], blocking=True)
+                    assert entry is not None
+                    finish(i, entry)
+        return [results[i] for i in range(total)]
+
+    # ----------------------------------------------------------------- internals
+
+    def _resolve(self, request: KernelRequest) -> _Resolved:
+        if not isinstance(request, KernelRequest):
+            raise ValueError(f"request must be a KernelRequest, got {type(request).__name__}")
+        components = key_components(request.kernel, request.params, request.arch)
+        return _Resolved(request, components, cache_key(components), spec_key(components))
+
+    def _lookup(self, r: _Resolved) -> Entry | None:
+        if toolchain():
+            return self.store.lookup(r.key)
+        # No compiler installed: any toolchain's build of this exact spec will do.
+        return self.store.lookup_alias(r.spec)
+
+    def _hit(self, r: _Resolved, entry: Entry, count: bool = True) -> Entry:
+        with self._mutex:
+            self._memo[r.key] = entry
+        if count:
+            self._count(hits=1)
+            log.debug("mlpjit: cache hit %s %s", r.request.kernel, short_key(entry.key))
+        self._record(r)
+        return entry
+
+    def _get(self, r: _Resolved, blocking: bool) -> Entry | None:
+        while True:
+            with self._mutex:
+                entry = self._memo.get(r.key)
+            if entry is not None:
+                return self._hit(r, entry)
+            entry = self._lookup(r)
+            if entry is not None:
+                return self._hit(r, entry)
+            # Threads of this process share one compile per key.
+            with self._mutex:
+                future = self._inflight.get(r.key)
+                leader = future is None
+                if leader:
+                    future = self._inflight[r.key] = Future()
+                elif blocking:
+                    self._waiters[r.key] = self._waiters.get(r.key, 0) + 1
+            assert future is not None
+            if leader:
+                break
+            if not blocking:
+                return None
+            try:
+                return future.result()
+            except CancelledError:
+                continue  # the leader was a non-blocking warm pass that skipped: try again
+        try:
+            entry = self._miss(r, blocking)
+        except BaseException as err:
+            future.set_exception(err)
+            raise
+        finally:
+            with self._mutex:
+                self._inflight.pop(r.key, None)
+                self._waiters.pop(r.key, None)
+        if entry is None:
+            future.cancel()
+        else:
+            future.set_result(entry)
+        return entry
+
+    def _miss(self, r: _Resolved, blocking: bool) -> Entry | None:
+        """Compile ``r`` under its key lock (None if not blocking and another holds it)."""
+        from mlpjit.jit.locks import KeyLock  # filelock is only needed on a miss
+
+        if _capturing():  # never wait for a lock, let alone compile, inside a capture
+            raise CaptureError(
+                f"mlpjit kernel {r.request.kernel} {short_key(r.key)} is not compiled and "
+                f"the current CUDA stream is capturing a graph; call prepare() before capture"
+            )
+        lock = KeyLock(self.store.lock_path(r.key))
+        timed_out = False
+        if not lock.try_acquire():
+            if not blocking:
+                return None
+            timeout = self.lock_timeout if self.lock_timeout is not None else config.lock_timeout()
+            t0 = time.perf_counter()
+            timed_out = not lock.acquire(timeout)
+            r.waited = time.perf_counter() - t0
+            self._count(lock_waits=1, wait_seconds=r.waited)
+            if timed_out:
+                log.warning(
+                    "mlpjit: waited %.1f s for another process compiling %s %s; compiling it "
+                    "here too (MLPJIT_LOCK_TIMEOUT)",
+                    r.waited,
+                    r.request.kernel,
+                    short_key(r.key),
+                )
+        try:
+            self._count(misses=1)
+            entry = self._lookup(r)  # someone may have published while we waited
+            if entry is not None:
+                if r.waited:
+                    log.info(
+                        "mlpjit: %s %s ready after waiting %.2f s for another process",
+                        r.request.kernel,
+                        short_key(r.key),
+                        r.waited,
+                    )
+                return self._hit(r, entry, count=False)
+            binary, seconds = self._compile(r)
+            if lock.held or lock.try_acquire():
+                # A waiter that timed out re-checks: the holder may have published meanwhile.
+                entry = (self._lookup(r) if timed_out else None) or self.store.publish(
+                    r.key, r.components, binary, seconds
+                )
+            else:
+                # The holder is still at it: never publish next to it, use ours in memory.
+                entry = self._lookup(r) or self._unpublished(r, binary, seconds)
+            self._log_compile(r, seconds)
+        finally:
+            lock.release()
+        return self._hit(r, entry, count=False)
+
+    def _unpublished(self, r: _Resolved, binary: KernelBinary, seconds: float) -> Entry:
+        """An in-memory entry for a compile this process may not publish."""
+        manifest = {
+            "key": r.key,
+            "spec_key": r.spec,
+            "components": r.components,
+            **launch_fields(binary),
+            "cubin_sha256": hashlib.sha256(binary.cubin).hexdigest(),
+            "cubin_bytes": len(binary.cubin),
+            "compile_seconds": seconds,
+        }
+        return Entry(r.key, manifest, bytes(binary.cubin), self.store.root, persisted=False)
+
+    def _compile(self, r: _Resolved) -> tuple[KernelBinary, float]:
+        kdef = kernel_def(r.request.kernel)
+        if not toolchain():
+            raise CompilerUnavailableError(self._no_compiler_message(r))
+        try:
+            module = importlib.import_module(kdef.module)
+        except ImportError as err:
+            if err.name and err.name.split(".")[0] in ("cutlass", "cuda"):
+                raise CompilerUnavailableError(self._no_compiler_message(r)) from err
+            raise
+        with _COMPILE_MUTEX:
+            t0 = time.perf_counter()
+            binary = module.compile_cubin(dict(r.request.params), r.request.arch)
+            seconds = time.perf_counter() - t0
+        self._count(compiles=1, compile_seconds=seconds)
+        return binary, seconds
+
+    def _no_compiler_message(self, r: _Resolved) -> str:
+        return (
+            f"mlpjit kernel {r.request.kernel} (key {short_key(r.key)}, params "
+            f"{json.dumps(dict(r.request.params), sort_keys=True)}, arch {r.request.arch}) is "
+            f"not in any cache and nvidia-cutlass-dsl is not installed to compile it. Fix: "
+            f"pip install nvidia-cutlass-dsl, or warm a cache with `mlpjit warm` and point "
+            f"MLPJIT_CACHE_DIR or MLPJIT_CACHE_PATH at it"
+        )
+
+    def _log_compile(self, r: _Resolved, seconds: float) -> None:
+        with self._mutex:
+            threads = self._waiters.get(r.key, 0)
+        who = []
+        if r.waited:
+            who.append(f"after waiting {r.waited:.2f} s for the lock")
+        if threads:
+            who.append(f"{threads} other thread(s) waited")
+        log.info(
+            "mlpjit: compiled %s %s in %.2f s%s",
+            r.request.kernel,
+            short_key(r.key),
+            seconds,
+            f" ({'; '.join(who)})" if who else "",
+        )
+
+    def _record(self, r: _Resolved) -> None:
+        """Append the request to MLPJIT_RECORD once per process (O_APPEND: one line, atomic)."""
+        path = config.record_file()
+        if path is None:
+            return
+        with self._mutex:
+            if r.key in self._recorded:
+                return
+            self._recorded.add(r.key)
+        line = json.dumps(
+            {"kernel": r.request.kernel, "params": dict(r.request.params), "arch": r.request.arch},
+            sort_keys=True,
+        )
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, (line + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError as err:
+            log.warning("mlpjit: cannot append to MLPJIT_RECORD file %s: %s", path, err)
+
+
+_DEFAULT: CompileManager | None = None
+_DEFAULT_MUTEX = threading.Lock()
+
+
+def default_manager() -> CompileManager:
+    """The process-wide manager, built on first use from MLPJIT_CACHE_DIR / MLPJIT_CACHE_PATH.
+
+    Rebuilt if those variables changed since (tests, or a server that re-points its cache).
+    """
+    global _DEFAULT
+    root, layers = config.cache_dir().absolute(), tuple(p.absolute() for p in config.cache_path())
+    with _DEFAULT_MUTEX:
+        if _DEFAULT is None or (_DEFAULT.store.root, _DEFAULT.store.layers) != (root, layers):
+            _DEFAULT = CompileManager(CacheStore(root, layers))
+        return _DEFAULT

@@ -1,0 +1,108 @@
+"""A tiny CuTe DSL kernel, out[i] = x[i] * scale over n float32 values.
+
+It exists to test the compile cache end to end (real CuTe DSL compiles for sm_90a on a
+CPU-only machine, real cubins, a launch on the GPU) without the cost of the FP8 kernels.
+Compile parameters: ``n`` (vector length), ``scale`` (a float baked into the code) and
+``block`` (threads per CTA). Kernel parameters: ``out`` and ``x``, float32 [n], contiguous,
+16-byte aligned. It waits on the previous grid (griddepcontrol) so a PDL launch is exercised.
+"""
+
+# No `from __future__ import annotations`: CuTe DSL evaluates the kernel's annotations, and
+# string annotations would name `cute`/`cutlass`, which are imported inside _program only.
+import functools
+import math
+import shlex
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+from mlpjit.jit.binary import KernelBinary, KernelParam
+
+__all__ = ["PARAMS", "check_params", "compile_cubin"]
+
+PARAMS = (KernelParam("out", "ptr"), KernelParam("x", "ptr"))
+MAX_N = 1 << 26
+
+
+def check_params(params: Mapping[str, Any]) -> tuple[int, float, int]:
+    """Validate the compile parameters; return (n, scale, block) or raise ValueError."""
+    unknown = set(params) - {"n", "scale", "block"}
+    if unknown:
+        raise ValueError(f"smoke params must be n, scale, block; unknown: {sorted(unknown)}")
+    n, scale, block = params.get("n"), params.get("scale"), params.get("block")
+    if type(n) is not int or not 1 <= n <= MAX_N:
+        raise ValueError(f"smoke param n must be an int in [1, {MAX_N}], got {n!r}")
+    if type(scale) not in (int, float) or not math.isfinite(scale):
+        raise ValueError(f"smoke param scale must be a finite float, got {scale!r}")
+    if type(block) is not int or block % 32 or not 32 <= block <= 1024:
+        raise ValueError(f"smoke param block must be a multiple of 32 in [32, 1024], got {block!r}")
+    return n, float(scale), block
+
+
+@functools.cache
+def _program() -> Any:
+    """Build the @cute.jit launcher once per process (imports CuTe DSL)."""
+    import cutlass
+    import cutlass.cute as cute
+
+    @cute.kernel
+    def scale_kernel(
+        gOut: cute.Tensor, gX: cute.Tensor, scale: cutlass.Constexpr, n: cutlass.Constexpr
+    ) -> None:
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        bdim, _, _ = cute.arch.block_dim()
+        # x may be written by the previous kernel of a PDL chain: wait for it first.
+        cute.arch.griddepcontrol_wait()
+        i = bidx * bdim + tidx
+        if i < n:
+            gOut[i] = gX[i] * cutlass.Float32(scale)
+
+    @cute.jit
+    def launch(
+        mOut: cute.Tensor,
+        mX: cute.Tensor,
+        stream: Any,
+        scale: cutlass.Constexpr,
+        n: cutlass.Constexpr,
+        block: cutlass.Constexpr,
+    ) -> None:
+        scale_kernel(mOut, mX, scale, n).launch(
+            grid=[(n + block - 1) // block, 1, 1], block=[block, 1, 1], stream=stream
+        )
+
+    return launch
+
+
+def compile_cubin(params: Mapping[str, Any], arch: str) -> KernelBinary:
+    """Compile the smoke kernel for ``arch`` (e.g. "sm_90a") with fake tensors; no GPU needed."""
+    n, scale, block = check_params(params)
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+    launch = _program()
+    # Static shapes: the compiled kernel takes plain device pointers (see PARAMS).
+    out = make_fake_compact_tensor(cutlass.Float32, (n,), assumed_align=16)
+    x = make_fake_compact_tensor(cutlass.Float32, (n,), assumed_align=16)
+    # --keep-cubin writes the cubin into the dump dir (default: the cwd); use a private one.
+    with tempfile.TemporaryDirectory(prefix="mlpjit-cubin-") as dump:
+        options = f"--keep-cubin --gpu-arch {shlex.quote(arch)} --dump-dir {shlex.quote(dump)}"
+        compiled = cute.compile(
+            launch, out, x, make_fake_stream(), scale, n, block, options=options
+        )
+        cubin = compiled.artifacts.CUBIN
+    symbols = list(compiled.kernel_info)
+    if not isinstance(cubin, bytes) or len(symbols) != 1:
+        raise RuntimeError(
+            f"CuTe DSL returned no cubin or not exactly one kernel (symbols: {symbols})"
+        )
+    return KernelBinary(
+        cubin=cubin,
+        symbol=symbols[0],
+        grid=((n + block - 1) // block, 1, 1),
+        block=(block, 1, 1),
+        smem_bytes=0,
+        pdl=True,
+        params=PARAMS,
+    )

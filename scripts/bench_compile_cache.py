@@ -1,0 +1,217 @@
+"""Benchmark: W worker processes preparing the same 16 smoke kernels on a cold cache.
+
+mlpjit:   each worker calls CompileManager().warm(requests) on one shared MLPJIT_CACHE_DIR.
+baseline: each worker calls cute.compile on the same 16 kernels itself, with CuTe DSL's own
+          file cache dir set (CUTE_DSL_CACHE_DIR); cute.compile never uses it (it compiles
+          "compile only", which forces no_cache: cutlass/base_dsl/compiler.py,
+          CompileCallable._compile, and base_dsl/dsl.py), so every worker compiles all 16.
+Also: the warm start of a fresh process (all 16 kernels ready), mlpjit (cache lookups) vs the
+baseline (which must compile again). Prints a markdown table; writes
+bench/results/compile_cache.json.
+
+    python3 scripts/bench_compile_cache.py [--workers 1 2 4 8] [--kernels 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ARCH = "sm_90a"
+
+
+def _params(i: int) -> dict:
+    return {"n": 1024 + 32 * i, "scale": 2.0, "block": 128}
+
+
+# ---------------------------------------------------------------------------- worker side
+
+
+def worker_mlpjit(count: int) -> dict:
+    t0 = time.perf_counter()
+    from mlpjit.jit.manager import CompileManager, KernelRequest
+
+    t1 = time.perf_counter()
+    manager = CompileManager()
+    manager.warm([KernelRequest("smoke", _params(i), ARCH) for i in range(count)])
+    ready = time.perf_counter() - t0
+    stats = vars(manager.stats)
+    return {
+        "ready_s": ready,
+        "after_import_s": time.perf_counter() - t1,
+        "compiles": stats["compiles"],
+        "stats": stats,
+        "cutlass_imported": "cutlass" in sys.modules,
+    }
+
+
+def worker_baseline(count: int) -> dict:
+    t0 = time.perf_counter()
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+    from mlpjit.kernels.smoke import _program
+
+    launch = _program()  # the same @cute.jit program mlpjit compiles
+    for i in range(count):
+        p = _params(i)
+        out = make_fake_compact_tensor(cutlass.Float32, (p["n"],), assumed_align=16)
+        x = make_fake_compact_tensor(cutlass.Float32, (p["n"],), assumed_align=16)
+        cute.compile(
+            launch,
+            out,
+            x,
+            make_fake_stream(),
+            p["scale"],
+            p["n"],
+            p["block"],
+            options=f"--gpu-arch {ARCH}",
+        )
+    return {"ready_s": time.perf_counter() - t0, "compiles": count}
+
+
+# ---------------------------------------------------------------------------- driver side
+
+
+def _spawn(kind: str, count: int, env: dict) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, __file__, "--worker", kind, "--kernels", str(count)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+
+
+def run_group(kind: str, workers: int, count: int, env: dict) -> dict:
+    """Start ``workers`` processes at once; wall time, CPU seconds of children, results."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    procs = [_spawn(kind, count, env) for _ in range(workers)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate()
+        if p.returncode != 0:
+            raise SystemExit(f"{kind} worker failed:\n{err[-3000:]}")
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {
+        "workers": workers,
+        "wall_s": round(wall, 3),
+        "cpu_s": round(cpu, 3),
+        "compiles": sum(o["compiles"] for o in outs),
+        "per_worker": outs,
+    }
+
+
+def _env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLPJIT_", "CUTE_DSL_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.update(extra)
+    return env
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--kernels", type=int, default=16)
+    ap.add_argument("--warm-repeats", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "compile_cache.json")
+    ap.add_argument("--worker", choices=["mlpjit", "baseline"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        fn = worker_mlpjit if args.worker == "mlpjit" else worker_baseline
+        print(json.dumps(fn(args.kernels)), flush=True)
+        return
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="mlpjit-bench-") as tmp:
+        for w in args.workers:
+            cache = Path(tmp) / f"cache-w{w}"
+            mine = run_group("mlpjit", w, args.kernels, _env(MLPJIT_CACHE_DIR=str(cache)))
+            cute_cache = Path(tmp) / f"cute-cache-w{w}"
+            cute_cache.mkdir()
+            base = run_group("baseline", w, args.kernels, _env(CUTE_DSL_CACHE_DIR=str(cute_cache)))
+            base["cute_cache_files"] = sum(1 for p in cute_cache.rglob("*") if p.is_file())
+            rows.append({"workers": w, "mlpjit": mine, "baseline": base})
+            print(
+                f"W={w}: mlpjit {mine['wall_s']:.1f} s / {mine['compiles']} compiles, "
+                f"baseline {base['wall_s']:.1f} s / {base['compiles']} compiles",
+                flush=True,
+            )
+        # Warm start: a fresh process, all kernels already in the cache built above.
+        warm_env = _env(MLPJIT_CACHE_DIR=str(Path(tmp) / f"cache-w{args.workers[-1]}"))
+        warm = [run_group("mlpjit", 1, args.kernels, warm_env) for _ in range(args.warm_repeats)]
+        cold = [run_group("baseline", 1, args.kernels, _env()) for _ in range(2)]
+
+    def ready(groups: list, field: str = "ready_s") -> float:
+        return statistics.median(g["per_worker"][0][field] for g in groups)
+
+    warm_start = {
+        "mlpjit_ready_ms": round(1000 * ready(warm), 2),
+        "mlpjit_after_import_ms": round(1000 * ready(warm, "after_import_s"), 2),
+        "mlpjit_process_wall_s": round(statistics.median(g["wall_s"] for g in warm), 3),
+        "mlpjit_compiles": sum(g["compiles"] for g in warm),
+        "mlpjit_imports_cutlass": any(g["per_worker"][0]["cutlass_imported"] for g in warm),
+        "baseline_ready_ms": round(1000 * ready(cold), 2),
+        "baseline_process_wall_s": round(statistics.median(g["wall_s"] for g in cold), 3),
+    }
+    result = {
+        "kernels": args.kernels,
+        "arch": ARCH,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "rows": rows,
+        "warm_start": warm_start,
+        "command": "python3 scripts/bench_compile_cache.py " + " ".join(sys.argv[1:]),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+    k = args.kernels
+    print()
+    print(f"Cold cache, {k} smoke kernels for {ARCH}, {os.cpu_count()} CPU cores:")
+    print()
+    print(
+        "| W | mlpjit wall s | mlpjit compiles | mlpjit CPU s "
+        "| cute.compile wall s | cute.compile compiles | cute.compile CPU s |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        m, b = r["mlpjit"], r["baseline"]
+        print(
+            f"| {r['workers']} | {m['wall_s']:.2f} | {m['compiles']} | {m['cpu_s']:.1f} "
+            f"| {b['wall_s']:.2f} | {b['compiles']} | {b['cpu_s']:.1f} |"
+        )
+    print()
+    print(
+        f"Warm start of a fresh process, all {k} ready (median of {args.warm_repeats}): mlpjit "
+        f"{warm_start['mlpjit_ready_ms']:.1f} ms in-process including `import mlpjit` "
+        f"({warm_start['mlpjit_after_import_ms']:.1f} ms of it after the import; "
+        f"{warm_start['mlpjit_compiles']} "
+        f"compiles, cutlass imported: {warm_start['mlpjit_imports_cutlass']}; "
+        f"{warm_start['mlpjit_process_wall_s']:.2f} s with interpreter start); cute.compile "
+        f"{warm_start['baseline_ready_ms']:.0f} ms ({warm_start['baseline_process_wall_s']:.2f} "
+        f"s with interpreter start)."
+    )
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
