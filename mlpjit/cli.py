@@ -1,0 +1,699 @@
+"""The `mlpjit` command: `mlpjit warm ...` and `mlpjit cache path|ls|info|stats|verify|prune|
+clear|export|import`, each with --json where it prints data.
+
+Exit status: 0 on success, 1 on a failure (a bad entry found, a rejected import, a compile
+error), 2 on a usage error. Expected errors (mlpjit's own, bad values, file problems) print
+one line, never a traceback. Standard library only; CuTe DSL is imported only when `warm`
+has to compile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mlpjit.errors import MlpjitError
+
+if TYPE_CHECKING:
+    from mlpjit.jit.manager import KernelRequest
+    from mlpjit.jit.store import CacheStore
+
+__all__ = ["main", "parse_age", "parse_size", "parse_tokens"]
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_AGE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([smhdw])\s*$", re.IGNORECASE)
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+# --------------------------------------------------------------------- value parsers
+
+
+def parse_size(text: str) -> int:
+    """'500M', '2G', '1.5GiB', '4096' -> bytes (binary multiples); ValueError otherwise."""
+    match = _SIZE_RE.match(text)
+    if not match:
+        raise ValueError(f"size must look like 4096, 500K, 500M, 2G or 1T, got {text!r}")
+    number, unit = float(match.group(1)), match.group(2).lower()
+    return int(number * 1024 ** " kmgt".index(unit or " "))
+
+
+def parse_age(text: str) -> float:
+    """'7d', '12h', '30m', '45s', '2w' -> seconds; ValueError otherwise."""
+    match = _AGE_RE.match(text)
+    if not match:
+        raise ValueError(f"age must look like 45s, 30m, 12h, 7d or 2w, got {text!r}")
+    return float(match.group(1)) * _AGE_UNITS[match.group(2).lower()]
+
+
+def parse_tokens(text: str) -> list[int]:
+    """'1-8', '1,2,4', '1-4,8' -> sorted distinct positive token counts."""
+    counts: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi if sep else lo)
+        except ValueError:
+            raise ValueError(f"tokens must look like 1-8 or 1,2,4, got {text!r}") from None
+        if first < 1 or last < first:
+            raise ValueError(f"tokens must be positive ranges like 1-8, got {text!r}")
+        counts.update(range(first, last + 1))
+    return sorted(counts)
+
+
+def _scalar(text: str) -> int | float | bool | str | None:
+    """A --param value: int, float, true/false, none, else the string itself."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _param(text: str) -> tuple[str, list[Any]]:
+    """'name=value' or 'name=v1,v2' (each value list multiplies the requests)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise ValueError(f"--param must be name=value, got {text!r}")
+    return name.strip(), [_scalar(v) for v in value.split(",")]
+
+
+def _arch(text: str) -> str:
+    from mlpjit.jit.config import check_arch
+
+    return check_arch(text, "--arch")
+
+
+def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """Turn a ValueError of ``parse`` into an argparse usage error (exit status 2)."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    convert.__name__ = parse.__name__.lstrip("_")
+    return convert
+
+
+# --------------------------------------------------------------------- output helpers
+
+
+def _human(size: Any) -> str:
+    if type(size) is not int:
+        return "?"
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+def _when(stamp: Any) -> str:
+    if not isinstance(stamp, (int, float)) or isinstance(stamp, bool):
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+
+
+def _params_text(params: Any) -> str:
+    if not isinstance(params, dict):
+        return "?"
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def _emit(args: argparse.Namespace, data: Any, lines: Callable[[], Sequence[str]]) -> None:
+    """Print ``data`` as JSON with --json, else the text ``lines()``."""
+    if getattr(args, "json", False):
+        print(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        for line in lines():
+            print(line)
+
+
+def _store() -> CacheStore:
+    from mlpjit.jit.store import CacheStore
+
+    return CacheStore()
+
+
+# --------------------------------------------------------------------- cache commands
+
+
+def _cmd_path(args: argparse.Namespace) -> int:
+    store = _store()
+    layers = [{"path": str(p), "exists": p.is_dir()} for p in store.layers]
+    data = {
+        "root": str(store.root),
+        "exists": store.root.is_dir(),
+        "writable": os.access(
+            store.root if store.root.exists() else _existing(store.root), os.W_OK
+        ),
+        "layers": layers,
+    }
+
+    def lines() -> list[str]:
+        state = "" if data["exists"] else " (not created yet)"
+        out = [f"{store.root}{state}"]
+        out += [
+            f"{x['path']} (read-only layer{'' if x['exists'] else ', missing'})" for x in layers
+        ]
+        return out
+
+    _emit(args, data, lines)
+    return 0
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    from mlpjit.jit.maintenance import entry_rows
+
+    rows = entry_rows(_store())
+
+    def lines() -> list[str]:
+        if not rows:
+            return ["(no entries)"]
+        table = [("KEY", "KERNEL", "PARAMS", "ARCH", "SIZE", "CREATED", "LAST USED")]
+        for r in rows:
+            kernel = r["kernel"] if "error" not in r else f"? ({r['error']})"
+            table.append(
+                (
+                    r["key"][:12],
+                    str(kernel),
+                    _params_text(r["params"]),
+                    str(r["arch"]),
+                    _human(r["cubin_bytes"]),
+                    _when(r["created"]),
+                    _when(r["last_used"]),
+                )
+            )
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+        return [
+            "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            for row in table
+        ]
+
+    _emit(args, rows, lines)
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from mlpjit.jit.maintenance import find_entry
+
+    key, manifest = find_entry(_store(), args.key)
+    data = {"key": key, **manifest}
+    _emit(args, data, lambda: [json.dumps(data, indent=2, sort_keys=True)])
+    return 0
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    from mlpjit.jit.maintenance import cache_stats
+
+    data = cache_stats(_store())
+
+    def lines() -> list[str]:
+        out = [
+            f"root:        {data['root']}",
+            f"entries:     {data['entries']} ({_human(data['bytes'])})",
+        ]
+        for name, slot in data["kernels"].items():
+            out.append(f"  {name}: {slot['entries']} ({_human(slot['bytes'])})")
+        for name, slot in data["origins"].items():
+            if name != data["root"]:
+                out.append(f"  layer {name}: {slot['entries']} ({_human(slot['bytes'])})")
+        out += [
+            f"unreadable:  {data['unreadable_manifests']}",
+            f"quarantined: {data['quarantined']}",
+            f"lock files:  {data['lock_files']}",
+            f"temp files:  {data['temp_files']}",
+        ]
+        return out
+
+    _emit(args, data, lines)
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from mlpjit.jit.maintenance import verify_cache
+
+    data = verify_cache(_store())
+
+    def lines() -> list[str]:
+        out = [f"{b['key'][:12]}: BAD, {b['action']}: {b['reason']}" for b in data["bad"]]
+        out.append(f"verified {data['checked']} entries: {data['ok']} ok, {len(data['bad'])} bad")
+        return out
+
+    _emit(args, data, lines)
+    return 1 if data["bad"] else 0
+
+
+def _cmd_prune(args: argparse.Namespace) -> int:
+    from mlpjit.jit.maintenance import prune_cache
+
+    data = prune_cache(_store(), max_bytes=args.max_size, older_than=args.older_than)
+
+    def lines() -> list[str]:
+        busy = f", {len(data['busy'])} busy (being compiled, left alone)" if data["busy"] else ""
+        return [
+            f"removed {len(data['removed'])} entries ({_human(data['freed_bytes'])}){busy}; "
+            f"{data['remaining_entries']} left ({_human(data['remaining_bytes'])})"
+        ]
+
+    _emit(args, data, lines)
+    return 0
+
+
+def _cmd_clear(args: argparse.Namespace) -> int:
+    from mlpjit.jit.maintenance import clear_cache
+
+    data = clear_cache(_store())
+
+    def lines() -> list[str]:
+        busy = f", {len(data['busy'])} busy (being compiled, left alone)" if data["busy"] else ""
+        return [
+            f"removed {len(data['removed'])} entries and {data['quarantine_removed']} "
+            f"quarantined{busy}"
+        ]
+
+    _emit(args, data, lines)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from mlpjit.jit.archive import export_archive
+
+    report = export_archive(_store(), Path(args.file))
+    data = asdict(report)
+
+    def lines() -> list[str]:
+        out = [f"{r['key'][:12]}: skipped ({r['reason']})" for r in report.skipped]
+        out.append(f"exported {report.entries} entries to {report.path} ({_human(report.bytes)})")
+        return out
+
+    _emit(args, data, lines)
+    return 0
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from mlpjit.jit.archive import import_archive
+
+    report = import_archive(_store(), Path(args.file))
+    data = {
+        **asdict(report),
+        "counts": {
+            "imported": len(report.imported),
+            "skipped": len(report.skipped),
+            "rejected": len(report.rejected),
+        },
+    }
+
+    def lines() -> list[str]:
+        out = [f"{r['key'][:12]}: REJECTED: {r['reason']}" for r in report.rejected]
+        out += [f"{r['key'][:12]}: skipped ({r['reason']})" for r in report.skipped]
+        out.append(
+            f"imported {len(report.imported)}, skipped {len(report.skipped)}, "
+            f"rejected {len(report.rejected)} from {report.path}"
+        )
+        return out
+
+    _emit(args, data, lines)
+    return 1 if report.rejected else 0
+
+
+# --------------------------------------------------------------------- warm
+
+
+def _local_arch() -> str | None:
+    """The arch of the current GPU ("sm_90a" on Hopper), or None without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    # Hopper and later kernels use arch-specific features ("a" targets).
+    return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+
+
+def _resolve_arch(args: argparse.Namespace) -> str:
+    from mlpjit.jit.config import arch_override
+
+    arch = args.arch or arch_override() or _local_arch()
+    if arch is None:
+        raise ValueError(
+            "no target arch: pass --arch (e.g. --arch sm_90a), set MLPJIT_ARCH, or run on a "
+            "machine with a CUDA GPU"
+        )
+    return arch
+
+
+def _warm_requests(args: argparse.Namespace, arch: str) -> list[KernelRequest]:
+    """The kernel list of `mlpjit warm` from --kernel/--param, --model/--hidden, or --requests."""
+    from mlpjit.jit.manager import KernelRequest
+
+    if args.kernel:
+        names = [name for name, _ in args.param]
+        if len(set(names)) != len(names):
+            raise ValueError(f"--param given twice for one name: {names}")
+        grid = itertools.product(*(values for _, values in args.param))
+        return [
+            KernelRequest(args.kernel, dict(zip(names, combo, strict=True)), arch) for combo in grid
+        ]
+    if args.requests:
+        requests = _read_requests(Path(args.requests))
+        if args.arch:  # an explicit --arch retargets the whole list
+            requests = [KernelRequest(r.kernel, r.params, args.arch) for r in requests]
+        return requests
+    from mlpjit.kernels.plan import MODELS, dense_mlp_requests
+
+    if args.model:
+        hidden, intermediate = MODELS[args.model]
+    else:
+        if args.intermediate is None:
+            raise ValueError("--hidden needs --intermediate")
+        hidden, intermediate = args.hidden, args.intermediate
+    return dense_mlp_requests(
+        hidden, intermediate, args.tp, args.tokens, arch, ue8m0=args.ue8m0, limit=args.limit
+    )
+
+
+def _read_requests(path: Path) -> list[KernelRequest]:
+    """Requests from a JSON-lines file ({"kernel", "params", "arch"} per line, MLPJIT_RECORD)."""
+    from mlpjit.jit.manager import KernelRequest
+
+    requests = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            request = KernelRequest(str(item["kernel"]), dict(item["params"]), str(item["arch"]))
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{path}:{number}: not a kernel request line ({err})") from None
+        if request not in requests:
+            requests.append(request)
+    return requests
+
+
+def _warm_here(args: argparse.Namespace, requests: list[KernelRequest]) -> list[dict[str, Any]]:
+    """Run the manager's warm in this process; one progress line per kernel to stderr."""
+    from mlpjit.jit.key import cache_key, key_components
+    from mlpjit.jit.manager import CompileManager
+
+    keys = [cache_key(key_components(r.kernel, r.params, r.arch)) for r in requests]
+    position = {id(r): i for i, r in enumerate(requests)}
+    manager = CompileManager()
+    records: list[dict[str, Any]] = []
+    prefix = f"w{args.worker_id} " if args.worker_id is not None else ""
+    state = {"t": time.perf_counter(), "compiles": 0}
+
+    def progress(done: int, total: int, request: KernelRequest) -> None:
+        now, compiles = time.perf_counter(), manager.stats.compiles
+        status = "compiled" if compiles > state["compiles"] else "hit"
+        seconds = now - state["t"]
+        state.update(t=now, compiles=compiles)
+        i = position.get(id(request), 0)
+        records.append(
+            {
+                "key": keys[i],
+                "kernel": request.kernel,
+                "params": dict(request.params),
+                "status": status,
+                "seconds": round(seconds, 4),
+            }
+        )
+        print(
+            f"{prefix}[{done}/{total}] {request.kernel} {keys[i][:12]} {status} {seconds:.2f}s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    manager.warm(requests, progress=progress)
+    order = {key: i for i, key in enumerate(keys)}
+    return sorted(records, key=lambda r: order[r["key"]])
+
+
+def _worker_command(args: argparse.Namespace, arch: str, worker: int) -> list[str]:
+    """The `mlpjit warm` command line of one --jobs worker (same list, this process's arch)."""
+    cmd = [sys.executable, "-m", "mlpjit", "warm", "--json", "--worker-id", str(worker)]
+    if args.arch or not args.requests:
+        cmd += ["--arch", arch]
+    if args.kernel:
+        cmd += ["--kernel", args.kernel]
+        for name, values in args.param:
+            cmd += [
+                "--param",
+                f"{name}={','.join(json.dumps(v) if v is None else str(v) for v in values)}",
+            ]
+    elif args.requests:
+        cmd += ["--requests", args.requests]
+    else:
+        cmd += (
+            ["--model", args.model]
+            if args.model
+            else ["--hidden", str(args.hidden), "--intermediate", str(args.intermediate)]
+        )
+        cmd += ["--tp", str(args.tp), "--tokens", ",".join(map(str, args.tokens))]
+        cmd += ["--ue8m0" if args.ue8m0 else "--no-ue8m0"]
+        if args.limit is not None:
+            cmd += ["--limit", repr(args.limit)]
+    return cmd
+
+
+def _warm_jobs(args: argparse.Namespace, arch: str) -> list[dict[str, Any]]:
+    """Run --jobs worker processes over the same list; the cache's try-locks split the work."""
+    procs = [
+        subprocess.Popen(_worker_command(args, arch, w), stdout=subprocess.PIPE, text=True)
+        for w in range(args.jobs)
+    ]
+    merged: dict[str, dict[str, Any]] = {}
+    failed = []
+    for w, proc in enumerate(procs):
+        out, _ = proc.communicate()
+        if proc.returncode != 0:
+            failed.append(f"worker {w} exited with status {proc.returncode}")
+            continue
+        try:
+            records = json.loads(out)["entries"]
+        except (ValueError, KeyError, TypeError):
+            failed.append(f"worker {w} printed no summary (output ends: {out[-200:]!r})")
+            continue
+        for record in records:
+            seen = merged.setdefault(record["key"], {**record, "compiles": 0})
+            if record["status"] == "compiled":
+                seen["compiles"] += 1
+                seen["status"] = "compiled"
+                seen["seconds"] = record["seconds"]
+    if failed:
+        raise MlpjitError("warm failed: " + "; ".join(failed))
+    return list(merged.values())
+
+
+def _dry_run(args: argparse.Namespace, arch: str, requests: list[KernelRequest]) -> int:
+    """List what warm would compile (key, kernel, params, already cached?) without compiling."""
+    from mlpjit.jit.key import cache_key, key_components
+    from mlpjit.jit.store import CacheStore
+
+    cached = {key for key, _ in CacheStore().iter_manifests()}
+    rows = []
+    for r in requests:
+        key = cache_key(key_components(r.kernel, r.params, r.arch))
+        rows.append(
+            {"key": key, "kernel": r.kernel, "params": dict(r.params), "cached": key in cached}
+        )
+    data = {
+        "arch": arch,
+        "total": len(rows),
+        "cached": sum(r["cached"] for r in rows),
+        "entries": rows,
+    }
+
+    def lines() -> list[str]:
+        out = [
+            f"{r['key'][:12]}  {r['kernel']}  {_params_text(r['params'])}  "
+            f"{'cached' if r['cached'] else 'to compile'}"
+            for r in rows
+        ]
+        out.append(f"{data['total']} kernels for {arch}, {data['cached']} already cached")
+        return out
+
+    _emit(args, data, lines)
+    return 0
+
+
+def _cmd_warm(args: argparse.Namespace) -> int:
+    if args.requests:
+        # Each line names its arch; --arch (if given) overrides them all.
+        requests = _warm_requests(args, args.arch or "")
+        arch = ",".join(sorted({r.arch for r in requests})) or (args.arch or "")
+    else:
+        arch = _resolve_arch(args)
+        requests = _warm_requests(args, arch)
+    if args.dry_run:
+        return _dry_run(args, arch, requests)
+    t0 = time.perf_counter()
+    if args.jobs > 1 and requests:
+        records = _warm_jobs(args, arch)
+    else:
+        records = _warm_here(args, requests)
+        for record in records:
+            record["compiles"] = int(record["status"] == "compiled")
+    from mlpjit.jit.store import CacheStore
+
+    compiled = sum(r["status"] == "compiled" for r in records)
+    data = {
+        "arch": arch,
+        "root": str(CacheStore().root),
+        "total": len(records),
+        "compiled": compiled,
+        "compiles": sum(r["compiles"] for r in records),
+        "hits": len(records) - compiled,
+        "jobs": args.jobs,
+        "seconds": round(time.perf_counter() - t0, 3),
+        "entries": records,
+    }
+    lines = [
+        f"warmed {data['total']} kernels for {arch}: {compiled} compiled, {data['hits']} hits "
+        f"in {data['seconds']:.1f} s ({args.jobs} job{'s' if args.jobs > 1 else ''}); "
+        f"cache {data['root']}"
+    ]
+    _emit(args, data, lambda: lines)
+    return 0
+
+
+# --------------------------------------------------------------------- parser and main
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlpjit", description="mlpjit compile cache: warm it, inspect it, ship it."
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log INFO (-vv: DEBUG)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def sub(group: Any, name: str, func: Callable, help_text: str, json_flag: bool = True) -> Any:
+        p = group.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        if json_flag:
+            p.add_argument("--json", action="store_true", help="print JSON")
+        return p
+
+    warm = sub(commands, "warm", _cmd_warm, "compile kernels into the cache (no GPU needed)")
+    what = warm.add_mutually_exclusive_group(required=True)
+    what.add_argument("--kernel", help="a registered kernel name (e.g. smoke)")
+    what.add_argument("--model", choices=("glm5", "glm4.5"), help="a dense-MLP model preset")
+    what.add_argument("--hidden", type=_typed(_positive), help="hidden size (with --intermediate)")
+    what.add_argument("--requests", metavar="FILE", help="JSON lines of requests (MLPJIT_RECORD)")
+    warm.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        type=_typed(_param),
+        metavar="NAME=VALUE[,VALUE...]",
+        help="compile parameter of --kernel; a value list multiplies the requests",
+    )
+    warm.add_argument("--intermediate", type=_typed(_positive), help="intermediate size")
+    warm.add_argument("--tp", type=_typed(_positive), default=1, help="tensor-parallel size")
+    warm.add_argument(
+        "--tokens",
+        type=_typed(parse_tokens),
+        default=list(range(1, 9)),
+        help="token counts, e.g. 1-8",
+    )
+    warm.add_argument(
+        "--arch",
+        type=_typed(_arch),
+        help="target, e.g. sm_90a (default: MLPJIT_ARCH, else the GPU's)",
+    )
+    warm.add_argument(
+        "--ue8m0",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="power-of-two activation scales",
+    )
+    warm.add_argument("--limit", type=float, default=None, help="clamped-SwiGLU limit")
+    warm.add_argument("--jobs", type=_typed(_positive), default=1, help="worker processes")
+    warm.add_argument("--dry-run", action="store_true", help="list the kernels, compile nothing")
+    warm.add_argument("--worker-id", type=int, default=None, help=argparse.SUPPRESS)
+
+    cache = commands.add_parser("cache", help="inspect and maintain the cache")
+    group = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+    sub(group, "path", _cmd_path, "print the writable cache dir and read-only layers")
+    sub(group, "ls", _cmd_ls, "list entries")
+    info = sub(group, "info", _cmd_info, "print one entry's manifest")
+    info.add_argument("key", metavar="KEY", help="a key or a unique key prefix")
+    sub(group, "stats", _cmd_stats, "entries, bytes, per kernel, quarantined, lock files")
+    sub(group, "verify", _cmd_verify, "re-hash every entry; quarantine bad ones (exit 1 if any)")
+    prune = sub(group, "prune", _cmd_prune, "remove least recently used entries")
+    prune.add_argument("--max-size", type=_typed(parse_size), metavar="SIZE", help="e.g. 500M, 2G")
+    prune.add_argument("--older-than", type=_typed(parse_age), metavar="AGE", help="e.g. 7d, 12h")
+    sub(group, "clear", _cmd_clear, "remove every entry of the writable cache dir")
+    export = sub(group, "export", _cmd_export, "write every entry to one portable archive")
+    export.add_argument("file", metavar="FILE")
+    imp = sub(group, "import", _cmd_import, "verify an archive and add its entries")
+    imp.add_argument("file", metavar="FILE")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 1 failure, 2 usage error)."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if (
+        args.command == "cache"
+        and args.cache_command == "prune"
+        and (args.max_size is None and args.older_than is None)
+    ):
+        parser.error("cache prune needs --max-size and/or --older-than")
+    if args.command == "warm" and args.param and not args.kernel:
+        parser.error("--param goes with --kernel")
+    if args.command == "warm" and args.intermediate is not None and args.hidden is None:
+        parser.error("--intermediate goes with --hidden")
+    level = (
+        logging.WARNING
+        if args.verbose == 0
+        else logging.INFO
+        if args.verbose == 1
+        else logging.DEBUG
+    )
+    logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
+    try:
+        return args.func(args)
+    except BrokenPipeError:
+        # Output piped into e.g. `head`: stop quietly, and keep Python's exit-time flush quiet.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        return 1
+    except (MlpjitError, ValueError, OSError) as err:
+        print(f"mlpjit: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("mlpjit: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,370 @@
+"""Load cached cubins with the CUDA driver API and launch them on torch's current stream.
+
+A cache hit needs only torch and cuda-python: the cubin is loaded once per (key, device) with
+cuModuleLoadData into the device's primary context (the one torch uses) and launched with
+cuLaunchKernelEx, optionally with programmatic stream serialization (PDL). The per-launch
+path does no allocation beyond what cuda-python needs: launch configs are built once per
+(stream, pdl) and parameter storage is preallocated per thread, so a launch costs a few
+microseconds of host time and is safe inside CUDA graph capture.
+"""
+
+from __future__ import annotations
+
+import operator
+import struct
+import threading
+from collections.abc import Sequence
+from ctypes import addressof, c_uint64, c_void_p
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from mlpjit.errors import CaptureError, MlpjitError
+
+if TYPE_CHECKING:
+    from mlpjit.jit.binary import KernelBinary, KernelParam
+    from mlpjit.jit.store import Entry
+
+__all__ = ["LoadedKernel", "load_kernel", "loaded_count", "PARAM_SIZES"]
+
+# Bytes each manifest parameter kind occupies in the kernel's parameter buffer.
+PARAM_SIZES = {"ptr": 8, "i32": 4, "f32": 4}
+_STATIC_SMEM_LIMIT = 48 * 1024
+# Launch configs are cached per (stream, pdl); bound it so a caller cycling through many
+# short-lived streams cannot grow it forever.
+_MAX_CONFIGS = 64
+
+_I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
+_F32 = struct.Struct("<f")
+_U32 = struct.Struct("<I")
+_F32_MAX = 3.4028234663852886e38  # larger finite doubles overflow struct's "<f"
+
+_loaded: dict[tuple[str, int], LoadedKernel] = {}
+_load_lock = threading.Lock()
+_driver_module: Any = None
+
+
+def _driver() -> Any:
+    """Import cuda.bindings.driver and cuInit once (lazily: `import mlpjit` stays cheap)."""
+    global _driver_module
+    if _driver_module is None:
+        from cuda.bindings import driver
+
+        _check(driver, driver.cuInit(0), "cuInit")
+        _driver_module = driver
+    return _driver_module
+
+
+def _check(driver: Any, result: tuple, what: str) -> tuple:
+    """Raise MlpjitError naming the call and the CUDA error unless `result` is a success."""
+    err = result[0]
+    if err != driver.CUresult.CUDA_SUCCESS:
+        name = driver.cuGetErrorName(err)[1]
+        text = driver.cuGetErrorString(err)[1]
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        text = text.decode() if isinstance(text, bytes) else str(text)
+        raise MlpjitError(f"{what} failed: {name} ({text})")
+    return result[1:]
+
+
+def _raw_stream_getter() -> Any:
+    """Fastest available way to read torch's current stream handle for a device index."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
+class _Buffers(threading.local):
+    """Per-thread parameter storage: one 8-byte slot per parameter and the pointer array.
+
+    cuLaunchKernelEx copies the values before returning, so reusing the storage across
+    launches is safe; making it thread-local keeps concurrent launches from racing on it.
+    """
+
+    def __init__(self, count: int) -> None:
+        self.slots = (c_uint64 * max(count, 1))()
+        base = addressof(self.slots)
+        self.pointers = (c_void_p * max(count, 1))(*(base + 8 * i for i in range(max(count, 1))))
+        self.address = addressof(self.pointers)
+
+
+class LoadedKernel:
+    """A kernel function loaded on one device, ready to launch with cuLaunchKernelEx."""
+
+    def __init__(
+        self,
+        key: str,
+        binary: KernelBinary,
+        device_index: int,
+        function: Any = None,
+        context: Any = None,
+        module: Any = None,
+    ) -> None:
+        for param in binary.params:
+            if param.kind not in PARAM_SIZES:
+                raise ValueError(
+                    f"kernel {key[:12]} parameter {param.name!r} has kind {param.kind!r}; "
+                    f"allowed kinds: {sorted(PARAM_SIZES)}"
+                )
+        self.key = key
+        self.symbol = binary.symbol
+        self.grid = tuple(binary.grid)
+        self.block = tuple(binary.block)
+        self.smem_bytes = binary.smem_bytes
+        self.pdl = binary.pdl
+        self.params: tuple[KernelParam, ...] = tuple(binary.params)
+        self.device = torch.device("cuda", device_index)
+        self._index = device_index
+        self._names = tuple(p.name for p in self.params)
+        self._kinds = tuple(p.kind for p in self.params)
+        self._function = function
+        self._context = context
+        self._module = module  # kept so the module outlives every launch of its function
+        self._buffers = _Buffers(len(self.params))
+        self._configs: dict[tuple[int, bool], Any] = {}
+        self._stream_of = _raw_stream_getter()
+
+    def __repr__(self) -> str:
+        return f"LoadedKernel({self.symbol!r}, key={self.key[:12]}, device={self.device})"
+
+    def pack(self, args: Sequence[torch.Tensor | int | float]) -> tuple[int, ...]:
+        """Validate `args` against the manifest's parameter list; return the raw slot values.
+
+        Pointers become data_ptr(), i32 two's-complement 32-bit, f32 its IEEE bit pattern.
+        Tensors must be contiguous and on this kernel's device (the kernels are compiled for
+        compact static layouts, so a strided tensor would be read wrongly, not rejected).
+        """
+        slots = self._buffers.slots
+        self._fill(args, slots)
+        return tuple(slots[i] for i in range(len(self.params)))
+
+    def _fill(self, args: Sequence[torch.Tensor | int | float], slots: Any) -> None:
+        kinds = self._kinds
+        if len(args) != len(kinds):
+            raise ValueError(
+                f"kernel {self.symbol} takes {len(kinds)} arguments {list(self._names)}, "
+                f"got {len(args)}"
+            )
+        # Hot path (every DenseMlp call): exact-type checks first, the general ones after.
+        for i, arg in enumerate(args):
+            kind = kinds[i]
+            if kind == "ptr":
+                if type(arg) is not torch.Tensor and not isinstance(arg, torch.Tensor):
+                    raise ValueError(
+                        f"argument {self._names[i]!r} must be a torch.Tensor on {self.device}, "
+                        f"got {type(arg).__name__}"
+                    )
+                if arg.get_device() != self._index:
+                    raise ValueError(
+                        f"argument {self._names[i]!r} must be on {self.device}, "
+                        f"got a tensor on {arg.device}"
+                    )
+                if not arg.is_contiguous():
+                    raise ValueError(f"argument {self._names[i]!r} must be contiguous")
+                slots[i] = arg.data_ptr()
+            elif kind == "i32":
+                if type(arg) is int and _I32_MIN <= arg <= _I32_MAX:
+                    slots[i] = arg & 0xFFFFFFFF
+                else:
+                    slots[i] = self._i32(i, arg)
+            elif type(arg) is float:
+                slots[i] = (
+                    _U32.unpack(_F32.pack(arg))[0] if abs(arg) < _F32_MAX else self._f32(i, arg)
+                )
+            else:
+                slots[i] = self._f32(i, arg)
+
+    def _i32(self, i: int, arg: Any) -> int:
+        if isinstance(arg, (bool, torch.Tensor, float)):
+            raise ValueError(f"argument {self._names[i]!r} must be an int (i32), got {arg!r}")
+        try:
+            value = operator.index(arg)
+        except TypeError:
+            raise ValueError(
+                f"argument {self._names[i]!r} must be an int (i32), got {type(arg).__name__}"
+            ) from None
+        if not _I32_MIN <= value <= _I32_MAX:
+            raise ValueError(f"argument {self._names[i]!r} = {value} does not fit in i32")
+        return value & 0xFFFFFFFF
+
+    def _f32(self, i: int, arg: Any) -> int:
+        if isinstance(arg, (bool, torch.Tensor)) or not isinstance(arg, (int, float)):
+            raise ValueError(
+                f"argument {self._names[i]!r} must be a float (f32), got {type(arg).__name__}"
+            )
+        try:
+            return _U32.unpack(_F32.pack(arg))[0]
+        except OverflowError:
+            raise ValueError(f"argument {self._names[i]!r} = {arg!r} does not fit in f32") from None
+
+    def _config(self, stream: int, pdl: bool) -> Any:
+        """The CUlaunchConfig for (stream, pdl), built once; never mutated afterwards."""
+        driver = _driver()
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = self.grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = self.block
+        config.sharedMemBytes = self.smem_bytes
+        config.hStream = stream
+        if pdl:
+            attr = driver.CUlaunchAttribute()
+            attr.id = (
+                driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            )
+            attr.value.programmaticStreamSerializationAllowed = 1
+            config.attrs = [attr]
+            config.numAttrs = 1
+        else:
+            config.numAttrs = 0
+        if len(self._configs) >= _MAX_CONFIGS:
+            self._configs.clear()
+        self._configs[(stream, pdl)] = config
+        return config
+
+    def launch(
+        self,
+        args: Sequence[torch.Tensor | int | float],
+        stream: Any = None,
+        pdl: bool | None = None,
+    ) -> None:
+        """Launch on `stream` (default: torch's current stream of this device).
+
+        `stream` may be a torch.cuda.Stream or a raw CUstream handle (int); `pdl` overrides
+        the manifest's programmatic-stream-serialization flag. Raises ValueError naming the
+        parameter for a bad argument, MlpjitError for a driver error.
+        """
+        buffers = self._buffers
+        self._fill(args, buffers.slots)
+        if stream is None:
+            handle = self._stream_of(self._index)
+        else:
+            handle = getattr(stream, "cuda_stream", stream)
+        use_pdl = self.pdl if pdl is None else bool(pdl)
+        config = self._configs.get((handle, use_pdl))
+        if config is None:
+            config = self._config(handle, use_pdl)
+        driver = _driver()
+        if handle == 0:
+            # The legacy default stream belongs to whatever context is current: make sure
+            # that is ours, or the launch would target another device's stream.
+            current = driver.cuCtxGetCurrent()[1]
+            if int(current) != int(self._context):
+                _check(driver, driver.cuCtxPushCurrent(self._context), "cuCtxPushCurrent")
+                try:
+                    result = driver.cuLaunchKernelEx(config, self._function, buffers.address, 0)
+                finally:
+                    driver.cuCtxPopCurrent()
+                _check(driver, result, f"cuLaunchKernelEx({self.symbol})")
+                return
+        result = driver.cuLaunchKernelEx(config, self._function, buffers.address, 0)
+        if result[0] != driver.CUresult.CUDA_SUCCESS:
+            _check(driver, result, f"cuLaunchKernelEx({self.symbol})")
+
+
+def _check_param_layout(driver: Any, function: Any, binary: KernelBinary, key: str) -> None:
+    """Compare the manifest's parameter list with the loaded function's (cuFuncGetParamInfo).
+
+    A mismatch means the manifest does not describe this cubin, and launching would pass
+    garbage; skipped quietly on drivers without the query.
+    """
+    query = getattr(driver, "cuFuncGetParamInfo", None)
+    if query is None:
+        return
+    for index, param in enumerate(binary.params):
+        err, _offset, size = query(function, index)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            if index == 0:
+                return  # query unsupported here; nothing to compare against
+            raise MlpjitError(
+                f"cache entry {key[:12]}: manifest lists {len(binary.params)} parameters but "
+                f"kernel {binary.symbol} has only {index}"
+            )
+        if size != PARAM_SIZES[param.kind]:
+            raise MlpjitError(
+                f"cache entry {key[:12]}: parameter {param.name!r} is {param.kind} in the "
+                f"manifest but {size} bytes in kernel {binary.symbol}"
+            )
+    err = query(function, len(binary.params))[0]
+    if binary.params and err == driver.CUresult.CUDA_SUCCESS:
+        raise MlpjitError(
+            f"cache entry {key[:12]}: kernel {binary.symbol} takes more than the "
+            f"{len(binary.params)} parameters its manifest lists"
+        )
+
+
+def _load(key: str, binary: KernelBinary, index: int) -> LoadedKernel:
+    driver = _driver()
+    device = _check(driver, driver.cuDeviceGet(index), "cuDeviceGet")[0]
+    # The primary context is the one torch's runtime uses, so our function and torch's
+    # streams share a context. Retained for the life of the process, like the module.
+    context = _check(driver, driver.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")[0]
+    _check(driver, driver.cuCtxPushCurrent(context), "cuCtxPushCurrent")
+    try:
+        module = _check(
+            driver, driver.cuModuleLoadData(binary.cubin), f"cuModuleLoadData({key[:12]})"
+        )[0]
+        function = _check(
+            driver,
+            driver.cuModuleGetFunction(module, binary.symbol.encode()),
+            f"cuModuleGetFunction({binary.symbol})",
+        )[0]
+        if binary.smem_bytes > _STATIC_SMEM_LIMIT:
+            limit = _check(
+                driver,
+                driver.cuDeviceGetAttribute(
+                    driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                    device,
+                ),
+                "cuDeviceGetAttribute",
+            )[0]
+            if binary.smem_bytes > limit:
+                raise MlpjitError(
+                    f"kernel {binary.symbol} needs {binary.smem_bytes} bytes of shared memory; "
+                    f"device {index} allows at most {limit} per block"
+                )
+            _check(
+                driver,
+                driver.cuFuncSetAttribute(
+                    function,
+                    driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    binary.smem_bytes,
+                ),
+                "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+            )
+        _check_param_layout(driver, function, binary, key)
+    finally:
+        driver.cuCtxPopCurrent()
+    return LoadedKernel(key, binary, index, function=function, context=context, module=module)
+
+
+def load_kernel(entry: Entry, device: torch.device | str | int) -> LoadedKernel:
+    """Load `entry`'s cubin on `device` once per process; later calls return the same kernel.
+
+    Raises CaptureError if the kernel is not loaded yet and the device's current stream is
+    capturing a CUDA graph (a module load cannot be captured: call prepare() first).
+    """
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"device must be a CUDA device, got {device}")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    loaded = _loaded.get((entry.key, index))
+    if loaded is not None:
+        return loaded
+    with torch.cuda.device(index):
+        capturing = torch.cuda.is_current_stream_capturing()
+    if capturing:
+        raise CaptureError(
+            f"kernel {entry.key[:12]} is not loaded on cuda:{index} and the current stream is "
+            "capturing a CUDA graph; load it (DenseMlp.prepare) before capture"
+        )
+    with _load_lock:
+        loaded = _loaded.get((entry.key, index))
+        if loaded is None:
+            loaded = _load(entry.key, entry.binary(), index)
+            _loaded[(entry.key, index)] = loaded
+    return loaded
+
+
+def loaded_count() -> int:
+    """How many (key, device) modules this process has loaded (for stats and tests)."""
+    return len(_loaded)

@@ -1,0 +1,147 @@
+"""Launcher on the GPU: load the smoke kernel from a prebuilt cache, launch, graphs, capture.
+
+The kernel is compiled beforehand on a CPU machine (no compiler needed here):
+    MLPJIT_CACHE_DIR=.gpu-cache python3 -m mlpjit warm --kernel smoke --param n=4096 \
+        --param scale=2.0 --param block=128 --arch sm_90a
+then on the GPU machine: MLPJIT_CACHE_DIR=.gpu-cache python3 -m pytest -q -s tests/gpu.
+``-s`` prints the measured host time per launch.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mlpjit.errors import CaptureError
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+SMOKE = {"n": 4096, "scale": 2.0, "block": 128}
+
+
+def kernel_requests(arch: str = "sm_90a") -> list:
+    """The compile requests these tests use (for warming a cache without a GPU)."""
+    from mlpjit.jit.manager import KernelRequest
+
+    return [KernelRequest("smoke", dict(SMOKE), arch)]
+
+
+@pytest.fixture(scope="module")
+def entry():
+    """The smoke entry from the cache (an alias hit when the compiler is not installed)."""
+    from mlpjit.jit.manager import default_manager
+
+    return default_manager().get(kernel_requests()[0])
+
+
+@pytest.fixture(scope="module")
+def kernel(entry):
+    from mlpjit.jit.launcher import load_kernel
+
+    return load_kernel(entry, torch.device("cuda", torch.cuda.current_device()))
+
+
+def tensors() -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(SMOKE["n"], device="cuda")
+    return torch.full_like(x, float("nan")), x
+
+
+@pytest.mark.parametrize("pdl", [None, True, False])
+def test_launch_computes(kernel, pdl) -> None:
+    out, x = tensors()
+    kernel.launch((out, x), pdl=pdl)
+    torch.cuda.synchronize()
+    assert torch.equal(out, x * SMOKE["scale"])
+
+
+def test_launch_on_a_side_stream(kernel) -> None:
+    out, x = tensors()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        kernel.launch((out, x))
+    kernel.launch((out, x), stream=stream)  # explicit stream argument, same stream
+    stream.synchronize()
+    assert torch.equal(out, x * SMOKE["scale"])
+
+
+def test_chain_of_pdl_launches(kernel) -> None:
+    """out = x*2, then y = out*2 with PDL: griddepcontrol.wait keeps the order."""
+    out, x = tensors()
+    y = torch.empty_like(out)
+    for _ in range(20):
+        kernel.launch((out, x))
+        kernel.launch((y, out))
+    torch.cuda.synchronize()
+    assert torch.equal(y, x * SMOKE["scale"] ** 2)
+
+
+def test_load_is_cached_per_key_and_device(entry, kernel) -> None:
+    from mlpjit.jit.launcher import load_kernel
+
+    assert load_kernel(entry, torch.device("cuda", kernel.device.index)) is kernel
+
+
+def test_launch_inside_graph_capture(kernel) -> None:
+    out, x = tensors()
+    kernel.launch((out, x))  # warm-up outside the graph
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.graph(graph, stream=stream):
+        kernel.launch((out, x))
+    torch.cuda.synchronize()
+    x.copy_(torch.randn_like(x))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, x * SMOKE["scale"])
+
+
+def test_loading_during_capture_raises(entry) -> None:
+    from mlpjit.jit.launcher import load_kernel
+    from mlpjit.jit.store import Entry
+
+    # Same code under a key this process has not loaded yet.
+    fresh = Entry("0" * 64, entry.manifest, entry.cubin, Path("."))
+    out, x = tensors()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), pytest.raises(CaptureError, match="capturing"):
+        out.copy_(x)
+        load_kernel(fresh, x.device)
+    torch.cuda.synchronize()
+    loaded = load_kernel(fresh, x.device)  # fine once the capture is over
+    loaded.launch((out, x))
+    torch.cuda.synchronize()
+    assert torch.equal(out, x * SMOKE["scale"])
+
+
+def test_bad_arguments_on_the_gpu(kernel) -> None:
+    out, x = tensors()
+    with pytest.raises(ValueError, match="'x' must be on cuda"):
+        kernel.launch((out, x.cpu()))
+    with pytest.raises(ValueError, match="'out' must be contiguous"):
+        kernel.launch((torch.empty(2 * SMOKE["n"], device="cuda")[::2], x))
+
+
+def test_host_time_per_launch(kernel) -> None:
+    out, x = tensors()
+    for _ in range(100):
+        kernel.launch((out, x))
+    samples = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        for _ in range(200):
+            kernel.launch((out, x))
+        samples.append((time.perf_counter() - t0) / 200 * 1e6)
+    torch.cuda.synchronize()
+    median = statistics.median(samples)
+    print(f"\nlauncher host time per launch: median {median:.2f} us (min {min(samples):.2f})")
+    assert median < 50.0  # a regression guard; the target is a few microseconds

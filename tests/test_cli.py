@@ -1,0 +1,397 @@
+"""The `mlpjit` CLI in real subprocesses against private caches, with real smoke compiles."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from mlpjit.cli import parse_age, parse_size, parse_tokens
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = ["--kernel", "smoke", "--param", "n=1024,2048,4096", "--param", "scale=2.0"]
+SMOKE += ["--param", "block=128", "--arch", "sm_90a"]
+
+
+def mlpjit(cache: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m mlpjit ARGS` with MLPJIT_CACHE_DIR=cache; never raises on exit status."""
+    full = dict(os.environ)
+    full["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), full.get("PYTHONPATH", "")) if p)
+    full["MLPJIT_CACHE_DIR"] = str(cache)
+    for name in ("MLPJIT_CACHE_PATH", "MLPJIT_ARCH", "MLPJIT_RECORD"):
+        full.pop(name, None)
+    full.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "mlpjit", *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=600,
+        check=False,
+    )
+
+
+def ok_json(cache: Path, *args: str) -> dict | list:
+    run = mlpjit(cache, *args, "--json")
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+@pytest.fixture(scope="module")
+def warmed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A cache with three smoke kernels, warmed once per module through the CLI."""
+    cache = tmp_path_factory.mktemp("warmed") / "cache"
+    run = mlpjit(cache, "warm", *SMOKE, "--json")
+    assert run.returncode == 0, run.stderr
+    return cache, json.loads(run.stdout)
+
+
+@pytest.fixture
+def cache_copy(warmed: tuple[Path, dict], tmp_path: Path) -> Path:
+    """A private copy of the warmed cache for tests that change it."""
+    dest = tmp_path / "copy"
+    shutil.copytree(warmed[0], dest, symlinks=True)
+    return dest
+
+
+def entry_files(cache: Path) -> dict[str, Path]:
+    return {p.stem: p for p in (cache / "v1" / "entries").glob("*/*.cubin")}
+
+
+# ------------------------------------------------------------------ value parsers
+
+
+def test_value_parsers() -> None:
+    assert parse_size("4096") == 4096
+    assert parse_size("500M") == 500 << 20
+    assert parse_size("2G") == 2 << 30
+    assert parse_size("1.5KiB") == 1536
+    assert parse_age("7d") == 7 * 86400
+    assert parse_age("12h") == 12 * 3600
+    assert parse_age("30m") == 1800
+    assert parse_tokens("1-8") == list(range(1, 9))
+    assert parse_tokens("1-3,8,2") == [1, 2, 3, 8]
+    for bad, parse in (("5X", parse_size), ("-1M", parse_size), ("7y", parse_age)):
+        with pytest.raises(ValueError):
+            parse(bad)
+    for bad in ("0-2", "4-2", "a", ""):
+        with pytest.raises(ValueError):
+            parse_tokens(bad)
+
+
+# ------------------------------------------------------------------ warm and inspect
+
+
+def test_warm_then_ls_info_stats_verify_path(warmed: tuple[Path, dict]) -> None:
+    cache, summary = warmed
+    assert summary["total"] == 3 and summary["compiled"] == 3 and summary["hits"] == 0
+    assert summary["arch"] == "sm_90a"
+    keys = {e["key"] for e in summary["entries"]}
+    assert [e["params"]["n"] for e in summary["entries"]] == [1024, 2048, 4096]
+
+    rows = ok_json(cache, "cache", "ls")
+    assert {r["key"] for r in rows} == keys
+    assert all(r["kernel"] == "smoke" and r["arch"] == "sm_90a" for r in rows)
+    assert all(r["cubin_bytes"] > 0 and r["created"] <= r["last_used"] for r in rows)
+    text = mlpjit(cache, "cache", "ls").stdout
+    assert all(k[:12] in text for k in keys) and "n=2048" in text
+
+    key = sorted(keys)[0]
+    info = ok_json(cache, "cache", "info", key[:10])
+    assert info["key"] == key
+    assert info["components"]["kernel"] == "smoke"
+    assert info["params"] == [{"name": "out", "kind": "ptr"}, {"name": "x", "kind": "ptr"}]
+    cubin = next(p for k, p in entry_files(cache).items() if k == key).read_bytes()
+    assert info["cubin_sha256"] == hashlib.sha256(cubin).hexdigest()
+
+    stats = ok_json(cache, "cache", "stats")
+    assert stats["entries"] == 3
+    assert stats["kernels"]["smoke"]["entries"] == 3
+    assert stats["bytes"] == sum(r["cubin_bytes"] for r in rows)
+    assert stats["quarantined"] == 0 and stats["lock_files"] >= 3
+
+    verify = ok_json(cache, "cache", "verify")
+    assert verify == {"checked": 3, "ok": 3, "bad": []}
+
+    path = ok_json(cache, "cache", "path")
+    assert Path(path["root"]) == cache.absolute() and path["exists"] and path["layers"] == []
+
+
+def test_warm_again_is_all_hits(cache_copy: Path) -> None:
+    summary = ok_json(cache_copy, "warm", *SMOKE)
+    assert summary["total"] == 3 and summary["compiled"] == 0 and summary["hits"] == 3
+
+
+def test_warm_progress_lines(tmp_path: Path) -> None:
+    run = mlpjit(tmp_path / "c", "warm", "--kernel", "smoke", "--param", "n=512", "--param",
+                 "scale=1.5", "--param", "block=64", "--arch", "sm_90a")  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "[1/1] smoke" in run.stderr and "compiled" in run.stderr
+    assert "warmed 1 kernels for sm_90a: 1 compiled" in run.stdout
+
+
+def test_warm_jobs_compile_each_kernel_once(tmp_path: Path) -> None:
+    args = [a.replace("block=128", "block=64") for a in SMOKE]  # distinct from `warmed`
+    summary = ok_json(tmp_path / "c", "warm", *args, "--jobs", "2")
+    assert summary["jobs"] == 2 and summary["total"] == 3
+    assert summary["compiles"] == 3 and summary["compiled"] == 3
+    assert len(ok_json(tmp_path / "c", "cache", "ls")) == 3
+
+
+def test_warm_model_plans_fp8_kernels(tmp_path: Path) -> None:
+    plan = ok_json(tmp_path / "c", "warm", "--model", "glm5", "--tp", "8", "--tokens", "1-8",
+                   "--arch", "sm_90a", "--dry-run")  # fmt: skip
+    assert plan["total"] == 16 and plan["cached"] == 0
+    rows = {(e["params"]["rows"], e["params"]["k"]) for e in plan["entries"]}
+    assert rows == {(2 * 12288 // 8, 6144), (6144, 12288 // 8)}
+    assert not (tmp_path / "c" / "v1" / "entries").exists()  # dry run compiled nothing
+
+    summary = ok_json(tmp_path / "c", "warm", "--model", "glm5", "--tp", "8", "--tokens", "1",
+                      "--arch", "sm_90a")  # fmt: skip
+    assert summary["total"] == 2 and summary["compiled"] == 2
+    assert {e["kernel"] for e in summary["entries"]} == {"fp8_gemv"}
+    assert {e["params"]["swiglu"] for e in summary["entries"]} == {True, False}
+
+
+def test_warm_requests_file_with_jobs(tmp_path: Path) -> None:
+    """MLPJIT_RECORD-style JSON lines; each line carries its arch, duplicates collapse."""
+    lines = [
+        {"kernel": "smoke", "params": {"n": 96 * i, "scale": 1.0, "block": 32}, "arch": "sm_90a"}
+        for i in (1, 2, 2)
+    ]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines) + "\n")
+    summary = ok_json(tmp_path / "c", "warm", "--requests", str(path), "--jobs", "2")
+    assert summary["arch"] == "sm_90a" and summary["total"] == 2 and summary["compiles"] == 2
+    path.write_text('{"kernel": "smoke"}\n')
+    run = mlpjit(tmp_path / "c", "warm", "--requests", str(path))
+    assert run.returncode == 1 and "not a kernel request line" in run.stderr
+
+
+def test_warm_arch_from_env_and_missing(tmp_path: Path) -> None:
+    plan = mlpjit(tmp_path / "c", "warm", "--model", "glm4.5", "--tp", "8", "--dry-run",
+                  "--json", env={"MLPJIT_ARCH": "sm_90a"})  # fmt: skip
+    assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout)["arch"] == "sm_90a"
+    import torch
+
+    if not torch.cuda.is_available():  # with a GPU its own arch is the default
+        run = mlpjit(tmp_path / "c", "warm", "--model", "glm5", "--dry-run")
+        assert run.returncode == 1 and "no target arch: pass --arch" in run.stderr
+
+
+# ------------------------------------------------------------------ verify, prune, clear
+
+
+def test_verify_finds_and_quarantines_a_corrupt_entry(cache_copy: Path) -> None:
+    files = entry_files(cache_copy)
+    bad_key = sorted(files)[1]
+    data = bytearray(files[bad_key].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    files[bad_key].write_bytes(bytes(data))
+
+    run = mlpjit(cache_copy, "cache", "verify", "--json")
+    assert run.returncode == 1
+    report = json.loads(run.stdout)
+    assert report["checked"] == 3 and report["ok"] == 2
+    assert [b["key"] for b in report["bad"]] == [bad_key]
+    assert report["bad"][0]["action"] == "quarantined"
+    assert bad_key not in entry_files(cache_copy)
+    assert ok_json(cache_copy, "cache", "stats")["quarantined"] == 1
+    assert ok_json(cache_copy, "cache", "verify")["bad"] == []  # the rest is clean
+
+
+def _age(cache: Path, key: str, seconds: float) -> None:
+    """Make ``key`` look last used ``seconds`` ago (manifest field and mtime)."""
+    mpath = cache / "v1" / "entries" / key[:2] / f"{key}.json"
+    manifest = json.loads(mpath.read_text())
+    stamp = time.time() - seconds
+    manifest["created"] = manifest["last_used"] = stamp
+    mpath.write_text(json.dumps(manifest, sort_keys=True, separators=(",", ":")))
+    os.utime(mpath, (stamp, stamp))
+
+
+def test_prune_by_age_then_size_lru_first(cache_copy: Path) -> None:
+    old, older, new = sorted(entry_files(cache_copy))
+    _age(cache_copy, older, 10 * 86400)
+    _age(cache_copy, old, 3 * 3600)
+
+    report = ok_json(cache_copy, "cache", "prune", "--older-than", "1d")
+    assert report["removed"] == [older] and report["remaining_entries"] == 2
+
+    one = ok_json(cache_copy, "cache", "info", new)["cubin_bytes"]
+    report = ok_json(cache_copy, "cache", "prune", "--max-size", str(one))
+    assert report["removed"] == [old]  # least recently used goes first
+    assert report["remaining_bytes"] == one
+    assert [r["key"] for r in ok_json(cache_copy, "cache", "ls")] == [new]
+    assert ok_json(cache_copy, "cache", "verify")["ok"] == 1
+
+
+def test_clear_removes_everything(cache_copy: Path) -> None:
+    report = ok_json(cache_copy, "cache", "clear")
+    assert len(report["removed"]) == 3 and report["busy"] == []
+    assert ok_json(cache_copy, "cache", "ls") == []
+    assert ok_json(cache_copy, "cache", "stats")["entries"] == 0
+
+
+def test_prune_and_clear_leave_a_locked_entry_alone(cache_copy: Path) -> None:
+    from mlpjit.jit.locks import KeyLock
+    from mlpjit.jit.store import CacheStore
+
+    key = sorted(entry_files(cache_copy))[0]
+    lock = KeyLock(CacheStore(cache_copy).lock_path(key))
+    assert lock.try_acquire()
+    try:
+        report = ok_json(cache_copy, "cache", "clear")
+    finally:
+        lock.release()
+    assert report["busy"] == [key] and len(report["removed"]) == 2
+    assert [r["key"] for r in ok_json(cache_copy, "cache", "ls")] == [key]
+
+
+# ------------------------------------------------------------------ export / import
+
+
+def test_export_import_round_trip(warmed: tuple[Path, dict], tmp_path: Path) -> None:
+    cache = warmed[0]
+    archive = tmp_path / "cache.tar"
+    report = ok_json(cache, "cache", "export", str(archive))
+    assert report["entries"] == 3 and report["bytes"] == archive.stat().st_size
+    again = tmp_path / "again.tar"
+    ok_json(cache, "cache", "export", str(again))
+    assert again.read_bytes() == archive.read_bytes()  # deterministic
+
+    target = tmp_path / "target"
+    report = ok_json(target, "cache", "import", str(archive))
+    assert report["counts"] == {"imported": 3, "skipped": 0, "rejected": 0}
+    src, dst = entry_files(cache), entry_files(target)
+    assert set(src) == set(dst)
+    for key in src:
+        assert dst[key].read_bytes() == src[key].read_bytes()
+        a = json.loads(src[key].with_suffix(".json").read_text())
+        b = json.loads(dst[key].with_suffix(".json").read_text())
+        for manifest in (a, b):
+            del manifest["created"], manifest["last_used"]
+        assert a == b
+    assert ok_json(target, "cache", "verify")["ok"] == 3
+    report = ok_json(target, "cache", "import", str(archive))
+    assert report["counts"] == {"imported": 0, "skipped": 3, "rejected": 0}
+
+    # The imported cache serves warm without compiling.
+    assert ok_json(target, "warm", *SMOKE)["compiled"] == 0
+
+
+def _rewrite(archive: Path, out: Path, extra: list[tarfile.TarInfo | tuple]) -> None:
+    """Copy ``archive`` to ``out`` and append extra members (TarInfo, optional bytes)."""
+    with tarfile.open(archive) as src, tarfile.open(out, "w") as dst:
+        for member in src.getmembers():
+            dst.addfile(member, src.extractfile(member))
+        for info, data in extra:
+            dst.addfile(info, io.BytesIO(data) if data is not None else None)
+
+
+@pytest.mark.parametrize("kind", ["dotdot", "absolute", "symlink"])
+def test_import_rejects_malicious_archives(
+    warmed: tuple[Path, dict], tmp_path: Path, kind: str
+) -> None:
+    archive = tmp_path / "good.tar"
+    ok_json(warmed[0], "cache", "export", str(archive))
+    victim = tmp_path / "victim.txt"
+    if kind == "dotdot":
+        info = tarfile.TarInfo("entries/../../victim.txt")
+    elif kind == "absolute":
+        info = tarfile.TarInfo(str(victim))
+    else:
+        info = tarfile.TarInfo("entries/" + "0" * 64 + ".cubin")
+        info.type, info.linkname = tarfile.SYMTYPE, str(victim)
+    payload = b"pwned" if kind != "symlink" else None
+    if payload is not None:
+        info.size = len(payload)
+    evil = tmp_path / "evil.tar"
+    _rewrite(archive, evil, [(info, payload)])
+
+    target = tmp_path / "target"
+    run = mlpjit(target, "cache", "import", str(evil))
+    assert run.returncode == 1
+    assert "rejected" in run.stderr and "Traceback" not in run.stderr
+    assert not victim.exists()
+    assert not (target / "v1" / "entries").exists() or not entry_files(target)
+
+
+def test_import_rejects_hash_mismatch(warmed: tuple[Path, dict], tmp_path: Path) -> None:
+    archive = tmp_path / "good.tar"
+    ok_json(warmed[0], "cache", "export", str(archive))
+    tampered = tmp_path / "tampered.tar"
+    with tarfile.open(archive) as src, tarfile.open(tampered, "w") as dst:
+        victim = None
+        for member in src.getmembers():
+            data = src.extractfile(member).read()
+            if member.name.endswith(".cubin") and victim is None:
+                victim = member.name.split("/")[1].split(".")[0]
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            dst.addfile(member, io.BytesIO(data))
+    target = tmp_path / "target"
+    run = mlpjit(target, "cache", "import", str(tampered), "--json")
+    assert run.returncode == 1
+    report = json.loads(run.stdout)
+    assert [r["key"] for r in report["rejected"]] == [victim]
+    assert "sha256" in report["rejected"][0]["reason"]
+    assert report["counts"]["imported"] == 2
+    assert victim not in entry_files(target) and len(entry_files(target)) == 2
+
+
+# ------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["cache", "prune"],
+        ["cache", "prune", "--max-size", "5X"],
+        ["cache", "prune", "--older-than", "soon"],
+        ["warm"],
+        ["warm", "--model", "glm6"],
+        ["warm", "--model", "glm5", "--arch", "hopper"],
+        ["cache", "bogus"],
+    ],
+)
+def test_usage_errors_exit_2(tmp_path: Path, args: list[str]) -> None:
+    run = mlpjit(tmp_path / "c", *args)
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    assert "usage:" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["cache", "info", "abc"], "no cache entry"),
+        (["cache", "info", "xyz"], "KEY must be"),
+        (["cache", "import", "/nonexistent/archive.tar"], "No such file"),
+        (["warm", "--kernel", "nope", "--arch", "sm_90a"], "kernel must be one of"),
+        (["warm", "--kernel", "smoke", "--param", "n=3", "--arch", "sm_90a"], "smoke param"),
+        (["warm", "--model", "glm5", "--tp", "7", "--arch", "sm_90a"], "tp must divide"),
+    ],
+)
+def test_failures_exit_1_without_traceback(tmp_path: Path, args: list[str], message: str) -> None:
+    run = mlpjit(tmp_path / "c", *args)
+    assert run.returncode == 1, (run.stdout, run.stderr)
+    assert run.stderr.startswith("mlpjit: error:") and message in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_unsafe_cache_dir_is_a_clear_error(tmp_path: Path) -> None:
+    cache = tmp_path / "shared"
+    cache.mkdir()
+    cache.chmod(0o777)
+    run = mlpjit(cache, "cache", "ls")
+    assert run.returncode == 1
+    assert "writable by group or other" in run.stderr and "Traceback" not in run.stderr

@@ -1,0 +1,192 @@
+"""Launcher on the CPU: argument validation and packing, the cubin parameter-list check."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from mlpjit.jit.binary import KernelBinary, KernelParam
+from mlpjit.jit.cubin_info import cubin_kernel_params, find_cuobjdump, param_mismatches
+from mlpjit.jit.launcher import PARAM_SIZES, LoadedKernel, load_kernel
+from mlpjit.jit.manager import CompileManager, KernelRequest
+from mlpjit.jit.store import CacheStore
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def fake_binary(*params: KernelParam) -> KernelBinary:
+    return KernelBinary(
+        cubin=b"",
+        symbol="k",
+        grid=(1, 1, 1),
+        block=(32, 1, 1),
+        smem_bytes=0,
+        pdl=True,
+        params=params,
+    )
+
+
+@pytest.fixture
+def kernel() -> LoadedKernel:
+    """A LoadedKernel without a driver function: validation happens before any CUDA call."""
+    binary = fake_binary(
+        KernelParam("out", "ptr"), KernelParam("n", "i32"), KernelParam("a", "f32")
+    )
+    return LoadedKernel("ab" * 32, binary, device_index=0)
+
+
+@pytest.fixture(scope="module")
+def smoke_binary(tmp_path_factory: pytest.TempPathFactory) -> KernelBinary:
+    """A real smoke-kernel cubin compiled for sm_90a through the cache."""
+    store = CacheStore(tmp_path_factory.mktemp("smoke") / "cache", layers=())
+    request = KernelRequest("smoke", {"n": 1000, "scale": 0.5, "block": 256}, "sm_90a")
+    return CompileManager(store).get(request).binary()
+
+
+def test_pack_i32_and_f32_bit_patterns() -> None:
+    binary = fake_binary(KernelParam("n", "i32"), KernelParam("a", "f32"))
+    k = LoadedKernel("cd" * 32, binary, device_index=0)
+    assert k.pack([7, 1.0]) == (7, 0x3F800000)
+    assert k.pack([-1, -2.5]) == (0xFFFFFFFF, struct.unpack("<I", struct.pack("<f", -2.5))[0])
+    assert k.pack([2**31 - 1, 3]) == (2**31 - 1, 0x40400000)  # an int is fine for f32
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ([], "takes 3 arguments"),
+        ([None, 1, 1.0, 4], "takes 3 arguments"),
+        ([5, 1, 1.0], "'out' must be a torch.Tensor"),
+        ([torch.zeros(4), 1, 1.0], "'out' must be on cuda:0"),
+    ],
+)
+def test_launch_rejects_bad_pointer_args(kernel: LoadedKernel, args: list, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        kernel.launch(args)
+
+
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        (2**31, "does not fit in i32"),
+        (-(2**31) - 1, "does not fit in i32"),
+        (1.5, "must be an int"),
+        (True, "must be an int"),
+        ("3", "must be an int"),
+    ],
+)
+def test_bad_i32(value: object, match: str) -> None:
+    k = LoadedKernel("ef" * 32, fake_binary(KernelParam("n", "i32")), device_index=0)
+    with pytest.raises(ValueError, match=f"'n'.*{match}|{match}"):
+        k.pack([value])
+
+
+@pytest.mark.parametrize("value", ["1.0", None, torch.tensor(1.0), 1e39])
+def test_bad_f32(value: object) -> None:
+    k = LoadedKernel("ef" * 32, fake_binary(KernelParam("a", "f32")), device_index=0)
+    with pytest.raises(ValueError, match="'a'"):
+        k.pack([value])
+
+
+def test_load_kernel_needs_a_cuda_device(smoke_binary: KernelBinary) -> None:
+    from mlpjit.jit.store import Entry
+
+    entry = Entry("12" * 32, {}, smoke_binary.cubin, Path("."))
+    with pytest.raises(ValueError, match="CUDA device"):
+        load_kernel(entry, torch.device("cpu"))
+
+
+def test_launcher_import_is_lazy() -> None:
+    """Importing the launcher adds no cuda-python or cutlass module beyond what torch loads."""
+    code = (
+        "import sys, torch; before=set(sys.modules);"
+        "import mlpjit.jit.launcher, mlpjit.jit.cubin_info;"
+        "bad=[m for m in set(sys.modules)-before if m.startswith(('cuda','cutlass'))];"
+        "bad+=[m for m in sys.modules if m.startswith('cutlass')];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_cuobjdump_is_available() -> None:
+    assert Path(find_cuobjdump()).is_file()
+
+
+def test_smoke_manifest_params_match_the_cubin(smoke_binary: KernelBinary) -> None:
+    found = cubin_kernel_params(smoke_binary.cubin, smoke_binary.symbol)
+    assert [p.ordinal for p in found] == list(range(len(smoke_binary.params)))
+    assert [p.size for p in found] == [PARAM_SIZES[p.kind] for p in smoke_binary.params]
+    assert [p.offset for p in found] == [0, 8]
+    assert param_mismatches(smoke_binary) == []
+
+
+def test_param_check_catches_a_wrong_manifest(smoke_binary: KernelBinary) -> None:
+    extra = replace(smoke_binary, params=(*smoke_binary.params, KernelParam("n", "i32")))
+    assert any("manifest lists 3 parameters, cubin has 2" in p for p in param_mismatches(extra))
+    wrong = replace(smoke_binary, params=(KernelParam("out", "ptr"), KernelParam("x", "i32")))
+    assert any("'x' is i32 (4 bytes) but 8 bytes" in p for p in param_mismatches(wrong))
+
+
+def test_unknown_symbol_is_reported(smoke_binary: KernelBinary) -> None:
+    from mlpjit.errors import MlpjitError
+
+    with pytest.raises(MlpjitError, match="no .nv.info.nope section"):
+        cubin_kernel_params(smoke_binary.cubin, "nope")
+
+
+class _RecordingDriver:
+    """The real cuda.bindings.driver types, with the launch call recorded instead of made."""
+
+    def __init__(self) -> None:
+        from cuda.bindings import driver
+
+        self._real = driver
+        self.calls: list[tuple] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+    def cuLaunchKernelEx(self, config, function, params, extra):  # noqa: N802 (CUDA's name)
+        from ctypes import c_uint32, c_void_p
+
+        count = 2
+        pointers = (c_void_p * count).from_address(params)
+        values = tuple(c_uint32.from_address(pointers[i]).value for i in range(count))
+        self.calls.append((config, function, values, extra))
+        return (self._real.CUresult.CUDA_SUCCESS,)
+
+
+def test_launch_builds_the_config_and_parameter_array(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exercise launch() down to cuLaunchKernelEx with real cuda-python structs (no GPU)."""
+    from mlpjit.jit import launcher
+
+    fake = _RecordingDriver()
+    monkeypatch.setattr(launcher, "_driver_module", fake)
+    binary = replace(
+        fake_binary(KernelParam("n", "i32"), KernelParam("a", "f32")),
+        grid=(7, 2, 1),
+        block=(128, 1, 1),
+        smem_bytes=60000,
+    )
+    k = LoadedKernel("aa" * 32, binary, device_index=0, function="FUNC")
+    k.launch([5, 1.0], stream=1234)
+    k.launch([-3, 2.0], stream=1234, pdl=False)
+    k.launch([6, 0.5], stream=1234)
+    (c1, f1, v1, e1), (c2, _, v2, _), (c3, _, v3, _) = fake.calls
+    assert f1 == "FUNC" and e1 == 0
+    assert v1 == (5, 0x3F800000) and v2 == (0xFFFFFFFD, 0x40000000) and v3 == (6, 0x3F000000)
+    assert (c1.gridDimX, c1.gridDimY, c1.gridDimZ) == (7, 2, 1)
+    assert (c1.blockDimX, c1.blockDimY, c1.blockDimZ) == (128, 1, 1)
+    assert c1.sharedMemBytes == 60000 and int(c1.hStream) == 1234
+    assert c1.numAttrs == 1 and c2.numAttrs == 0
+    attr = c1.attrs[0]
+    assert attr.id == fake.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert attr.value.programmaticStreamSerializationAllowed == 1
+    assert c3 is c1  # configs are built once per (stream, pdl)
