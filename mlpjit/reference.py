@@ -60,7 +60,11 @@ def _ceil_pow2(scale: Tensor) -> Tensor:
 
 def activation_scale(amax: Tensor, ue8m0: bool) -> Tensor:
     """The stock per-group activation scale from the group's amax (float32)."""
-    scale = torch.clamp(amax.float(), min=SCALE_FLOOR) / FP8_MAX
+    amax = torch.clamp(amax.float(), min=SCALE_FLOOR)
+    # Divide by a tensor, not the Python float: on CUDA, torch turns division by a scalar into
+    # a multiply by its rounded reciprocal, which is 1 ulp off the correctly rounded quotient
+    # for most amax values, and flips FP8 rounding ties of x / scale (bf16 x hits them often).
+    scale = amax / torch.full_like(amax, FP8_MAX)
     return _ceil_pow2(scale) if ue8m0 else scale
 
 

@@ -192,3 +192,11 @@ def test_stock_operand_layouts() -> None:
     assert xq.shape == (4, 256) and xs.shape == (4, 2)
     assert xs.stride() == (1, 4)  # outer-dim-major
     assert torch.all(xq[3].float() == 0)
+
+
+def test_activation_scale_is_the_correctly_rounded_quotient():
+    """2.625 / 448 is exactly 3/512; 2.625 * RN(1/448) rounds one ulp above it."""
+    amax = torch.tensor([2.625, 448.0, 1.0])
+    scale = ref.activation_scale(amax, ue8m0=False)
+    assert scale.tolist() == [3 / 512, 1.0, float(torch.tensor(1.0) / torch.tensor(448.0))]
+    assert (amax * torch.tensor(1 / 448)).tolist()[0] != 3 / 512

@@ -231,7 +231,7 @@ def test_fallback_more_than_8_tokens(m: int) -> None:
     act, out = poisoned(m, inter), poisoned(m, hidden)
     mlp.forward_into(x, act, out)
     want_act = ref.gemv_reference(x, w["w13"], w["w13_scale"], swiglu=True, ue8m0=True)
-    want_out = ref.gemv_reference(want_act, w["w2"], w["w2_scale"], swiglu=False, ue8m0=True)
+    want_out = ref.gemv_reference(act, w["w2"], w["w2_scale"], swiglu=False, ue8m0=True)
     err_act, err_out = rel_l2(act, want_act), rel_l2(out, want_out)
     print(f"[fallback] glm5-tp8 m={m}: act_rel_l2={err_act:.2e} out_rel_l2={err_out:.2e}")
     assert torch.isfinite(out).all() and torch.isfinite(act).all()
@@ -255,7 +255,9 @@ def test_fallback_k_not_multiple_of_512(m: int, ue8m0: bool, limit: float | None
     want_act = ref.gemv_reference(
         x, w["w13"], w["w13_scale"], swiglu=True, limit=limit, ue8m0=ue8m0
     )
-    want_out = ref.gemv_reference(want_act, w["w2"], w["w2_scale"], swiglu=False, ue8m0=ue8m0)
+    # The stock path's act differs from the reference's in a few BF16 ulps (cuBLAS sums in
+    # another order); re-quantizing flips some FP8 values, so judge the down GEMM on its input.
+    want_out = ref.gemv_reference(act, w["w2"], w["w2_scale"], swiglu=False, ue8m0=ue8m0)
     err_act, err_out = rel_l2(act, want_act), rel_l2(out, want_out)
     print(
         f"[fallback] dsv3-tp8 m={m} ue8m0={ue8m0} limit={limit}: "

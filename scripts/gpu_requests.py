@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Write the kernel requests the DenseMlp GPU tests and benchmark need, as JSON lines.
+"""Write the kernel requests the GPU tests and benchmarks need, as JSON lines.
 
 The output feeds ``mlpjit warm --requests FILE`` on a machine without a GPU, so the GPU run
 needs no compiler (the GPU.md workflow):
 
-    python3 scripts/dense_mlp_requests.py --arch sm_90a -o .gpu-cache/dense_mlp.jsonl
-    MLPJIT_CACHE_DIR=.gpu-cache mlpjit warm --requests .gpu-cache/dense_mlp.jsonl --jobs 2
+    python3 scripts/gpu_requests.py --arch sm_90a -o .gpu-cache/requests.jsonl
+    MLPJIT_CACHE_DIR=.gpu-cache mlpjit warm --requests .gpu-cache/requests.jsonl --jobs 2
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = (
     ROOT / "tests" / "gpu" / "test_dense_mlp_gpu.py",
+    ROOT / "tests" / "gpu" / "test_fp8_gemv_gpu.py",
+    ROOT / "tests" / "gpu" / "test_launcher_gpu.py",
     ROOT / "scripts" / "bench_dense_mlp.py",
 )
 

@@ -1,0 +1,463 @@
+"""`mlpjit doctor`: is this machine set up to compile, cache and run mlpjit's kernels?
+
+``run_doctor()`` runs independent checks, each ok / warn / fail with a one-line summary and
+plain-JSON details; ``format_report`` prints them as text or JSON. Only a fail makes the exit
+status non-zero: a warn is something that works but is degraded (e.g. no compiler installed
+means a cache can serve hits but nothing new can be compiled).
+
+Checks: the toolchain (torch, nvidia-cutlass-dsl*, cuda-python), the GPUs and the kernels'
+target arch, MLPJIT_* settings, the writable cache dir (the store's safety rules: a cubin is
+code, so a dir writable by group/other or owned by another user is refused), the read-only
+layers of MLPJIT_CACHE_PATH, lock files (stale ones are harmless: flock locks die with their
+process), leftover temp files and quarantined entries, and optionally a full re-verification
+of every entry (``verify=True``; like `mlpjit cache verify` it quarantines bad entries of the
+writable dir). Otherwise nothing here writes: no compile, no cache dir created, no cutlass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Check", "DoctorReport", "format_report", "main", "run_doctor"]
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+_RANK = {OK: 0, WARN: 1, FAIL: 2}
+# The store's rule (mlpjit/jit/store.py): never run code from a dir others can write to.
+_UNSAFE_BITS = stat.S_IWGRP | stat.S_IWOTH
+
+
+@dataclass
+class Check:
+    """One check: name, status ("ok" | "warn" | "fail"), a one-line summary, details."""
+
+    name: str
+    status: str
+    summary: str
+    details: dict[str, Any] = field(default_factory=dict)
+    hint: str = ""
+
+
+@dataclass
+class DoctorReport:
+    """Every check, plus the list of capabilities this machine lacks."""
+
+    checks: list[Check]
+    missing: list[str]
+
+    @property
+    def status(self) -> str:
+        """The worst status of any check."""
+        return max((c.status for c in self.checks), key=_RANK.__getitem__, default=OK)
+
+    @property
+    def exit_status(self) -> int:
+        """1 if any check failed, else 0 (warnings do not fail)."""
+        return 1 if self.status == FAIL else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data: status, missing, checks."""
+        return {
+            "status": self.status,
+            "missing": list(self.missing),
+            "checks": [asdict(c) for c in self.checks],
+        }
+
+
+# --------------------------------------------------------------------- lookups (patchable)
+
+
+def _compiler_versions() -> dict[str, str]:
+    """Installed nvidia-cutlass-dsl* distributions (the toolchain part of every cache key)."""
+    from mlpjit.jit.key import toolchain
+
+    return toolchain()
+
+
+def _dist_version(*names: str) -> dict[str, str]:
+    """Versions of those distributions that are installed."""
+    from importlib import metadata
+
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def _gpus() -> list[dict[str, Any]]:
+    """Visible CUDA devices: index, name, capability, kernel arch (None: stock path)."""
+    import torch
+
+    from mlpjit.dense_mlp import kernel_arch
+
+    if not torch.cuda.is_available():
+        return []
+    devices = []
+    for i in range(torch.cuda.device_count()):
+        device = torch.device("cuda", i)
+        major, minor = torch.cuda.get_device_capability(device)
+        devices.append(
+            {
+                "index": i,
+                "name": torch.cuda.get_device_name(device),
+                "capability": f"{major}.{minor}",
+                "kernel_arch": kernel_arch(device),
+            }
+        )
+    return devices
+
+
+# --------------------------------------------------------------------- checks
+
+
+def _check_torch() -> Check:
+    try:
+        import torch
+    except ImportError as err:
+        return Check("torch", FAIL, f"torch cannot be imported: {err}", hint="pip install torch")
+    cuda = torch.version.cuda
+    return Check(
+        "torch",
+        OK,
+        f"torch {torch.__version__} ({f'CUDA {cuda}' if cuda else 'CPU-only build'})",
+        {"version": torch.__version__, "cuda": cuda},
+    )
+
+
+def _check_compiler() -> Check:
+    versions = _compiler_versions()
+    if not versions:
+        return Check(
+            "compiler",
+            WARN,
+            "nvidia-cutlass-dsl is not installed: cache hits only (a kernel missing from the "
+            "cache raises CompilerUnavailableError)",
+            {"versions": {}},
+            hint="pip install nvidia-cutlass-dsl, or ship a warmed cache (mlpjit cache export)",
+        )
+    text = ", ".join(f"{k} {v}" for k, v in versions.items())
+    return Check("compiler", OK, text, {"versions": versions})
+
+
+def _check_gpu(gpus: list[dict[str, Any]]) -> Check:
+    from mlpjit.jit import config
+
+    try:
+        override = config.arch_override()
+    except ValueError as err:
+        return Check("gpu", FAIL, str(err), hint="unset MLPJIT_ARCH or set it to e.g. sm_90a")
+    details = {"devices": gpus, "MLPJIT_ARCH": override}
+    if not gpus:
+        if override:
+            return Check(
+                "gpu", OK, f"no GPU visible; compiles for {override} (MLPJIT_ARCH)", details
+            )
+        return Check(
+            "gpu",
+            WARN,
+            "no GPU visible: compile only, and `mlpjit warm` needs --arch",
+            details,
+            hint="set MLPJIT_ARCH=sm_90a on a CPU-only build machine",
+        )
+    names = "; ".join(
+        f"cuda:{g['index']} {g['name']} (sm {g['capability']}, "
+        f"{g['kernel_arch'] or 'no fp8_gemv kernels: stock path'})"
+        for g in gpus
+    )
+    if all(g["kernel_arch"] is None for g in gpus):
+        return Check("gpu", WARN, names, details, hint="the fused kernels need Hopper (sm_90a)")
+    return Check("gpu", OK, names, details)
+
+
+def _check_cuda_python(gpus: list[dict[str, Any]]) -> Check:
+    versions = _dist_version("cuda-python", "cuda-bindings")
+    if versions:
+        return Check(
+            "cuda-python", OK, ", ".join(f"{k} {v}" for k, v in versions.items()), versions
+        )
+    needed = any(g["kernel_arch"] for g in gpus)
+    return Check(
+        "cuda-python",
+        FAIL if needed else WARN,
+        "cuda-python is not installed: cubins cannot be loaded or launched"
+        + (" on this machine's GPU" if needed else " (fine on a compile-only machine)"),
+        hint="pip install cuda-python",
+    )
+
+
+def _check_settings() -> Check:
+    from mlpjit.jit import config
+
+    values: dict[str, Any] = {}
+    problems = []
+    for name, read in (
+        ("MLPJIT_LOCK_TIMEOUT", config.lock_timeout),
+        ("MLPJIT_RECORD", config.record_file),
+    ):
+        try:
+            value = read()
+        except ValueError as err:
+            problems.append(str(err))
+            continue
+        values[name] = str(value) if isinstance(value, Path) else value
+    record = config.record_file()
+    if record is not None and not os.access(record.parent, os.W_OK):
+        problems.append(f"MLPJIT_RECORD file {record}: its directory is not writable")
+    if problems:
+        return Check("settings", FAIL, "; ".join(problems), values)
+    return Check("settings", OK, f"lock timeout {values['MLPJIT_LOCK_TIMEOUT']:g} s", values)
+
+
+def _unsafe(path: Path) -> str | None:
+    """Why the store would refuse ``path`` as a cache dir, or None if it would not."""
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory"
+    if st.st_mode & _UNSAFE_BITS:
+        return f"{path} is writable by group or other users (mode {stat.filemode(st.st_mode)})"
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    return None
+
+
+def _check_cache_dir() -> Check:
+    from mlpjit.errors import CacheDirError
+    from mlpjit.jit import config
+    from mlpjit.jit.maintenance import cache_stats
+    from mlpjit.jit.store import CacheStore
+
+    root = config.cache_dir().absolute()
+    details: dict[str, Any] = {"path": str(root)}
+    if not root.exists():
+        parent = next((p for p in root.parents if p.exists()), None)
+        if parent is None or not os.access(parent, os.W_OK | os.X_OK):
+            return Check(
+                "cache dir",
+                FAIL,
+                f"{root} does not exist and cannot be created ({parent} is not writable)",
+                details,
+                hint="set MLPJIT_CACHE_DIR to a directory you can write",
+            )
+        return Check("cache dir", OK, f"{root} (created 0700 on first compile)", details)
+    # Every directory of the layout, under the same rule the store applies on each access.
+    dirs = [root, *sorted(p for p in (root / "v1").rglob("*") if p.is_dir())]
+    if (root / "v1").is_dir():
+        dirs.insert(1, root / "v1")
+    bad = [reason for reason in (_unsafe(p) for p in dirs) if reason]
+    try:
+        stats = cache_stats(CacheStore(root, layers=()))
+    except CacheDirError as err:
+        bad.insert(0, str(err))
+        stats = None
+    if bad:
+        details["problems"] = bad
+        return Check(
+            "cache dir",
+            FAIL,
+            f"refused by the store: {bad[0]}",
+            details,
+            hint=f"chmod -R go-w {root}, or point MLPJIT_CACHE_DIR at a private directory",
+        )
+    assert stats is not None
+    details.update(entries=stats["entries"], bytes=stats["bytes"], kernels=stats["kernels"])
+    summary = f"{root}: {stats['entries']} entries, {stats['bytes']} bytes"
+    if not os.access(root, os.W_OK | os.X_OK):
+        return Check(
+            "cache dir",
+            WARN,
+            summary + "; not writable: new compiles are kept in memory only",
+            details,
+            hint="make it writable, or list it in MLPJIT_CACHE_PATH as a read-only layer",
+        )
+    return Check("cache dir", OK, summary, details)
+
+
+def _check_layers() -> list[Check]:
+    from mlpjit.jit import config
+
+    checks = []
+    for layer in config.cache_path():
+        layer = layer.absolute()
+        name = f"layer {layer}"
+        if not layer.exists():
+            checks.append(Check(name, WARN, "missing: skipped", {"path": str(layer)}))
+            continue
+        reason = _unsafe(layer)
+        if reason and "owned by" not in reason:  # layers may belong to another user
+            checks.append(
+                Check(name, WARN, f"skipped by the store: {reason}", hint=f"chmod go-w {layer}")
+            )
+            continue
+        entries_dir = layer / "v1" / "entries"
+        if not os.access(layer, os.R_OK | os.X_OK) or (
+            entries_dir.exists() and not os.access(entries_dir, os.R_OK | os.X_OK)
+        ):
+            checks.append(Check(name, FAIL, "not readable by this user", {"path": str(layer)}))
+            continue
+        try:
+            count = sum(1 for _ in entries_dir.glob("*/*.json"))
+        except OSError:
+            count = 0
+        status = OK if count else WARN
+        summary = f"read-only layer, {count} entries" + ("" if count else " (empty?)")
+        checks.append(Check(name, status, summary, {"path": str(layer), "entries": count}))
+    return checks
+
+
+def _check_locks() -> Check:
+    from mlpjit.jit import config
+    from mlpjit.jit.locks import KeyLock
+
+    locks = config.cache_dir().absolute() / "v1" / "locks"
+    if not locks.is_dir():
+        return Check("locks", OK, "no lock files yet", {"path": str(locks), "files": 0})
+    files = sorted(locks.glob("*.lock"))
+    held = 0
+    for path in files:
+        lock = KeyLock(path)
+        if lock.try_acquire():  # free: a leftover of a finished (or crashed) compile
+            lock.release()
+        else:
+            held += 1
+    details = {"path": str(locks), "files": len(files), "held": held}
+    if not os.access(locks, os.W_OK | os.X_OK):
+        return Check(
+            "locks",
+            WARN,
+            "lock dir not writable: processes cannot share compiles (each compiles alone)",
+            details,
+        )
+    return Check(
+        "locks",
+        OK,
+        f"{len(files)} lock files, {held} held now by a compiling process "
+        "(free ones are harmless: flock locks end with their process)",
+        details,
+    )
+
+
+def _check_leftovers() -> Check:
+    from mlpjit.jit import config
+
+    v1 = config.cache_dir().absolute() / "v1"
+
+    def count(path: Path) -> int:
+        try:
+            return sum(1 for _ in path.iterdir())
+        except OSError:
+            return 0
+
+    tmp, quarantined = count(v1 / "tmp"), count(v1 / "quarantine")
+    details = {"temp_files": tmp, "quarantined": quarantined}
+    if quarantined:
+        return Check(
+            "leftovers",
+            WARN,
+            f"{quarantined} quarantined entries (failed verification; recompiled on use), "
+            f"{tmp} temp files",
+            details,
+            hint=f"reasons in {v1 / 'quarantine'}/*/reason.txt; safe to delete",
+        )
+    return Check("leftovers", OK, f"{tmp} temp files, no quarantined entries", details)
+
+
+def _check_verify() -> Check:
+    from mlpjit.errors import CacheDirError
+    from mlpjit.jit.maintenance import verify_cache
+    from mlpjit.jit.store import CacheStore
+
+    try:
+        result = verify_cache(CacheStore())
+    except CacheDirError as err:
+        return Check("verify", FAIL, f"not verified: {err}")
+    summary = f"{result['ok']} of {result['checked']} entries verify"
+    if result["bad"]:
+        return Check(
+            "verify", FAIL, summary + f", {len(result['bad'])} bad (quarantined or skipped)", result
+        )
+    return Check("verify", OK, summary, result)
+
+
+def _guarded(name: str, run: Callable[[], Check | list[Check]]) -> list[Check]:
+    """Run one check; an unexpected error becomes a failed check, never a crash."""
+    try:
+        found = run()
+    except Exception as err:  # noqa: BLE001 (the doctor must report, not crash)
+        return [Check(name, FAIL, f"check crashed: {type(err).__name__}: {err}")]
+    return found if isinstance(found, list) else [found]
+
+
+def run_doctor(verify: bool = False) -> DoctorReport:
+    """Run every check (``verify``: also re-hash every cache entry) and return the report."""
+    checks: list[Check] = []
+    checks += _guarded("torch", _check_torch)
+    checks += _guarded("compiler", _check_compiler)
+    gpus: list[dict[str, Any]] = []
+    try:
+        gpus = _gpus()
+    except Exception as err:  # noqa: BLE001 (a broken driver is a finding)
+        checks.append(Check("gpu", FAIL, f"cannot query GPUs: {type(err).__name__}: {err}"))
+    else:
+        checks += _guarded("gpu", lambda: _check_gpu(gpus))
+    checks += _guarded("cuda-python", lambda: _check_cuda_python(gpus))
+    checks += _guarded("settings", _check_settings)
+    checks += _guarded("cache dir", _check_cache_dir)
+    checks += _guarded("layers", _check_layers)
+    checks += _guarded("locks", _check_locks)
+    if verify:  # before leftovers: it may quarantine entries
+        checks += _guarded("verify", _check_verify)
+    checks += _guarded("leftovers", _check_leftovers)
+
+    by_name = {c.name: c for c in checks}
+    missing = []
+    if by_name.get("compiler") and by_name["compiler"].status != OK:
+        missing.append("compiler (nvidia-cutlass-dsl): cache hits only, no new compiles")
+    if by_name.get("cuda-python") and by_name["cuda-python"].status != OK:
+        missing.append("cuda-python: cubins cannot be loaded or launched")
+    if not gpus:
+        missing.append("GPU: compile-only machine")
+    elif not any(g["kernel_arch"] for g in gpus):
+        missing.append("a GPU the fused kernels support (sm_90a): stock path only")
+    return DoctorReport(checks, missing)
+
+
+def format_report(report: DoctorReport, as_json: bool = False) -> str:
+    """The report as indented JSON, or as one line per check plus hints and a summary."""
+    if as_json:
+        return json.dumps(report.to_dict(), indent=2, default=str)
+    lines = []
+    for c in report.checks:
+        lines.append(f"[{c.status:^4}] {c.name}: {c.summary}")
+        if c.hint and c.status != OK:
+            lines.append(f"       fix: {c.hint}")
+    if report.missing:
+        lines.append("missing: " + "; ".join(report.missing))
+    counts = {s: sum(c.status == s for c in report.checks) for s in (OK, WARN, FAIL)}
+    lines.append(f"doctor: {counts[OK]} ok, {counts[WARN]} warn, {counts[FAIL]} fail")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m mlpjit.doctor [--json] [--verify]` (the CLI's `mlpjit doctor` does the same)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="mlpjit doctor", description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--verify", action="store_true", help="also re-hash every cache entry")
+    args = parser.parse_args(argv)
+    report = run_doctor(verify=args.verify)
+    print(format_report(report, as_json=args.json))
+    return report.exit_status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,453 @@
+"""FP8 block-scaled GEMV (+ fused SwiGLU) for decode, in CuTe DSL (DESIGN.md section 2).
+
+out[tokens, rows] = bf16(quant(x)[tokens, k] . w[rows, k]^T) with 128x128 float32 weight
+block scales and per-(token, 128-group) activation scales computed in the kernel by the
+stock rule. With ``swiglu`` the CTA pairs gate row j with up row rows/2 + j and writes
+act[tokens, rows/2] = bf16(silu(bf16 gate) * bf16 up) directly.
+
+Shape of the work: a CTA owns ``tiles`` tiles of 16 weight rows over the whole K; one warp
+per (tile, 512-K slice) issues one m16n8k32 e4m3 mma per 32 K with the tokens as the 8 B
+columns. Weights are loaded before griddepcontrol.wait (PDL): the first ``in_regs`` 64-K
+steps into registers (L2 evict-first hint), the rest by cp.async into shared memory (no
+hint: see ptx.cp_async_cg_16).
+
+Nothing here is imported by ``import mlpjit``; the compile manager imports this module on
+a cache miss and calls :func:`compile_cubin`.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from mlpjit.kernels import plan, ptx
+
+__all__ = ["Fp8Gemv", "compile_cubin", "SLICE", "STEPS", "GROUP", "MAX_TOKENS"]
+
+SLICE = plan.SLICE  # K per warp
+STEPS = plan.STEPS  # 64-K steps per slice
+GROUP = plan.GROUP  # activation / weight scale group along K
+MAX_TOKENS = plan.MAX_TOKENS  # the mma's N
+FP8_MAX = 448.0
+SCALE_FLOOR = 1e-10
+LOG2E = 1.4426950408889634
+LN2_HI = 0.693145751953125  # ln 2 split for an accurate exp (Cody-Waite)
+LN2_LO = 1.428606765330187e-06
+MAX_THREADS = 32 * plan.MAX_WARPS
+
+PARAM_NAMES = ("out", "x", "w", "w_scale")
+
+
+def _f32(value: float) -> float:
+    """value rounded to the nearest float32 (as a Python float)."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+INV_FP8_MAX = _f32(1.0 / FP8_MAX)  # RN(1/448): the reciprocal for the scale division
+
+
+@cute.jit
+def _div(a: Float32, b: Float32, rcp_b: Float32) -> Float32:
+    """a / b correctly rounded, given rcp_b = RN(1/b) (Markstein: one fma correction).
+
+    Replaces div.rn.f32, whose out-of-line slow path forces ptxas to spill registers around
+    the call; our operands are normal and finite, where the fast path is all div.rn does.
+    """
+    q = a * rcp_b
+    r = ptx.fma_rn(Float32(0.0) - q, b, a)
+    return ptx.fma_rn(r, rcp_b, q)
+
+
+@cute.jit
+def _rcp(b: Float32) -> Float32:
+    """1/b for a normal finite b: MUFU.RCP plus one Newton step (fma), ~0.5 ulp."""
+    y = ptx.rcp_approx(b)
+    e = ptx.fma_rn(Float32(0.0) - b, y, Float32(1.0))
+    return ptx.fma_rn(y, e, y)
+
+
+def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if value < low or (high is not None and value > high):
+        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be {allowed}, got {value}")
+    return value
+
+
+class Fp8Gemv:
+    """One specialization of the kernel: all shape and tuning facts are Python constants."""
+
+    def __init__(
+        self,
+        rows: int,
+        k: int,
+        tokens: int,
+        tiles: int,
+        in_regs: int,
+        ctas_per_sm: int,
+        swiglu: bool,
+        limit: float | None,
+        ue8m0: bool,
+    ) -> None:
+        self.rows = _check_int("rows", rows, 16)
+        self.k = _check_int("k", k, SLICE)
+        self.tokens = _check_int("tokens", tokens, 1, MAX_TOKENS)
+        self.tiles = _check_int("tiles", tiles, 1)
+        self.in_regs = _check_int("in_regs", in_regs, 0, STEPS)
+        self.ctas_per_sm = _check_int("ctas_per_sm", ctas_per_sm, 1, 32)
+        if not isinstance(swiglu, bool):
+            raise ValueError(f"swiglu must be a bool, got {swiglu!r}")
+        if not isinstance(ue8m0, bool):
+            raise ValueError(f"ue8m0 must be a bool, got {ue8m0!r}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
+            raise ValueError(f"limit must be None or a positive float, got {limit!r}")
+        if limit is not None and not float(limit) > 0.0:
+            raise ValueError(f"limit must be None or a positive float, got {limit!r}")
+        self.swiglu = swiglu
+        self.ue8m0 = ue8m0
+        self.limit = None if limit is None else float(limit)
+        if k % SLICE:
+            raise ValueError(f"k must be a multiple of {SLICE}, got {k}")
+        if rows % (16 * tiles):
+            raise ValueError(f"rows must be a multiple of 16*tiles = {16 * tiles}, got {rows}")
+        if swiglu and rows % 2:
+            raise ValueError(f"rows must be even with swiglu, got {rows}")
+
+        self.slices = k // SLICE
+        self.groups = k // GROUP
+        self.warps = tiles * self.slices
+        if 32 * self.warps > MAX_THREADS:
+            raise ValueError(
+                f"tiles * k/{SLICE} = {self.warps} warps exceeds {MAX_THREADS // 32}; "
+                f"use fewer tiles (k={k})"
+            )
+        self.staged = STEPS - in_regs
+        self.threads = 32 * self.warps
+        self.ctas = rows // (16 * tiles)
+        self.out_cols = rows // 2 if swiglu else rows
+        # Shared memory: staged weights | activations (reused for partial sums) | x scales.
+        self.smem_weights = self.warps * self.staged * 2 * 32 * 16
+        self.smem_act = max(tokens * k, self.warps * 32 * 16)
+        self.smem_scales = tokens * self.groups * 4
+        self.smem_bytes = self.smem_weights + self.smem_act + self.smem_scales
+        budget = plan.smem_budget(ctas_per_sm)
+        if self.smem_bytes > budget:
+            raise ValueError(
+                f"configuration needs {self.smem_bytes} B of shared memory per CTA, more than "
+                f"{budget} B at ctas_per_sm={ctas_per_sm}; raise in_regs (now {in_regs}), "
+                f"lower tiles (now {tiles}) or ctas_per_sm"
+            )
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.ctas, 1, 1)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.threads, 1, 1)
+
+    # ------------------------------------------------------------------ host side
+
+    @cute.jit
+    def __call__(
+        self,
+        m_out: cute.Tensor,
+        m_x: cute.Tensor,
+        m_w: cute.Tensor,
+        m_ws: cute.Tensor,
+        stream: Any,
+    ):
+        extra = {}
+        if cutlass.const_expr(self.ctas_per_sm > 1):
+            # Without an explicit carveout the DSL queries the device for min_blocks > 1.
+            extra["preferred_smem_carveout"] = 100
+        self.kernel(m_out, m_x, m_w, m_ws).launch(
+            grid=[self.ctas, 1, 1],
+            block=[self.threads, 1, 1],
+            smem=self.smem_bytes,
+            stream=stream,
+            use_pdl=True,
+            min_blocks_per_mp=self.ctas_per_sm,
+            **extra,
+        )
+
+    # ------------------------------------------------------------------ device side
+
+    @cute.kernel
+    def kernel(self, m_out: cute.Tensor, m_x: cute.Tensor, m_w: cute.Tensor, m_ws: cute.Tensor):
+        T = self.tokens
+        K = self.k
+        G = self.groups
+        TL = self.tiles
+
+        tid, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        lane = tid & 31
+        warp = tid >> 5
+        tile = warp % TL
+        slc = warp // TL
+        g = lane >> 2
+        q = lane & 3
+
+        smem = cutlass.memory.SmemAllocator()
+        s_base = smem.allocate(self.smem_bytes, byte_alignment=128).toint()
+        s_wgt = s_base
+        s_act = s_base + self.smem_weights
+        s_xsc = s_act + self.smem_act
+
+        g_out = Int64(m_out.iterator.toint())
+        g_x = Int64(m_x.iterator.toint())
+        g_w = Int64(m_w.iterator.toint())
+        g_ws = Int64(m_ws.iterator.toint())
+
+        row0, row1 = self.tile_rows(cta, tile, g)
+        k_lane = slc * SLICE + q * 16
+        g_a0 = g_w + Int64(row0) * K + Int64(k_lane)
+        g_a1 = g_w + Int64(row1) * K + Int64(k_lane)
+
+        # ---- weights in flight before the dependency wait (they never depend on it)
+        policy = ptx.createpolicy_evict_first()
+        r_a0 = []
+        r_a1 = []
+        for st in cutlass.range_constexpr(self.in_regs):
+            r_a0.append(ptx.ld_global_nc_v4_hint(g_a0 + st * 64, policy))
+            r_a1.append(ptx.ld_global_nc_v4_hint(g_a1 + st * 64, policy))
+        s_stage = s_wgt + (warp * self.staged) * 1024 + lane * 16
+        for j in cutlass.range_constexpr(self.staged):
+            st = self.in_regs + j
+            ptx.cp_async_cg_16(s_stage + j * 1024, g_a0 + st * 64)
+            ptx.cp_async_cg_16(s_stage + j * 1024 + 512, g_a1 + st * 64)
+            cute.arch.cp_async_commit_group()
+        r_ws0 = ptx.ld_global_nc_v4_f32(g_ws + Int64(((row0 >> 7) * G + slc * 4) * 4))
+        if cutlass.const_expr(self.swiglu):
+            r_ws1 = ptx.ld_global_nc_v4_f32(g_ws + Int64(((row1 >> 7) * G + slc * 4) * 4))
+        else:
+            r_ws1 = r_ws0
+
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
+
+        # ---- quantize x once per CTA: warp (tile i, slice s) takes tokens i, i+tiles, ...
+        for j in cutlass.range_constexpr((T + TL - 1) // TL):
+            t = tile + j * TL
+            if t < T:
+                self.quantize_chunk(g_x, s_act, s_xsc, t, slc, lane)
+        cute.arch.sync_threads()
+
+        # ---- main loop: 4 groups x (2 steps x 2 mmas), fp32 group sums, then scales
+        t_b = cutlass.min(g, T - 1)  # B columns >= tokens repeat the last token
+        s_b = s_act + (slc * T + t_b) * SLICE
+        sw_b = (t_b & 1) << 2
+        c0 = cutlass.min(q * 2, T - 1)
+        c1 = cutlass.min(q * 2 + 1, T - 1)
+        s_xs0 = s_xsc + (c0 * G + slc * 4) * 4
+        s_xs1 = s_xsc + (c1 * G + slc * 4) * 4
+        total = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
+        for grp in cutlass.range_constexpr(SLICE // GROUP):
+            acc = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
+            for sub in cutlass.range_constexpr(2):
+                st = grp * 2 + sub
+                if cutlass.const_expr(st < self.in_regs):
+                    a0 = r_a0[st]
+                    a1 = r_a1[st]
+                else:
+                    j = st - self.in_regs
+                    cute.arch.cp_async_wait_group(self.staged - 1 - j)
+                    a0 = ptx.ld_shared_v4(s_stage + j * 1024)
+                    a1 = ptx.ld_shared_v4(s_stage + j * 1024 + 512)
+                b = ptx.ld_shared_v4(s_b + (((st * 4 + q) ^ sw_b) * 16))
+                acc = ptx.mma_m16n8k32_e4m3((a0[0], a1[0], a0[1], a1[1]), (b[0], b[1]), acc)
+                acc = ptx.mma_m16n8k32_e4m3((a0[2], a1[2], a0[3], a1[3]), (b[2], b[3]), acc)
+            xs0 = ptx.ld_shared_f32(s_xs0 + grp * 4)
+            xs1 = ptx.ld_shared_f32(s_xs1 + grp * 4)
+            total[0] = total[0] + acc[0] * (r_ws0[grp] * xs0)
+            total[1] = total[1] + acc[1] * (r_ws0[grp] * xs1)
+            total[2] = total[2] + acc[2] * (r_ws1[grp] * xs0)
+            total[3] = total[3] + acc[3] * (r_ws1[grp] * xs1)
+
+        # ---- the k/512 partial sums of a tile meet in shared memory (activation area reused)
+        cute.arch.sync_threads()
+        ptx.st_shared_v4_f32(s_act + tid * 16, total[0], total[1], total[2], total[3])
+        cute.arch.sync_threads()
+        if warp < TL:
+            self.reduce_and_store(g_out, s_act)
+
+    @cute.jit
+    def quantize_chunk(self, g_x: Int64, s_act: Int32, s_xsc: Int32, t: Int32, slc: Int32, lane):
+        """Lane l quantizes K = slc*512 + 16l .. +15 of token t; 8 lanes share a 128-group."""
+        g_src = g_x + Int64((t * self.k + slc * SLICE + lane * 16) * 2)
+        words = list(ptx.ld_global_v4(g_src)) + list(ptx.ld_global_v4(g_src + 16))
+        vals = []
+        for wd in cutlass.range_constexpr(8):
+            lo, hi = ptx.bf16x2_to_f32x2(words[wd])
+            vals.append(lo)
+            vals.append(hi)
+        amax = ptx.fabs(vals[0])
+        for i in cutlass.range_constexpr(1, 16):
+            amax = ptx.fmax(amax, ptx.fabs(vals[i]))
+        for off in cutlass.range_constexpr(3):
+            amax = ptx.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1 << off))
+        scale = _div(ptx.fmax(amax, Float32(SCALE_FLOOR)), Float32(FP8_MAX), Float32(INV_FP8_MAX))
+        if cutlass.const_expr(self.ue8m0):
+            # Round up to a power of two exactly: bump the exponent if any mantissa bit is set;
+            # then 1/scale is exact too (biased exponent 254 - E), and x * (1/scale) = x / scale.
+            bits = ptx.f32_as_i32(scale)
+            bump = (((bits & 0x7FFFFF) + 0x7FFFFF) >> 23) << 23
+            exponent = (bits & 0x7F800000) + bump
+            scale = ptx.i32_as_f32(exponent)
+            inv = ptx.i32_as_f32((254 << 23) - exponent)
+            qv = [vals[i] * inv for i in range(16)]
+        else:
+            inv = _rcp(scale)
+            qv = [_div(vals[i], scale, inv) for i in range(16)]
+        packed = [
+            ptx.cvt_e4m3x4(qv[4 * i], qv[4 * i + 1], qv[4 * i + 2], qv[4 * i + 3]) for i in range(4)
+        ]
+        chunk = lane ^ ((t & 1) << 2)  # swizzle odd tokens: conflict-free B reads
+        s_dst = s_act + (slc * self.tokens + t) * SLICE + chunk * 16
+        ptx.st_shared_v4(s_dst, packed[0], packed[1], packed[2], packed[3])
+        if lane & 7 == 0:
+            ptx.st_shared_f32(s_xsc + (t * self.groups + slc * 4 + (lane >> 3)) * 4, scale)
+
+    @cute.jit
+    def tile_rows(self, cta: Int32, tile: Int32, g: Int32):
+        """Weight rows of A rows g and g+8 (SwiGLU: gate row = output column, and its up row)."""
+        if cutlass.const_expr(self.swiglu):
+            row0 = cta * (8 * self.tiles) + tile * 8 + g
+            row1 = row0 + self.rows // 2
+        else:
+            row0 = cta * (16 * self.tiles) + tile * 16 + g
+            row1 = row0 + 8
+        return row0, row1
+
+    @cute.jit
+    def reduce_and_store(self, g_out: Int64, s_act: Int32):
+        """Sum the tile's k/512 partials; lane (g, q) holds rows g, g+8 x tokens 2q, 2q+1."""
+        T = self.tokens
+        # Indices are re-derived from fresh special-register reads: holding them across the
+        # main loop costs registers (ptxas spilled row0 at the 80-register bound).
+        tid = ptx.fresh_tid_x()
+        lane = tid & 31
+        row0, _ = self.tile_rows(ptx.fresh_ctaid_x(), tid >> 5, lane >> 2)
+        q = lane & 3
+        acc = list(ptx.ld_shared_v4_f32(s_act + tid * 16))
+        for s in cutlass.range_constexpr(1, self.slices):
+            part = ptx.ld_shared_v4_f32(s_act + (s * self.tiles * 32 + tid) * 16)
+            acc = [acc[i] + part[i] for i in range(4)]
+        if cutlass.const_expr(self.swiglu):
+            # Row g is the gate, row g+8 the matching up: act[t, row0] for t = 2q, 2q+1.
+            for c in cutlass.range_constexpr(2):
+                t = q * 2 + c
+                if t < T:
+                    val = self.swiglu_value(acc[c], acc[2 + c])
+                    g_dst = g_out + Int64((t * self.out_cols + row0) * 2)
+                    ptx.st_global_b16(g_dst, ptx.cvt_bf16(val))
+        else:
+            for c in cutlass.range_constexpr(2):
+                t = q * 2 + c
+                if t < T:
+                    g_dst = g_out + Int64((t * self.out_cols + row0) * 2)
+                    ptx.st_global_b16(g_dst, ptx.cvt_bf16(acc[c]))
+                    ptx.st_global_b16(g_dst + 16, ptx.cvt_bf16(acc[2 + c]))
+
+    @cute.jit
+    def swiglu_value(self, gate_f: Float32, up_f: Float32) -> Float32:
+        """silu(bf16 gate) * bf16 up in fp32, with the optional clamp (limit)."""
+        gate = ptx.bf16_round(gate_f)
+        up = ptx.bf16_round(up_f)
+        if cutlass.const_expr(self.limit is not None):
+            lim = Float32(self.limit)
+            gate = ptx.fmin(gate, lim)
+            up = ptx.fmax(ptx.fmin(up, lim), Float32(-self.limit))
+        # exp(-gate) = 2^j * exp(f), f = -gate - j ln2 in [-ln2/2, ln2/2]: ex2.approx is
+        # accurate on the small reduced argument and exact on the integer j.
+        neg = Float32(0.0) - gate
+        j = ptx.rint(neg * Float32(LOG2E))
+        f = ptx.fma_rn(j, Float32(-LN2_HI), neg)
+        f = ptx.fma_rn(j, Float32(-LN2_LO), f)
+        e = ptx.ex2_approx(f * Float32(LOG2E)) * ptx.ex2_approx(j)
+        # Keep the denominator finite (exp overflows for gate < -88): silu is then ~0 either way.
+        den = Float32(1.0) + ptx.fmin(e, Float32(2.0**126))
+        silu = _div(gate, den, _rcp(den))
+        return silu * up
+
+
+def _params(params: Mapping[str, Any]) -> dict[str, Any]:
+    required = ("rows", "k", "tokens", "tiles", "in_regs", "ctas_per_sm", "swiglu", "limit")
+    missing = [name for name in required + ("ue8m0",) if name not in params]
+    if missing:
+        raise ValueError(f"params is missing {missing}; required: {list(required) + ['ue8m0']}")
+    extra = sorted(set(params) - set(required) - {"ue8m0"})
+    if extra:
+        raise ValueError(f"params has unknown names {extra}; allowed: {list(required) + ['ue8m0']}")
+    return {name: params[name] for name in required + ("ue8m0",)}
+
+
+def build(params: Mapping[str, Any]) -> Fp8Gemv:
+    """The kernel object for a compile-parameter mapping (validated; no cutlass tracing)."""
+    return Fp8Gemv(**_params(params))
+
+
+def compile_cubin(params: Mapping[str, Any], arch: str):
+    """Compile one specialization for ``arch`` (e.g. "sm_90a") on any machine, GPU or not.
+
+    Returns a KernelBinary: cubin bytes, kernel symbol, grid/block/dynamic smem, PDL on, and
+    the four pointer parameters (out, x, w, w_scale) in order.
+    """
+    from mlpjit.jit.binary import KernelBinary, KernelParam
+
+    if not isinstance(arch, str) or not arch.startswith("sm_"):
+        raise ValueError(f"arch must be an 'sm_XX[a]' string such as 'sm_90a', got {arch!r}")
+    gemv = build(params)
+    out_cols = gemv.out_cols
+    fake = cute.runtime.make_fake_compact_tensor
+    m_out = fake(cutlass.BFloat16, (gemv.tokens, out_cols), stride_order=(1, 0), assumed_align=16)
+    m_x = fake(cutlass.BFloat16, (gemv.tokens, gemv.k), stride_order=(1, 0), assumed_align=16)
+    m_w = fake(cutlass.Float8E4M3FN, (gemv.rows, gemv.k), stride_order=(1, 0), assumed_align=16)
+    m_ws = fake(
+        cutlass.Float32,
+        ((gemv.rows + GROUP - 1) // GROUP, gemv.groups),
+        stride_order=(1, 0),
+        assumed_align=16,
+    )
+    stream = cute.runtime.make_fake_stream()
+    with tempfile.TemporaryDirectory(prefix="mlpjit-cute-") as dump_dir:
+        # --keep-cubin writes a copy under the dump dir; keep it out of the caller's cwd.
+        options = f"--gpu-arch {arch} --keep-cubin --dump-dir {dump_dir}"
+        compiled = cute.compile(gemv, m_out, m_x, m_w, m_ws, stream, options=options)
+        cubin = bytes(compiled.artifacts.CUBIN)
+    symbols = list(compiled.kernel_info)
+    if len(symbols) != 1:
+        raise RuntimeError(f"expected one kernel in the compiled module, got {symbols}")
+    return KernelBinary(
+        cubin=cubin,
+        symbol=symbols[0],
+        grid=gemv.grid,
+        block=gemv.block,
+        smem_bytes=gemv.smem_bytes,
+        pdl=True,
+        params=tuple(KernelParam(name, "ptr") for name in PARAM_NAMES),
+    )
+
+
+def _main() -> None:  # pragma: no cover - developer aid: python -m mlpjit.kernels.fp8_gemv
+    import sys
+
+    t0 = time.perf_counter()
+    params = dict(rows=3072, k=6144, tokens=8, tiles=1, in_regs=4, ctas_per_sm=1)
+    params.update(swiglu=True, limit=None, ue8m0=True)
+    binary = compile_cubin(params, os.environ.get("CUTE_DSL_ARCH", "sm_90a"))
+    sys.stdout.write(f"{binary.symbol} {len(binary.cubin)} B {time.perf_counter() - t0:.2f}s\n")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _main()

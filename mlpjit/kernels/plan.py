@@ -1,0 +1,221 @@
+"""Kernel planning: which shapes the fp8_gemv kernel takes, and its tuning knobs per shape.
+
+No cutlass import: DenseMlp and the CLI plan (and key) kernels without CuTe DSL. The limits
+below mirror the kernel's own validation in kernels/fp8_gemv.py (DESIGN.md section 2) and
+the sm_90 (H100/H200) resources; see docs/KERNEL_NOTES.md for the reasoning per shape.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlpjit.jit.manager import KernelRequest
+
+__all__ = [
+    "MODELS",
+    "GemvConfig",
+    "kernel_supports",
+    "choose_config",
+    "gemv_request",
+    "dense_mlp_requests",
+    "smem_budget",
+    "smem_bytes",
+]
+
+MODELS = {"glm5": (6144, 12288), "glm4.5": (5120, 12288)}  # (hidden, intermediate)
+
+SLICE = 512  # K per warp
+STEPS = 8  # 64-K steps per slice
+GROUP = 128
+MAX_TOKENS = 8
+MAX_WARPS = 32  # 1024 threads per CTA
+
+# sm_90 resources (H100 / H200).
+SMS = 132
+SMEM_PER_SM = 228 * 1024
+SMEM_PER_CTA_MAX = 227 * 1024  # dynamic + static
+SMEM_CTA_OVERHEAD = 2 * 1024  # 1 KB reserved by the system + 1 KB static (1024-aligned base)
+REGS_PER_SM = 65536
+THREADS_PER_SM = 2048
+# Registers the kernel needs besides the in-register weights (8 per in_regs step), measured
+# with ptxas 13.0 under launch bounds: in_regs=3 fits the 80-register bound (768 threads per
+# SM) without spilling for every GLM-5 shape and token count.
+BASE_REGS = 56
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Tuning knobs of one fp8_gemv specialization (see DESIGN.md section 2)."""
+
+    tiles: int  # 16-row tiles per CTA
+    in_regs: int  # 64-K steps loaded into registers (the rest go through shared memory)
+    ctas_per_sm: int  # launch bound: CTAs meant to be resident per SM
+
+
+def smem_bytes(k: int, tokens: int, tiles: int, in_regs: int) -> int:
+    """Dynamic shared memory of a specialization (DESIGN.md's formula)."""
+    warps = tiles * (k // SLICE)
+    staged = warps * (STEPS - in_regs) * 2 * 32 * 16
+    act = max(tokens * k, warps * 32 * 16)
+    return staged + act + tokens * (k // GROUP) * 4
+
+
+def _reg_budget(threads: int, ctas_per_sm: int) -> int:
+    return min(255, REGS_PER_SM // (threads * ctas_per_sm) // 8 * 8)
+
+
+def smem_budget(ctas_per_sm: int) -> int:
+    """Dynamic shared memory one CTA may use when ctas_per_sm CTAs share an SM."""
+    return min(SMEM_PER_CTA_MAX, SMEM_PER_SM // ctas_per_sm) - SMEM_CTA_OVERHEAD
+
+
+def _fit(k: int, tokens: int, tiles: int, ctas_per_sm: int) -> int | None:
+    """The largest in_regs that fits registers and shared memory, or None."""
+    threads = 32 * tiles * (k // SLICE)
+    if threads * ctas_per_sm > THREADS_PER_SM:
+        return None
+    regs = _reg_budget(threads, ctas_per_sm)
+    # At most STEPS-1: with no cp.async at all, ptxas 13.0 hoists griddepcontrol.wait
+    # (ACQBULK) above every weight load, losing the PDL overlap; a committed cp.async group
+    # keeps the loads before it (tests/test_fp8_gemv_compile.py checks the order).
+    in_regs = min(STEPS - 1, (regs - BASE_REGS) // 8)
+    if in_regs < 0 or smem_bytes(k, tokens, tiles, in_regs) > smem_budget(ctas_per_sm):
+        return None
+    return in_regs
+
+
+def _check_shape(rows: int, k: int, tokens: int) -> None:
+    for name, value in (("rows", rows), ("k", k), ("tokens", tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _candidates(rows: int, k: int, tokens: int) -> list[tuple[tuple, GemvConfig]]:
+    slices = k // SLICE
+    found = []
+    tiles = 1
+    while tiles * slices <= MAX_WARPS:
+        if rows % (16 * tiles) == 0:
+            ctas = rows // (16 * tiles)
+            for cps in range(1, 9):
+                in_regs = _fit(k, tokens, tiles, cps)
+                if in_regs is None:
+                    continue
+                waves = math.ceil(ctas / (SMS * cps))
+                # Fewest waves; then use as many SMs as possible (bandwidth per SM is
+                # limited); then fewer CTAs (each one re-quantizes all of x); then the
+                # lightest launch bound.
+                score = (waves, -min(ctas, SMS), ctas, cps)
+                found.append((score, GemvConfig(tiles, in_regs, cps)))
+        tiles *= 2
+    return found
+
+
+def kernel_supports(rows: int, k: int, tokens: int) -> bool:
+    """True when fp8_gemv can run this shape; otherwise callers use the stock path."""
+    _check_shape(rows, k, tokens)
+    if tokens > MAX_TOKENS or k % SLICE or rows % 16:
+        return False
+    return bool(_candidates(rows, k, tokens))
+
+
+def choose_config(rows: int, k: int, tokens: int, swiglu: bool) -> GemvConfig:
+    """Default (tiles, in_regs, ctas_per_sm) for a shape: about one wave of resident CTAs
+    over all SMs, every weight load in flight at once, no register spills.
+
+    ``swiglu`` takes the same tiling (a CTA's 16-row tile is 8 gate + 8 up rows).
+    ValueError if the kernel cannot take the shape (see kernel_supports).
+    """
+    if not isinstance(swiglu, bool):
+        raise ValueError(f"swiglu must be a bool, got {swiglu!r}")
+    if swiglu and rows % 2:
+        raise ValueError(f"rows must be even with swiglu, got {rows}")
+    if not kernel_supports(rows, k, tokens):
+        raise ValueError(
+            f"fp8_gemv cannot take rows={rows}, k={k}, tokens={tokens}: needs k % {SLICE} == 0, "
+            f"rows % 16 == 0, 1 <= tokens <= {MAX_TOKENS} and k <= {SLICE * MAX_WARPS} "
+            "within the shared-memory and register limits"
+        )
+    return min(_candidates(rows, k, tokens), key=lambda c: c[0])[1]
+
+
+def gemv_request(
+    rows: int,
+    k: int,
+    tokens: int,
+    *,
+    swiglu: bool,
+    limit: float | None,
+    ue8m0: bool,
+    arch: str,
+    config: GemvConfig | None = None,
+) -> KernelRequest:
+    """The compile request of one fp8_gemv launch (config defaults to choose_config)."""
+    from mlpjit.jit.manager import KernelRequest
+
+    if not isinstance(ue8m0, bool):
+        raise ValueError(f"ue8m0 must be a bool, got {ue8m0!r}")
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0
+    ):
+        raise ValueError(f"limit must be None or a positive float, got {limit!r}")
+    if not isinstance(arch, str) or not arch.startswith("sm_"):
+        raise ValueError(f"arch must be a string like 'sm_90a', got {arch!r}")
+    if config is None:
+        config = choose_config(rows, k, tokens, swiglu)
+    elif not isinstance(config, GemvConfig):
+        raise ValueError(f"config must be a GemvConfig or None, got {config!r}")
+    params = {
+        "rows": rows,
+        "k": k,
+        "tokens": tokens,
+        "tiles": config.tiles,
+        "in_regs": config.in_regs,
+        "ctas_per_sm": config.ctas_per_sm,
+        "swiglu": swiglu,
+        # The clamp only shapes the SwiGLU epilogue: keep it out of the plain kernel's key.
+        "limit": float(limit) if (swiglu and limit is not None) else None,
+        "ue8m0": ue8m0,
+    }
+    return KernelRequest(kernel="fp8_gemv", params=params, arch=arch)
+
+
+def dense_mlp_requests(
+    hidden: int,
+    intermediate: int,
+    tp: int,
+    tokens: range | list[int] | tuple[int, ...] | int,
+    arch: str,
+    ue8m0: bool = True,
+    limit: float | None = None,
+) -> list[KernelRequest]:
+    """Both kernels of one TP shard for every token count the kernel takes.
+
+    gate_up: rows 2*intermediate/tp, k hidden (SwiGLU fused); down: rows hidden,
+    k intermediate/tp. Token counts or shapes the kernel cannot take are skipped (they run
+    the stock path and need no compile).
+    """
+    for name, value in (("hidden", hidden), ("intermediate", intermediate), ("tp", tp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if intermediate % tp:
+        raise ValueError(f"tp must divide intermediate ({intermediate}), got {tp}")
+    counts = [tokens] if isinstance(tokens, int) else list(tokens)
+    for m in counts:
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"tokens must be positive ints, got {m!r}")
+    inter = intermediate // tp
+    requests = []
+    for m in counts:
+        if not (kernel_supports(2 * inter, hidden, m) and kernel_supports(hidden, inter, m)):
+            continue
+        requests.append(
+            gemv_request(2 * inter, hidden, m, swiglu=True, limit=limit, ue8m0=ue8m0, arch=arch)
+        )
+        requests.append(
+            gemv_request(hidden, inter, m, swiglu=False, limit=None, ue8m0=ue8m0, arch=arch)
+        )
+    return requests

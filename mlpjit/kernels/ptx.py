@@ -1,0 +1,485 @@
+"""PTX device helpers for the CuTe DSL kernels: one small function per PTX instruction.
+
+Each helper wraps one instruction (or a register-level pack around it) in LLVM inline
+assembly, so the kernel body reads like the instruction list of DESIGN.md section 2 and
+ptxas sees exactly the modifiers we chose (L2 cache hints, .nc, satfinite, .rn).
+
+Addresses are plain integers: global addresses are Int64 ("l"), shared-memory addresses
+are 32-bit offsets in the shared window (Int32, "r"), as CUTLASS does for cp.async.
+Word values (packed FP8 / BF16 bytes) travel as Int32.
+
+This module imports cutlass at module level: it is only imported by kernel modules, and
+those only inside compile functions (a cache miss), never by `import mlpjit`.
+"""
+
+from __future__ import annotations
+
+from cutlass import Float32, Int16, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+__all__ = [
+    "bf16x2_to_f32x2",
+    "bf16_round",
+    "cp_async_cg_16",
+    "createpolicy_evict_first",
+    "cvt_bf16",
+    "cvt_e4m3x4",
+    "ex2_approx",
+    "f32_as_i32",
+    "fabs",
+    "fma_rn",
+    "fmax",
+    "fmin",
+    "fresh_ctaid_x",
+    "fresh_tid_x",
+    "i32_as_f32",
+    "ld_global_nc_v4_f32",
+    "ld_global_nc_v4_hint",
+    "ld_global_v4",
+    "ld_shared_f32",
+    "ld_shared_v4",
+    "ld_shared_v4_f32",
+    "mma_m16n8k32_e4m3",
+    "rcp_approx",
+    "rint",
+    "st_global_b16",
+    "st_shared_f32",
+    "st_shared_v4",
+    "st_shared_v4_f32",
+]
+
+_I32 = "i32"
+_F32 = "f32"
+_I64 = "i64"
+_I16 = "i16"
+
+
+def _mlir_type(kind: str):
+    return {_I32: T.i32(), _F32: T.f32(), _I64: T.i64(), _I16: T.i16()}[kind]
+
+
+def _wrap(kind: str, value):
+    return {_I32: Int32, _F32: Float32, _I64: Int64, _I16: Int16}[kind](value)
+
+
+def _ir(kind: str, value, loc, ip):
+    return _wrap(kind, value).ir_value(loc=loc, ip=ip)
+
+
+def _asm(
+    outs: list[str],
+    ins: list[tuple[str, object]],
+    code: str,
+    constraints: str,
+    *,
+    side_effects: bool,
+    loc=None,
+    ip=None,
+):
+    """Emit one llvm.inline_asm; returns None, one value, or a tuple of values."""
+    operands = [_ir(kind, value, loc, ip) for kind, value in ins]
+    if not outs:
+        res_type = None
+    elif len(outs) == 1:
+        res_type = _mlir_type(outs[0])
+    else:
+        res_type = llvm.StructType.get_literal([_mlir_type(o) for o in outs])
+    result = llvm.inline_asm(
+        res_type,
+        operands,
+        code,
+        constraints,
+        has_side_effects=side_effects,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+    if not outs:
+        return None
+    if len(outs) == 1:
+        return _wrap(outs[0], result)
+    return tuple(
+        _wrap(kind, llvm.extractvalue(_mlir_type(kind), result, [i], loc=loc, ip=ip))
+        for i, kind in enumerate(outs)
+    )
+
+
+# ---------------------------------------------------------------- special registers
+
+
+@dsl_user_op
+def fresh_tid_x(*, loc=None, ip=None) -> Int32:
+    """mov.u32 r, %tid.x; (volatile: re-read late instead of holding it in a register)"""
+    return _asm([_I32], [], "mov.u32 $0, %tid.x;", "=r", side_effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def fresh_ctaid_x(*, loc=None, ip=None) -> Int32:
+    """mov.u32 r, %ctaid.x; (volatile: re-read late instead of holding it in a register)"""
+    return _asm([_I32], [], "mov.u32 $0, %ctaid.x;", "=r", side_effects=True, loc=loc, ip=ip)
+
+
+# ---------------------------------------------------------------- memory: global
+
+
+@dsl_user_op
+def createpolicy_evict_first(*, loc=None, ip=None) -> Int64:
+    """createpolicy.fractional.L2::evict_first.b64 pol, 1.0;"""
+    return _asm(
+        [_I64],
+        [],
+        "createpolicy.fractional.L2::evict_first.b64 $0, 1.0;",
+        "=l",
+        side_effects=False,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def ld_global_nc_v4_hint(addr: Int64, policy: Int64, *, loc=None, ip=None) -> tuple:
+    """ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {r0..r3}, [addr], pol;
+
+    Marked side-effecting so the weight loads stay where the kernel issues them (before
+    griddepcontrol.wait) instead of being sunk next to their first use.
+    """
+    return _asm(
+        [_I32] * 4,
+        [(_I64, addr), (_I64, policy)],
+        "ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {$0, $1, $2, $3}, [$4], $5;",
+        "=r,=r,=r,=r,l,l",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def ld_global_nc_v4_f32(addr: Int64, *, loc=None, ip=None) -> tuple:
+    """ld.global.nc.v4.f32 {f0..f3}, [addr]; (read-only data such as weight scales)."""
+    return _asm(
+        [_F32] * 4,
+        [(_I64, addr)],
+        "ld.global.nc.v4.f32 {$0, $1, $2, $3}, [$4];",
+        "=f,=f,=f,=f,l",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def ld_global_v4(addr: Int64, *, loc=None, ip=None) -> tuple:
+    """ld.global.v4.u32 {r0..r3}, [addr]; (coherent: data written by the previous kernel)."""
+    return _asm(
+        [_I32] * 4,
+        [(_I64, addr)],
+        "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,l,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def st_global_b16(addr: Int64, value: Int16, *, loc=None, ip=None) -> None:
+    """st.global.b16 [addr], h;"""
+    _asm(
+        [],
+        [(_I64, addr), (_I16, value)],
+        "st.global.b16 [$0], $1;",
+        "l,h,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def cp_async_cg_16(smem: Int32, gmem: Int64, *, loc=None, ip=None) -> None:
+    """cp.async.cg.shared.global [smem], [gmem], 16;
+
+    Deliberately without .L2::cache_hint: with ptxas 13.0 for sm_90a the hinted form
+    (LDGSTS with a cache-policy descriptor) raised CUDA_ERROR_ILLEGAL_INSTRUCTION on the
+    H200 (2026-11-29 bisect: the same kernel with only this hint removed ran correctly).
+    """
+    _asm(
+        [],
+        [(_I32, smem), (_I64, gmem)],
+        "cp.async.cg.shared.global [$0], [$1], 16;",
+        "r,l,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+# ---------------------------------------------------------------- memory: shared
+
+
+@dsl_user_op
+def ld_shared_v4(addr: Int32, *, loc=None, ip=None) -> tuple:
+    """ld.shared.v4.u32 {r0..r3}, [addr];"""
+    return _asm(
+        [_I32] * 4,
+        [(_I32, addr)],
+        "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def ld_shared_v4_f32(addr: Int32, *, loc=None, ip=None) -> tuple:
+    """ld.shared.v4.f32 {f0..f3}, [addr];"""
+    return _asm(
+        [_F32] * 4,
+        [(_I32, addr)],
+        "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];",
+        "=f,=f,=f,=f,r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def ld_shared_f32(addr: Int32, *, loc=None, ip=None) -> Float32:
+    """ld.shared.f32 f, [addr];"""
+    return _asm(
+        [_F32],
+        [(_I32, addr)],
+        "ld.shared.f32 $0, [$1];",
+        "=f,r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def st_shared_v4(addr: Int32, a: Int32, b: Int32, c: Int32, d: Int32, *, loc=None, ip=None):
+    """st.shared.v4.u32 [addr], {a, b, c, d};"""
+    _asm(
+        [],
+        [(_I32, addr), (_I32, a), (_I32, b), (_I32, c), (_I32, d)],
+        "st.shared.v4.u32 [$0], {$1, $2, $3, $4};",
+        "r,r,r,r,r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def st_shared_v4_f32(
+    addr: Int32, a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None
+):
+    """st.shared.v4.f32 [addr], {a, b, c, d};"""
+    _asm(
+        [],
+        [(_I32, addr), (_F32, a), (_F32, b), (_F32, c), (_F32, d)],
+        "st.shared.v4.f32 [$0], {$1, $2, $3, $4};",
+        "r,f,f,f,f,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def st_shared_f32(addr: Int32, value: Float32, *, loc=None, ip=None) -> None:
+    """st.shared.f32 [addr], f;"""
+    _asm(
+        [],
+        [(_I32, addr), (_F32, value)],
+        "st.shared.f32 [$0], $1;",
+        "r,f,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+# ---------------------------------------------------------------- tensor core
+
+
+@dsl_user_op
+def mma_m16n8k32_e4m3(a: tuple, b: tuple, c: tuple, *, loc=None, ip=None) -> tuple:
+    """mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {d0..d3}, {a0..a3}, {b0,b1}, {c0..c3};"""
+    ins = [(_I32, v) for v in a] + [(_I32, v) for v in b] + [(_F32, v) for v in c]
+    return _asm(
+        [_F32] * 4,
+        ins,
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+        "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+        side_effects=False,
+        loc=loc,
+        ip=ip,
+    )
+
+
+# ---------------------------------------------------------------- conversions
+
+
+@dsl_user_op
+def cvt_e4m3x4(x0: Float32, x1: Float32, x2: Float32, x3: Float32, *, loc=None, ip=None) -> Int32:
+    """cvt.rn.satfinite.e4m3x2.f32 (twice), packed so x0 is the lowest byte of the word."""
+    return _asm(
+        [_I32],
+        [(_F32, x0), (_F32, x1), (_F32, x2), (_F32, x3)],
+        "{\n.reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n"
+        "mov.b32 $0, {lo, hi};\n}",
+        "=r,f,f,f,f",
+        side_effects=False,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def cvt_bf16(x: Float32, *, loc=None, ip=None) -> Int16:
+    """cvt.rn.bf16.f32 h, f; (the BF16 bits of x, round to nearest even)."""
+    return _asm(
+        [_I16],
+        [(_F32, x)],
+        "cvt.rn.bf16.f32 $0, $1;",
+        "=h,f",
+        side_effects=False,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def bf16_round(x: Float32, *, loc=None, ip=None) -> Float32:
+    """cvt.rn.bf16.f32 then cvt.f32.bf16: x rounded to the nearest BF16, as float32."""
+    return _asm(
+        [_F32],
+        [(_F32, x)],
+        "{\n.reg .b16 h;\ncvt.rn.bf16.f32 h, $1;\ncvt.f32.bf16 $0, h;\n}",
+        "=f,f",
+        side_effects=False,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def bf16x2_to_f32x2(word: Int32, *, loc=None, ip=None) -> tuple:
+    """shl.b32 / and.b32: the two BF16 halves of a word (low half first) as float32 (exact)."""
+    return _asm(
+        [_F32, _F32],
+        [(_I32, word)],
+        "shl.b32 $0, $2, 16;\nand.b32 $1, $2, 0xffff0000;",
+        "=f,=f,r",
+        side_effects=False,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def f32_as_i32(x: Float32, *, loc=None, ip=None) -> Int32:
+    """mov.b32 r, f; (bit pattern)"""
+    return _asm([_I32], [(_F32, x)], "mov.b32 $0, $1;", "=r,f", side_effects=False, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def i32_as_f32(x: Int32, *, loc=None, ip=None) -> Float32:
+    """mov.b32 f, r; (bit pattern)"""
+    return _asm([_F32], [(_I32, x)], "mov.b32 $0, $1;", "=f,r", side_effects=False, loc=loc, ip=ip)
+
+
+# ---------------------------------------------------------------- float arithmetic
+
+
+@dsl_user_op
+def rcp_approx(x: Float32, *, loc=None, ip=None) -> Float32:
+    """rcp.approx.ftz.f32 d, x; (MUFU.RCP, within 1 ulp)"""
+    return _asm(
+        [_F32],
+        [(_F32, x)],
+        "rcp.approx.ftz.f32 $0, $1;",
+        "=f,f",
+        side_effects=False,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def fma_rn(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
+    """fma.rn.f32 d, a, b, c;"""
+    return _asm(
+        [_F32],
+        [(_F32, a), (_F32, b), (_F32, c)],
+        "fma.rn.f32 $0, $1, $2, $3;",
+        "=f,f,f,f",
+        side_effects=False,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def ex2_approx(x: Float32, *, loc=None, ip=None) -> Float32:
+    """ex2.approx.ftz.f32 d, x;"""
+    return _asm(
+        [_F32],
+        [(_F32, x)],
+        "ex2.approx.ftz.f32 $0, $1;",
+        "=f,f",
+        side_effects=False,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def rint(x: Float32, *, loc=None, ip=None) -> Float32:
+    """cvt.rni.f32.f32 d, x; (round to nearest integer, ties to even)"""
+    return _asm(
+        [_F32], [(_F32, x)], "cvt.rni.f32.f32 $0, $1;", "=f,f", side_effects=False, loc=loc, ip=ip
+    )
+
+
+@dsl_user_op
+def fabs(x: Float32, *, loc=None, ip=None) -> Float32:
+    """abs.f32 d, x;"""
+    return _asm([_F32], [(_F32, x)], "abs.f32 $0, $1;", "=f,f", side_effects=False, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def fmax(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """max.f32 d, a, b;"""
+    return _asm(
+        [_F32],
+        [(_F32, a), (_F32, b)],
+        "max.f32 $0, $1, $2;",
+        "=f,f,f",
+        side_effects=False,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def fmin(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """min.f32 d, a, b;"""
+    return _asm(
+        [_F32],
+        [(_F32, a), (_F32, b)],
+        "min.f32 $0, $1, $2;",
+        "=f,f,f",
+        side_effects=False,
+        loc=loc,
+        ip=ip,
+    )

@@ -1,0 +1,376 @@
+#!/usr/bin/env python3
+"""Start-up of a multi-worker server that uses mlpjit, measured per worker (issue 5).
+
+W worker processes (torch.multiprocessing, spawn; like tensor-parallel ranks) each:
+  1. import torch and mlpjit                                         -> import ms
+  2. build a model of ``--layers`` dense MLPs with random FP8 weights (GLM-5 TP8 by default:
+     w13 [3072, 6144], w2 [6144, 1536])                              -> build ms
+  3. wait for the others (a barrier, so every worker starts preparing at once), then prepare
+     token counts 1..8 for every layer                               -> prepare ms, and the
+     compile manager's stats deltas: hits, misses, compiles, lock waits (and seconds)
+  4. on a GPU: capture one CUDA graph of the whole model per token count -> capture ms, then
+     replay decode steps                                             -> step us (m=1, m=8)
+
+Without a GPU, ``--arch sm_90a`` (or MLPJIT_ARCH) runs the compile side only: each worker
+warms the model's kernel list (kernels.plan.dense_mlp_requests, once per layer, the way each
+layer's prepare() asks for it) through the process's compile manager, and reports the same
+breakdown without capture and decode.
+
+    python3 scripts/serve_demo.py --workers 4 --cold --arch sm_90a          # CPU, cold cache
+    MLPJIT_CACHE_DIR=.gpu-cache python3 scripts/serve_demo.py --workers 8   # GPU, warm cache
+    python3 scripts/serve_demo.py --workers 4 --cold --arch sm_90a --json out.json
+
+``--cold`` points MLPJIT_CACHE_DIR at a fresh temporary directory (removed afterwards).
+The top of this file imports the standard library only, so a spawned worker's import time is
+its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+STAT_FIELDS = ("hits", "misses", "compiles", "lock_waits", "wait_seconds", "compile_seconds")
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 1)
+
+
+# --------------------------------------------------------------------- worker side
+
+
+def _random_layer(torch: Any, hidden: int, inter: int, device: Any, seed: int) -> dict:
+    """Random FP8 weights with power-of-two float32 block scales for one dense layer."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def fp8(n: int, k: int) -> Any:
+        w = torch.randn(n, k, generator=gen, device=device) * 48
+        return w.clamp(-448, 448).to(torch.float8_e4m3fn)
+
+    def scale(n: int, k: int) -> Any:
+        e = torch.randint(-12, -8, (n // 128, k // 128), generator=gen, device=device)
+        return 2.0 ** e.float()
+
+    return {
+        "w13": fp8(2 * inter, hidden),
+        "w13_scale": scale(2 * inter, hidden),
+        "w2": fp8(hidden, inter),
+        "w2_scale": scale(hidden, inter),
+    }
+
+
+def _stats_delta(before: Any, after: Any) -> dict[str, float]:
+    out = {}
+    for name in STAT_FIELDS:
+        delta = getattr(after, name) - getattr(before, name)
+        out[name] = round(delta, 3) if isinstance(delta, float) else delta
+    return out
+
+
+def _capture_and_decode(torch: Any, layers: list, tokens: list[int], hidden: int, steps: int):
+    """One CUDA graph of the whole model per token count; then timed replays.
+
+    Returns (capture seconds, {m: microseconds per decode step}).
+    """
+    device = layers[0].device
+    inter = layers[0].intermediate
+    graphs = {}
+    t0 = time.perf_counter()
+    for m in tokens:
+        x = torch.randn(m, hidden, device=device).to(torch.bfloat16)
+        acts = [torch.empty(m, inter, device=device, dtype=torch.bfloat16) for _ in layers]
+        outs = [torch.empty(m, hidden, device=device, dtype=torch.bfloat16) for _ in layers]
+
+        def forward(x=x, acts=acts, outs=outs) -> None:
+            h = x
+            for layer, act, out in zip(layers, acts, outs, strict=True):
+                h = layer.forward_into(h, act, out)
+
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            forward()  # warm-up outside capture (allocator, first launches)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            forward()
+        graphs[m] = (graph, x, acts, outs)
+    torch.cuda.synchronize(device)
+    capture_s = time.perf_counter() - t0
+
+    step_us = {}
+    for m in (tokens[0], tokens[-1]):
+        graph = graphs[m][0]
+        for _ in range(10):
+            graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        step_us[m] = round(start.elapsed_time(end) * 1000.0 / steps, 2)
+    return capture_s, step_us
+
+
+def _worker_body(rank: int, opts: dict, barrier: Any, spawned_at: float) -> dict:
+    entered = time.time()
+    t0 = time.perf_counter()
+    import torch
+
+    import mlpjit  # noqa: F401  (timed: what a server pays to import it)
+    from mlpjit.dense_mlp import DenseMlp
+    from mlpjit.jit.manager import default_manager
+
+    result: dict[str, Any] = {
+        "rank": rank,
+        "pid": os.getpid(),
+        "spawn_ms": _ms(entered - spawned_at),
+        "import_ms": _ms(time.perf_counter() - t0),
+    }
+    hidden, inter = opts["hidden"], opts["intermediate"] // opts["tp"]
+    tokens: list[int] = opts["tokens"]
+    gpu = torch.cuda.is_available()
+    t0 = time.perf_counter()
+    if gpu:
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        layers = [
+            DenseMlp(**_random_layer(torch, hidden, inter, device, seed=i), ue8m0=opts["ue8m0"])
+            for i in range(opts["layers"])
+        ]
+        torch.cuda.synchronize(device)
+        result.update(mode="gpu", device=f"{device} {torch.cuda.get_device_name(device)}")
+    else:
+        from mlpjit.kernels.plan import dense_mlp_requests
+
+        requests = dense_mlp_requests(
+            hidden, opts["intermediate"], opts["tp"], tokens, opts["arch"], ue8m0=opts["ue8m0"]
+        )
+        result.update(mode="compile-only", device=f"cpu (arch {opts['arch']})")
+    result["build_ms"] = _ms(time.perf_counter() - t0)
+
+    barrier.wait()
+    manager = default_manager()
+    before = manager.stats
+    t0 = time.perf_counter()
+    if gpu:
+        for layer in layers:
+            layer.prepare(tokens)
+    else:
+        for _ in range(opts["layers"]):
+            manager.warm(requests)
+    result["prepare_ms"] = _ms(time.perf_counter() - t0)
+    result.update(_stats_delta(before, manager.stats))
+    result["cutlass_imported"] = "cutlass" in sys.modules
+    if gpu:
+        paths = sorted({layer.path(m) for layer in layers for m in tokens})
+        result["paths"] = paths
+        capture_s, step_us = _capture_and_decode(torch, layers, tokens, hidden, opts["steps"])
+        result["capture_ms"] = _ms(capture_s)
+        result["step_us"] = {str(m): us for m, us in step_us.items()}
+    return result
+
+
+def _worker(rank: int, opts: dict, barrier: Any, spawned_at: float, out_path: str) -> None:
+    """Process entry: run the worker and write its result (or its error) as JSON."""
+    try:
+        result = _worker_body(rank, opts, barrier, spawned_at)
+    except BaseException:
+        # Release the others from the start barrier (they may be gone already).
+        with contextlib.suppress(Exception):
+            barrier.abort()
+        result = {"rank": rank, "error": traceback.format_exc()}
+    Path(out_path).write_text(json.dumps(result))
+    if "error" in result:
+        raise SystemExit(1)
+
+
+# --------------------------------------------------------------------- parent side
+
+
+def _parse_tokens(text: str) -> list[int]:
+    from mlpjit.cli import parse_tokens
+
+    try:
+        return parse_tokens(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {text!r}")
+    return value
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=_positive, default=4, help="worker processes (W)")
+    p.add_argument("--cold", action="store_true", help="use a fresh temporary MLPJIT_CACHE_DIR")
+    p.add_argument("--arch", default=None, help="target arch without a GPU, e.g. sm_90a")
+    p.add_argument("--json", metavar="FILE", help="also write every worker's numbers as JSON")
+    p.add_argument("--layers", type=_positive, default=3, help="dense MLP layers per model")
+    p.add_argument("--hidden", type=_positive, default=6144, help="hidden size (GLM-5: 6144)")
+    p.add_argument("--intermediate", type=_positive, default=12288, help="full intermediate")
+    p.add_argument("--tp", type=_positive, default=8, help="tensor-parallel size")
+    p.add_argument("--tokens", type=_parse_tokens, default=list(range(1, 9)), help="e.g. 1-8")
+    p.add_argument("--steps", type=_positive, default=200, help="decode steps timed per m")
+    p.add_argument("--no-ue8m0", dest="ue8m0", action="store_false", help="float32 act scales")
+    return p.parse_args(argv)
+
+
+def _row(r: dict) -> list[str]:
+    if "error" in r:
+        return [str(r["rank"]), "error", *["-"] * (len(HEADER) - 2)]
+    steps = r.get("step_us", {})
+    return [
+        str(r["rank"]),
+        r["mode"],
+        f"{r['spawn_ms']:.0f}",
+        f"{r['import_ms']:.0f}",
+        f"{r['build_ms']:.0f}",
+        f"{r['prepare_ms']:.0f}",
+        str(r["hits"]),
+        str(r["compiles"]),
+        f"{r['compile_seconds']:.2f}",
+        f"{r['lock_waits']} ({r['wait_seconds']:.2f} s)",
+        "yes" if r["cutlass_imported"] else "no",
+        f"{r['capture_ms']:.0f}" if "capture_ms" in r else "-",
+        " / ".join(f"{v:.1f}" for v in steps.values()) if steps else "-",
+    ]
+
+
+HEADER = [
+    "worker",
+    "mode",
+    "spawn ms",
+    "import ms",
+    "build ms",
+    "prepare ms",
+    "hits",
+    "compiles",
+    "compile s",
+    "lock waits",
+    "cutlass",
+    "capture ms",
+    "step us (m min/max)",
+]
+
+
+def format_table(results: list[dict]) -> str:
+    """A markdown table, one row per worker, plus a totals line."""
+    rows = [HEADER, ["---"] * len(HEADER), *(_row(r) for r in results)]
+    lines = ["| " + " | ".join(row) + " |" for row in rows]
+    ok = [r for r in results if "error" not in r]
+    if ok:
+        lines.append(
+            f"\ntotal: {sum(r['compiles'] for r in ok)} compiles, {sum(r['hits'] for r in ok)} "
+            f"hits, {sum(r['lock_waits'] for r in ok)} lock waits; prepare ms median "
+            f"{statistics.median(r['prepare_ms'] for r in ok):.0f}, max "
+            f"{max(r['prepare_ms'] for r in ok):.0f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Spawn the workers, collect their JSON results, print the table; 1 if any failed."""
+    args = _parse_args(argv)
+    import torch
+    import torch.multiprocessing as mp
+
+    from mlpjit.jit import config
+
+    gpu = torch.cuda.is_available()
+    arch = args.arch or config.arch_override()
+    if not gpu and arch is None:
+        print(
+            "serve_demo: no GPU visible: pass --arch sm_90a to run the compile side",
+            file=sys.stderr,
+        )
+        return 2
+    if arch is not None:
+        config.check_arch(arch, "--arch")
+    if args.intermediate % args.tp:
+        print(f"serve_demo: --tp {args.tp} must divide --intermediate", file=sys.stderr)
+        return 2
+    cold_dir = tempfile.mkdtemp(prefix="mlpjit-serve-demo-") if args.cold else None
+    if cold_dir is not None:
+        os.environ["MLPJIT_CACHE_DIR"] = cold_dir  # spawned workers inherit it
+    opts = {
+        "hidden": args.hidden,
+        "intermediate": args.intermediate,
+        "tp": args.tp,
+        "layers": args.layers,
+        "tokens": args.tokens,
+        "arch": arch,
+        "steps": args.steps,
+        "ue8m0": args.ue8m0,
+    }
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(args.workers)
+    out_dir = Path(tempfile.mkdtemp(prefix="mlpjit-serve-demo-out-"))
+    try:
+        t0 = time.perf_counter()
+        procs = []
+        for rank in range(args.workers):
+            out = str(out_dir / f"worker-{rank}.json")
+            proc = ctx.Process(target=_worker, args=(rank, opts, barrier, time.time(), out))
+            proc.start()
+            procs.append(proc)
+        for proc in procs:
+            proc.join()
+        wall = time.perf_counter() - t0
+        results = []
+        for rank, proc in enumerate(procs):
+            path = out_dir / f"worker-{rank}.json"
+            if path.exists():
+                results.append(json.loads(path.read_text()))
+            else:
+                results.append({"rank": rank, "error": f"exited {proc.exitcode} without a result"})
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        if cold_dir is not None:
+            shutil.rmtree(cold_dir, ignore_errors=True)
+
+    cache = "cold (fresh temporary dir)" if args.cold else f"{config.cache_dir()}"
+    print(
+        f"serve_demo: {args.workers} workers, {args.layers} layers of hidden {args.hidden}, "
+        f"inter {args.intermediate // args.tp} (w13 [{2 * args.intermediate // args.tp}, "
+        f"{args.hidden}], w2 [{args.hidden}, {args.intermediate // args.tp}]), tokens "
+        f"{args.tokens[0]}-{args.tokens[-1]}, cache {cache}; wall {wall:.2f} s\n"
+    )
+    print(format_table(results))
+    for r in results:
+        if "error" in r:
+            print(f"\nworker {r['rank']} failed:\n{r['error']}", file=sys.stderr)
+    if args.json:
+        data = {
+            "workers": args.workers,
+            "cold": args.cold,
+            "options": opts,
+            "wall_s": round(wall, 3),
+            "results": results,
+        }
+        Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""One fp8_gemv launch on the GPU against mlpjit.reference.gemv_reference.
+
+Run on the H200 with a cache compiled on a CPU machine (GPU.md workflow):
+    MLPJIT_CACHE_DIR=.gpu-cache python3 -c "import sys; sys.path.insert(0, 'tests/gpu'); \\
+        import test_fp8_gemv_gpu as t; t.warm()"   # on the CPU machine
+    MLPJIT_CACHE_DIR=.gpu-cache python3 -m pytest -q -s tests/gpu/test_fp8_gemv_gpu.py
+``-s`` prints one line per case with the relative L2 error. Outputs are poisoned with NaN
+before each launch, so "no NaN" also means every element was written.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mlpjit import reference as ref
+from mlpjit.kernels import plan
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+ARCH = "sm_90a"
+TOL = 5e-3
+LIMIT = 3.0  # clips: gate/up have a standard deviation near 2 with these inputs
+
+# (name, rows, k, swiglu): GLM-5 TP8 first, then a wider and a deeper shape.
+SHAPES = {
+    "glm5-tp8-gate_up": (3072, 6144, True),
+    "glm5-tp8-down": (6144, 1536, False),
+    "glm5-tp1-gate_up": (24576, 6144, True),
+    "glm5-tp1-down": (6144, 12288, False),
+    "glm4.5-tp8-gate_up": (3072, 5120, True),
+}
+
+CASES = (
+    [(s, m, u, None) for s in ("glm5-tp8-gate_up", "glm5-tp8-down")
+     for m in (1, 8, 3) for u in (True, False)]
+    + [("glm5-tp8-gate_up", m, u, LIMIT) for m in (1, 8) for u in (True, False)]
+    + [(s, m, True, None) for s in ("glm5-tp1-gate_up", "glm5-tp1-down", "glm4.5-tp8-gate_up")
+       for m in (1, 8)]
+)  # fmt: skip
+
+
+def _request(shape: str, m: int, ue8m0: bool, limit: float | None, arch: str = ARCH):
+    rows, k, swiglu = SHAPES[shape]
+    return plan.gemv_request(rows, k, m, swiglu=swiglu, limit=limit, ue8m0=ue8m0, arch=arch)
+
+
+def kernel_requests(arch: str = ARCH) -> list:
+    """Every compile request of these tests (for warming a cache on a machine without GPU)."""
+    return [_request(*case, arch=arch) for case in CASES] + chain_requests(arch)
+
+
+def chain_requests(arch: str = ARCH) -> list:
+    """The PDL chain test: GLM-5 TP8 gate_up then down, 4 tokens."""
+    return plan.dense_mlp_requests(6144, 12288, 8, [4], arch, ue8m0=True)
+
+
+def warm() -> None:  # pragma: no cover - run on the CPU machine before a GPU session
+    from mlpjit.jit.manager import default_manager
+
+    default_manager().warm(kernel_requests())
+
+
+def _weights(rows: int, k: int, seed: int, out_std: float) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    w = (torch.randn(rows, k, generator=gen, device="cuda") * 64).clamp_(-448, 448)
+    w8 = w.to(torch.float8_e4m3fn)
+    scale = torch.rand(rows // 128, k // 128, generator=gen, device="cuda") + 0.5
+    return w8, scale * (out_std / math.sqrt(k) / 64)
+
+
+def _x(m: int, k: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, k, generator=gen, device="cuda")
+    x[:, 5::301] *= 16  # outlier channels: groups with very different scales
+    x = torch.where(x == 0, torch.full_like(x, 0.25), x)
+    return x.to(torch.bfloat16)
+
+
+def _rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
+    got64, want64 = got.double(), want.double()
+    return float((got64 - want64).norm() / want64.norm())
+
+
+def _launch(request, out, x, w, w_scale) -> None:
+    from mlpjit.jit.launcher import load_kernel
+    from mlpjit.jit.manager import default_manager
+
+    kernel = load_kernel(default_manager().get(request), out.device)
+    kernel.launch([out, x, w, w_scale])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def exact_fp32_matmul():
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+@pytest.mark.parametrize(
+    "case", CASES, ids=[f"{s}-t{m}-{'ue8m0' if u else 'f32'}-lim{lim}" for s, m, u, lim in CASES]
+)
+def test_gemv_matches_reference(case) -> None:
+    shape, m, ue8m0, limit = case
+    rows, k, swiglu = SHAPES[shape]
+    w, w_scale = _weights(rows, k, seed=rows + k, out_std=2.0)
+    x = _x(m, k, seed=m)
+    cols = rows // 2 if swiglu else rows
+    out = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _launch(_request(shape, m, ue8m0, limit), out, x, w, w_scale)
+    torch.cuda.synchronize()
+    want = ref.gemv_reference(x, w, w_scale, swiglu=swiglu, limit=limit, ue8m0=ue8m0)
+    err = _rel_l2(out, want)
+    clipped = ""
+    if swiglu and limit is not None:
+        pre = ref.block_scaled_gemm(*ref.quantize_activation(x, ue8m0), w, w_scale)
+        clipped = f" clipped={float((pre.abs() > limit).float().mean()):.3f}"
+    print(f"\n[fp8_gemv] {shape} tokens={m} ue8m0={ue8m0} limit={limit} rel_l2={err:.3e}{clipped}")
+    assert not torch.isnan(out).any(), "unwritten (NaN-poisoned) or NaN outputs"
+    assert torch.isfinite(out).all()
+    assert err < TOL
+
+
+def test_pdl_chain_gate_up_then_down() -> None:
+    """gate_up then down back to back with PDL: down reads act only after its wait."""
+    m = 4
+    gate_up, down = chain_requests()
+    w13, s13 = _weights(3072, 6144, seed=11, out_std=2.0)
+    w2, s2 = _weights(6144, 1536, seed=12, out_std=1.0)
+    x = _x(m, 6144, seed=13)
+    act = torch.full((m, 1536), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = torch.full((m, 6144), float("nan"), dtype=torch.bfloat16, device="cuda")
+    for _ in range(3):  # repeated: a stale act read would show up as a mismatch or NaN
+        act.fill_(float("nan"))
+        out.fill_(float("nan"))
+        _launch(gate_up, act, x, w13, s13)
+        _launch(down, out, act, w2, s2)
+    torch.cuda.synchronize()
+    want_act = ref.gemv_reference(x, w13, s13, swiglu=True, limit=None, ue8m0=True)
+    want = ref.gemv_reference(want_act, w2, s2, swiglu=False, limit=None, ue8m0=True)
+    err_act, err_out = _rel_l2(act, want_act), _rel_l2(out, want)
+    print(f"\n[fp8_gemv] pdl chain glm5-tp8 tokens={m} act rel_l2={err_act:.3e} out={err_out:.3e}")
+    assert not torch.isnan(out).any() and not torch.isnan(act).any()
+    assert err_act < TOL and err_out < TOL

@@ -1,0 +1,194 @@
+"""`mlpjit doctor`: each check's verdict on a good, a degraded and a broken setup."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlpjit import doctor
+from mlpjit.jit.binary import KernelBinary, KernelParam
+from mlpjit.jit.key import cache_key, key_components
+from mlpjit.jit.locks import KeyLock
+from mlpjit.jit.store import CacheStore
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _check(report: doctor.DoctorReport, name: str) -> doctor.Check:
+    found = [c for c in report.checks if c.name == name]
+    assert found, f"no check {name!r} in {[c.name for c in report.checks]}"
+    return found[0]
+
+
+def _publish(store: CacheStore, i: int = 0) -> str:
+    """A fake but well-formed entry (no compile needed)."""
+    components = key_components("smoke", {"n": 1024 + 32 * i, "scale": 2.0, "block": 128}, "sm_90a")
+    key = cache_key(components)
+    binary = KernelBinary(
+        cubin=b"\x7fELF fake cubin %d" % i,
+        symbol="smoke_kernel",
+        grid=(8, 1, 1),
+        block=(128, 1, 1),
+        smem_bytes=0,
+        pdl=False,
+        params=(KernelParam("out", "ptr"),),
+    )
+    store.publish(key, components, binary, 0.1)
+    return key
+
+
+def test_fresh_machine_is_ok_apart_from_the_gpu(cache_dir: Path) -> None:
+    report = doctor.run_doctor()
+    assert _check(report, "cache dir").status == "ok"
+    assert "created 0700" in _check(report, "cache dir").summary
+    assert not cache_dir.exists()  # the doctor creates nothing
+    assert _check(report, "torch").status == "ok"
+    assert report.exit_status == 0
+    names = [c.name for c in report.checks]
+    assert names[:2] == ["torch", "compiler"] and "locks" in names
+
+
+def test_populated_cache_counts_entries_and_locks(cache_dir: Path) -> None:
+    store = CacheStore(cache_dir, layers=())
+    keys = [_publish(store, i) for i in range(3)]
+    held = KeyLock(store.lock_path(keys[0]))
+    assert held.try_acquire()
+    stale = KeyLock(store.lock_path(keys[1]))  # leaves a free lock file, like a dead compile
+    assert stale.try_acquire()
+    stale.release()
+    try:
+        report = doctor.run_doctor(verify=True)
+    finally:
+        held.release()
+    cache = _check(report, "cache dir")
+    assert cache.status == "ok" and cache.details["entries"] == 3
+    locks = _check(report, "locks")
+    assert locks.status == "ok"
+    assert locks.details["files"] == 2 and locks.details["held"] == 1
+    assert _check(report, "verify").details["ok"] == 3
+
+
+def test_group_writable_cache_dir_fails(cache_dir: Path) -> None:
+    _publish(CacheStore(cache_dir, layers=()))
+    os.chmod(cache_dir, 0o770)
+    report = doctor.run_doctor()
+    check = _check(report, "cache dir")
+    assert check.status == "fail"
+    assert "group or other" in check.summary
+    assert "chmod" in check.hint
+    assert report.exit_status == 1
+    assert "[fail] cache dir" in doctor.format_report(report)
+
+
+def test_group_writable_subdir_fails(cache_dir: Path) -> None:
+    key = _publish(CacheStore(cache_dir, layers=()))
+    os.chmod(cache_dir / "v1" / "entries" / key[:2], 0o777)
+    check = _check(doctor.run_doctor(), "cache dir")
+    assert check.status == "fail"
+    assert key[:2] in check.summary
+
+
+def test_missing_compiler_is_a_warning(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(doctor, "_compiler_versions", dict)
+    report = doctor.run_doctor()
+    check = _check(report, "compiler")
+    assert check.status == "warn"
+    assert "hits only" in check.summary
+    assert any("hits only" in m for m in report.missing)
+    assert report.exit_status == 0
+
+
+def test_missing_cuda_python_fails_only_with_a_kernel_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(doctor, "_dist_version", lambda *names: {})
+    gpu = [{"index": 0, "name": "H200", "capability": "9.0", "kernel_arch": "sm_90a"}]
+    monkeypatch.setattr(doctor, "_gpus", lambda: gpu)
+    report = doctor.run_doctor()
+    assert _check(report, "cuda-python").status == "fail"
+    assert _check(report, "gpu").status == "ok"
+    monkeypatch.setattr(doctor, "_gpus", list)
+    assert _check(doctor.run_doctor(), "cuda-python").status == "warn"
+
+
+def test_gpu_without_kernels_and_arch_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = [{"index": 0, "name": "A100", "capability": "8.0", "kernel_arch": None}]
+    monkeypatch.setattr(doctor, "_gpus", lambda: gpu)
+    report = doctor.run_doctor()
+    assert _check(report, "gpu").status == "warn"
+    assert any("stock path" in m for m in report.missing)
+    monkeypatch.setattr(doctor, "_gpus", list)
+    monkeypatch.setenv("MLPJIT_ARCH", "sm_90a")
+    assert _check(doctor.run_doctor(), "gpu").status == "ok"
+    monkeypatch.setenv("MLPJIT_ARCH", "hopper")
+    assert _check(doctor.run_doctor(), "gpu").status == "fail"
+
+
+def test_bad_setting_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLPJIT_LOCK_TIMEOUT", "soon")
+    check = _check(doctor.run_doctor(), "settings")
+    assert check.status == "fail" and "MLPJIT_LOCK_TIMEOUT" in check.summary
+
+
+def test_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    good = tmp_path / "good"
+    _publish(CacheStore(good, layers=()))
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o755)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    missing = tmp_path / "missing"
+    monkeypatch.setenv(
+        "MLPJIT_CACHE_PATH", os.pathsep.join(map(str, (good, empty, shared, missing)))
+    )
+    report = doctor.run_doctor()
+    status = {c.name: c.status for c in report.checks if c.name.startswith("layer ")}
+    assert status == {
+        f"layer {good}": "ok",
+        f"layer {empty}": "warn",
+        f"layer {shared}": "warn",
+        f"layer {missing}": "warn",
+    }
+    assert _check(report, f"layer {good}").details["entries"] == 1
+
+
+def test_quarantine_is_reported(cache_dir: Path) -> None:
+    store = CacheStore(cache_dir, layers=())
+    key = _publish(store)
+    (cache_dir / "v1" / "entries" / key[:2] / f"{key}.cubin").write_bytes(b"tampered")
+    report = doctor.run_doctor(verify=True)
+    assert _check(report, "verify").status == "fail"
+    assert _check(report, "leftovers").status == "warn"  # verify moved it to quarantine
+    assert report.exit_status == 1
+
+
+def test_a_crashing_check_is_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom() -> dict:
+        raise RuntimeError("broken install")
+
+    monkeypatch.setattr(doctor, "_compiler_versions", boom)
+    check = _check(doctor.run_doctor(), "compiler")
+    assert check.status == "fail" and "broken install" in check.summary
+
+
+def test_json_output_and_exit_status(cache_dir: Path) -> None:
+    cache_dir.mkdir(mode=0o700)
+    os.chmod(cache_dir, 0o757)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [sys.executable, "-m", "mlpjit.doctor", "--json"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 1, done.stderr
+    data = json.loads(done.stdout)
+    assert data["status"] == "fail"
+    assert {c["name"]: c["status"] for c in data["checks"]}["cache dir"] == "fail"
+    os.chmod(cache_dir, 0o700)
+    done = subprocess.run(
+        [sys.executable, "-m", "mlpjit.doctor"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stdout
+    assert done.stdout.strip().splitlines()[-1].startswith("doctor: ")

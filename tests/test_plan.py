@@ -1,0 +1,180 @@
+"""kernels/plan.py: shape support, default configs within sm_90 limits, compile requests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from mlpjit.kernels import plan
+from mlpjit.kernels.plan import GemvConfig
+
+ARCH = "sm_90a"
+
+
+def _all_model_shapes() -> list[tuple[int, int, bool]]:
+    shapes = []
+    for hidden, inter in plan.MODELS.values():
+        for tp in (1, 2, 4, 8):
+            shapes.append((2 * inter // tp, hidden, True))
+            shapes.append((hidden, inter // tp, False))
+    return shapes
+
+
+def test_plan_imports_no_cutlass() -> None:
+    code = "import sys, mlpjit.kernels.plan; print('cutlass' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("rows", "k", "tokens", "ok"),
+    [
+        (3072, 6144, 1, True),
+        (6144, 1536, 8, True),
+        (6144, 12288, 8, True),
+        (6144, 1536, 9, False),  # more tokens than the mma's N
+        (4608, 7168, 1, True),
+        (7168, 2304, 1, False),  # DeepSeek-V3 TP8 down: k % 512 != 0
+        (3080, 6144, 1, False),  # rows % 16 != 0
+        (6144, 32768, 1, False),  # 64 warps for one tile
+    ],
+)
+def test_kernel_supports(rows: int, k: int, tokens: int, ok: bool) -> None:
+    assert plan.kernel_supports(rows, k, tokens) is ok
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "8"])
+def test_kernel_supports_rejects_non_positive_ints(bad) -> None:
+    with pytest.raises(ValueError, match="must be a positive int"):
+        plan.kernel_supports(bad, 6144, 1)
+    with pytest.raises(ValueError, match="tokens"):
+        plan.kernel_supports(3072, 6144, bad)
+
+
+@pytest.mark.parametrize("shape", _all_model_shapes(), ids=lambda s: f"{s[0]}x{s[1]}-{s[2]}")
+@pytest.mark.parametrize("tokens", [1, 4, 8])
+def test_choose_config_within_limits(shape, tokens: int) -> None:
+    rows, k, swiglu = shape
+    cfg = plan.choose_config(rows, k, tokens, swiglu)
+    warps = cfg.tiles * k // plan.SLICE
+    threads = 32 * warps
+    assert warps <= plan.MAX_WARPS
+    assert rows % (16 * cfg.tiles) == 0
+    assert 0 <= cfg.in_regs <= plan.STEPS
+    assert threads * cfg.ctas_per_sm <= plan.THREADS_PER_SM
+    smem = plan.smem_bytes(k, tokens, cfg.tiles, cfg.in_regs)
+    assert smem <= plan.smem_budget(cfg.ctas_per_sm)
+    assert cfg.ctas_per_sm * (smem + plan.SMEM_CTA_OVERHEAD) <= plan.SMEM_PER_SM
+    # Registers the in-register weights need fit the launch bound.
+    budget = plan.REGS_PER_SM // (threads * cfg.ctas_per_sm)
+    assert plan.BASE_REGS + 8 * cfg.in_regs <= min(255, budget)
+
+
+def test_choose_config_one_wave_when_possible() -> None:
+    # GLM-5 TP8: both kernels fit on the 132 SMs in a single wave of resident CTAs.
+    for rows, k in ((3072, 6144), (6144, 1536)):
+        for tokens in (1, 8):
+            cfg = plan.choose_config(rows, k, tokens, swiglu=rows == 3072)
+            ctas = rows // (16 * cfg.tiles)
+            assert ctas <= plan.SMS * cfg.ctas_per_sm, (rows, k, tokens, cfg)
+            assert ctas >= plan.SMS // 2  # and spread over the SMs
+
+
+def test_smem_bytes_matches_design_formula() -> None:
+    # warps * (STEPS - in_regs) * 1 KB + max(tokens*k, warps*512) + tokens * k/128 * 4
+    assert plan.smem_bytes(6144, 8, 1, 3) == 12 * 5 * 1024 + 8 * 6144 + 8 * 48 * 4
+    assert plan.smem_bytes(1536, 1, 2, 8) == 0 + 6 * 512 + 1 * 12 * 4
+    assert plan.choose_config(6144, 1536, 1, False).in_regs <= plan.STEPS - 1
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((3072, 6144, 9, True), "cannot take"),
+        ((7168, 2304, 1, False), "cannot take"),
+        ((3072, 6144, 1, "yes"), "swiglu must be a bool"),
+    ],
+)
+def test_choose_config_errors(args, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        plan.choose_config(*args)
+
+
+def test_gemv_request_params() -> None:
+    req = plan.gemv_request(3072, 6144, 4, swiglu=True, limit=7, ue8m0=True, arch=ARCH)
+    assert req.kernel == "fp8_gemv" and req.arch == ARCH
+    cfg = plan.choose_config(3072, 6144, 4, True)
+    assert dict(req.params) == {
+        "rows": 3072,
+        "k": 6144,
+        "tokens": 4,
+        "tiles": cfg.tiles,
+        "in_regs": cfg.in_regs,
+        "ctas_per_sm": cfg.ctas_per_sm,
+        "swiglu": True,
+        "limit": 7.0,
+        "ue8m0": True,
+    }
+    from mlpjit.kernels.registry import kernel_def
+
+    assert set(req.params) == kernel_def("fp8_gemv").param_names
+
+
+def test_gemv_request_limit_only_for_swiglu_and_explicit_config() -> None:
+    req = plan.gemv_request(
+        6144, 1536, 2, swiglu=False, limit=7.0, ue8m0=False, arch=ARCH, config=GemvConfig(1, 4, 1)
+    )
+    assert req.params["limit"] is None
+    assert (req.params["tiles"], req.params["in_regs"], req.params["ctas_per_sm"]) == (1, 4, 1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"limit": -1.0}, "limit must be"),
+        ({"limit": True}, "limit must be"),
+        ({"ue8m0": 1}, "ue8m0 must be"),
+        ({"arch": 90}, "arch must be"),
+        ({"config": (1, 2, 1)}, "config must be"),
+    ],
+)
+def test_gemv_request_errors(kwargs, match) -> None:
+    base = {"swiglu": True, "limit": None, "ue8m0": True, "arch": ARCH}
+    with pytest.raises(ValueError, match=match):
+        plan.gemv_request(3072, 6144, 1, **{**base, **kwargs})
+
+
+def test_dense_mlp_requests_glm5_tp8() -> None:
+    hidden, inter = plan.MODELS["glm5"]
+    reqs = plan.dense_mlp_requests(hidden, inter, 8, range(1, 9), ARCH)
+    assert len(reqs) == 16
+    gate_up, down = reqs[0].params, reqs[1].params
+    assert (gate_up["rows"], gate_up["k"], gate_up["swiglu"]) == (3072, 6144, True)
+    assert (down["rows"], down["k"], down["swiglu"]) == (6144, 1536, False)
+    assert [r.params["tokens"] for r in reqs] == [m for m in range(1, 9) for _ in (0, 1)]
+    assert all(r.params["ue8m0"] is True and r.params["limit"] is None for r in reqs)
+
+
+def test_dense_mlp_requests_skips_unsupported() -> None:
+    # Token counts above 8 and DeepSeek-V3's TP8 shard (k = 2304) take the stock path.
+    assert plan.dense_mlp_requests(6144, 12288, 8, [9, 16], ARCH) == []
+    assert plan.dense_mlp_requests(7168, 18432, 8, [1], ARCH) == []
+    reqs = plan.dense_mlp_requests(5120, 12288, 8, 3, ARCH, ue8m0=False, limit=5.0)
+    assert [r.params["limit"] for r in reqs] == [5.0, None]
+    assert all(r.params["ue8m0"] is False for r in reqs)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((6144, 12288, 5, [1]), "tp must divide"),
+        ((6144, 12288, 0, [1]), "tp must be"),
+        ((6144, 12288, 8, [0]), "tokens must be"),
+        ((-1, 12288, 8, [1]), "hidden must be"),
+    ],
+)
+def test_dense_mlp_requests_errors(args, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        plan.dense_mlp_requests(*args, ARCH)
