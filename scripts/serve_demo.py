@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -85,14 +86,16 @@ def _stats_delta(before: Any, after: Any) -> dict[str, float]:
 def _capture_and_decode(torch: Any, layers: list, tokens: list[int], hidden: int, steps: int):
     """One CUDA graph of the whole model per token count; then timed replays.
 
-    Returns (capture seconds, {m: microseconds per decode step}).
+    Returns (capture seconds, {m: microseconds per decode step}, {m: sha256 of the output}).
+    Inputs are seeded by m, so every worker's digests must agree (same weights, same kernels).
     """
     device = layers[0].device
     inter = layers[0].intermediate
     graphs = {}
     t0 = time.perf_counter()
     for m in tokens:
-        x = torch.randn(m, hidden, device=device).to(torch.bfloat16)
+        gen = torch.Generator(device=device).manual_seed(m)
+        x = torch.randn(m, hidden, device=device, generator=gen).to(torch.bfloat16)
         acts = [torch.empty(m, inter, device=device, dtype=torch.bfloat16) for _ in layers]
         outs = [torch.empty(m, hidden, device=device, dtype=torch.bfloat16) for _ in layers]
 
@@ -125,7 +128,13 @@ def _capture_and_decode(torch: Any, layers: list, tokens: list[int], hidden: int
         end.record()
         end.synchronize()
         step_us[m] = round(start.elapsed_time(end) * 1000.0 / steps, 2)
-    return capture_s, step_us
+    digests = {}
+    for m, (graph, _, _, outs) in graphs.items():
+        graph.replay()
+        torch.cuda.synchronize(device)
+        raw = outs[-1].view(torch.int16).cpu().numpy().tobytes()
+        digests[m] = hashlib.sha256(raw).hexdigest()[:16]
+    return capture_s, step_us, digests
 
 
 def _worker_body(rank: int, opts: dict, barrier: Any, spawned_at: float) -> dict:
@@ -181,7 +190,10 @@ def _worker_body(rank: int, opts: dict, barrier: Any, spawned_at: float) -> dict
     if gpu:
         paths = sorted({layer.path(m) for layer in layers for m in tokens})
         result["paths"] = paths
-        capture_s, step_us = _capture_and_decode(torch, layers, tokens, hidden, opts["steps"])
+        capture_s, step_us, digests = _capture_and_decode(
+            torch, layers, tokens, hidden, opts["steps"]
+        )
+        result["output_sha256"] = {str(m): d for m, d in digests.items()}
         result["capture_ms"] = _ms(capture_s)
         result["step_us"] = {str(m): us for m, us in step_us.items()}
     return result
@@ -357,6 +369,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.tokens[0]}-{args.tokens[-1]}, cache {cache}; wall {wall:.2f} s\n"
     )
     print(format_table(results))
+    digests = [r["output_sha256"] for r in results if "output_sha256" in r]
+    if digests:
+        same = all(d == digests[0] for d in digests)
+        print(f"\noutputs identical across workers (sha256 per token count): {same}")
+        if not same:
+            return 1
     for r in results:
         if "error" in r:
             print(f"\nworker {r['rank']} failed:\n{r['error']}", file=sys.stderr)

@@ -19,6 +19,8 @@ def test_every_env_var_in_the_code_is_registered_and_documented():
     for path in (ROOT / "mlpjit").rglob("*.py"):
         used |= _names_in(path.read_text())
     readme = _names_in((ROOT / "README.md").read_text())
-    assert used <= set(ENV_VARS), f"read but not registered in config.ENV_VARS: {used - set(ENV_VARS)}"
+    assert used <= set(ENV_VARS), (
+        f"read but not registered in config.ENV_VARS: {used - set(ENV_VARS)}"
+    )
     assert set(ENV_VARS) <= readme, f"not documented in README: {set(ENV_VARS) - readme}"
     assert readme <= set(ENV_VARS), f"README documents unknown variables: {readme - set(ENV_VARS)}"

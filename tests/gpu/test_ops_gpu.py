@@ -50,10 +50,11 @@ class _Model(torch.nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Only exactly-rounded torch ops around the custom op (one bf16 add), so inductor's
-        # fusions cannot change the bits and compiled must equal eager exactly.
+        # Nothing but the custom op: inductor has no arithmetic of its own to fuse or reorder
+        # (a residual add kept in fp32 across fusions could change the bits), so compiled must
+        # equal eager exactly.
         for layer in self.layers:
-            x = x + layer(x)
+            x = layer(x)
         return x
 
 
