@@ -592,6 +592,14 @@ def _positive(text: str) -> int:
     return value
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from mlpjit.doctor import format_report, run_doctor
+
+    report = run_doctor(verify=args.verify)
+    print(format_report(report, as_json=args.json))
+    return report.exit_status
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mlpjit", description="mlpjit compile cache: warm it, inspect it, ship it."
@@ -611,7 +619,13 @@ def _build_parser() -> argparse.ArgumentParser:
     what.add_argument("--kernel", help="a registered kernel name (e.g. smoke)")
     what.add_argument("--model", choices=("glm5", "glm4.5"), help="a dense-MLP model preset")
     what.add_argument("--hidden", type=_typed(_positive), help="hidden size (with --intermediate)")
-    what.add_argument("--requests", metavar="FILE", help="JSON lines of requests (MLPJIT_RECORD)")
+    what.add_argument(
+        "--from",
+        "--requests",
+        dest="requests",
+        metavar="FILE",
+        help="replay JSON lines of requests, e.g. a file written through MLPJIT_RECORD",
+    )
     warm.add_argument(
         "--param",
         action="append",
@@ -643,6 +657,9 @@ def _build_parser() -> argparse.ArgumentParser:
     warm.add_argument("--jobs", type=_typed(_positive), default=1, help="worker processes")
     warm.add_argument("--dry-run", action="store_true", help="list the kernels, compile nothing")
     warm.add_argument("--worker-id", type=int, default=None, help=argparse.SUPPRESS)
+
+    doctor = sub(commands, "doctor", _cmd_doctor, "check toolchain, GPU, cache dirs and locks")
+    doctor.add_argument("--verify", action="store_true", help="also re-hash every cache entry")
 
     cache = commands.add_parser("cache", help="inspect and maintain the cache")
     group = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")

@@ -5,7 +5,7 @@ The output feeds ``mlpjit warm --requests FILE`` on a machine without a GPU, so 
 needs no compiler (the GPU.md workflow):
 
     python3 scripts/gpu_requests.py --arch sm_90a -o .gpu-cache/requests.jsonl
-    MLPJIT_CACHE_DIR=.gpu-cache mlpjit warm --requests .gpu-cache/requests.jsonl --jobs 2
+    MLPJIT_CACHE_DIR=.gpu-cache mlpjit warm --from .gpu-cache/requests.jsonl --jobs 2
 """
 
 from __future__ import annotations

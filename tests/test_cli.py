@@ -395,3 +395,28 @@ def test_unsafe_cache_dir_is_a_clear_error(tmp_path: Path) -> None:
     run = mlpjit(cache, "cache", "ls")
     assert run.returncode == 1
     assert "writable by group or other" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_record_then_warm_from_replays_into_a_fresh_cache(tmp_path: Path) -> None:
+    """MLPJIT_RECORD written by one process is what `warm --from` compiles elsewhere."""
+    record = tmp_path / "needed.jsonl"
+    first = mlpjit(tmp_path / "a", "warm", *SMOKE, env={"MLPJIT_RECORD": str(record)})
+    assert first.returncode == 0, first.stderr
+    assert len(record.read_text().splitlines()) == 3
+    summary = ok_json(tmp_path / "b", "warm", "--from", str(record))
+    assert summary["total"] == 3 and summary["compiles"] == 3
+    keys_a = {e["key"] for e in ok_json(tmp_path / "a", "cache", "ls")}
+    keys_b = {e["key"] for e in ok_json(tmp_path / "b", "cache", "ls")}
+    assert keys_a == keys_b and len(keys_b) == 3
+
+
+def test_doctor_fails_on_a_group_writable_cache(tmp_path: Path) -> None:
+    cache = tmp_path / "c"
+    good = mlpjit(cache, "doctor", "--json")
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert json.loads(good.stdout)["status"] in ("ok", "warn")
+    cache.mkdir(exist_ok=True)
+    cache.chmod(0o777)
+    bad = mlpjit(cache, "doctor", "--json")
+    assert bad.returncode == 1
+    assert json.loads(bad.stdout)["status"] == "fail"
