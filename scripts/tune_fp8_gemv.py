@@ -1,0 +1,347 @@
+#!/usr/bin/env python3
+"""Sweep fp8_gemv configs (tiles, in_regs, ctas_per_sm) per GLM-5 shape and token count.
+
+The GPU machine has no compiler, so the variants are compiled here into a cache first:
+
+    python3 scripts/tune_fp8_gemv.py --emit /tmp/tune.jsonl
+    MLPJIT_CACHE_DIR=.gpu-cache mlpjit warm --requests /tmp/tune.jsonl --arch sm_90a --jobs 2
+
+and then timed on the GPU from that cache (nothing compiles there):
+
+    MLPJIT_CACHE_DIR=$PWD/.gpu-cache python3 scripts/tune_fp8_gemv.py --json $OUT/tune.json
+
+Each variant runs over a chain of distinct weight matrices totalling >= --l2-multiple x the
+L2 size (so weights stream from HBM), L launches captured in one CUDA graph; the per-launch
+time is the median replay / L. The floor is the weight bytes (FP8 + float32 scales) over the
+device-to-device copy bandwidth (bytes read + written per second). ``--dry-run`` only lists
+the variants (no GPU needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from mlpjit.kernels import plan  # noqa: E402  (no cutlass import; cheap)
+
+# name -> (rows, k, swiglu): GLM-5 (hidden 6144, intermediate 12288) per TP shard, and
+# GLM-4.5 (hidden 5120) at TP 8.
+SHAPES: dict[str, tuple[int, int, bool]] = {
+    "tp8-gate_up": (3072, 6144, True),
+    "tp8-down": (6144, 1536, False),
+    "tp4-gate_up": (6144, 6144, True),
+    "tp4-down": (6144, 3072, False),
+    "tp2-gate_up": (12288, 6144, True),
+    "tp2-down": (6144, 6144, False),
+    "tp1-gate_up": (24576, 6144, True),
+    "tp1-down": (6144, 12288, False),
+    "glm4.5-tp8-gate_up": (3072, 5120, True),
+    "glm4.5-tp8-down": (5120, 1536, False),
+}
+DEFAULT_TOKENS = (1, 8)
+TILES = (1, 2, 4)
+IN_REGS = (2, 3, 5, 7)
+MAX_VARIANTS = 12
+L2_BYTES_H200 = 60 * 1024 * 1024  # used when the device does not report its L2 size
+
+
+def variants(
+    rows: int, k: int, tokens: int, swiglu: bool, cap: int = MAX_VARIANTS
+) -> list[plan.GemvConfig]:
+    """Valid configs of one shape, choose_config's default first, at most ``cap`` of them.
+
+    (tiles, ctas_per_sm) pairs come from plan's candidates (tiles in TILES); in_regs takes
+    each IN_REGS value up to the pair's register fit whose shared memory fits the budget.
+    Order: every pair at its largest in_regs (plan's own pick) by plan's score, then the
+    smaller in_regs values, so a cap drops the least likely configs.
+    """
+    default = plan.choose_config(rows, k, tokens, swiglu)
+    pairs = sorted((score, c) for score, c in plan._candidates(rows, k, tokens) if c.tiles in TILES)
+    first: list[plan.GemvConfig] = []
+    rest: list[plan.GemvConfig] = []
+    for _, c in pairs:
+        fits = [
+            r
+            for r in sorted(set(IN_REGS) | {c.in_regs}, reverse=True)
+            if r <= c.in_regs
+            and plan.smem_bytes(k, tokens, c.tiles, r) <= plan.smem_budget(c.ctas_per_sm)
+        ]
+        fits = [r for r in fits if r in IN_REGS or r == c.in_regs]
+        for i, r in enumerate(fits):
+            (first if i == 0 else rest).append(plan.GemvConfig(c.tiles, r, c.ctas_per_sm))
+    ordered = [default]
+    for c in first + rest:
+        if c not in ordered:
+            ordered.append(c)
+    return ordered[:cap]
+
+
+def sweep(shapes: Sequence[str], tokens: Sequence[int]) -> list[tuple[str, int, plan.GemvConfig]]:
+    """(shape name, tokens, config) for every variant of the sweep, in run order."""
+    out = []
+    for name in shapes:
+        rows, k, swiglu = SHAPES[name]
+        for m in tokens:
+            out += [(name, m, c) for c in variants(rows, k, m, swiglu)]
+    return out
+
+
+def request_of(name: str, tokens: int, config: plan.GemvConfig, arch: str = "sm_90a"):
+    """The KernelRequest of one variant (UE8M0 activation scales, no SwiGLU clamp)."""
+    rows, k, swiglu = SHAPES[name]
+    return plan.gemv_request(
+        rows, k, tokens, swiglu=swiglu, limit=None, ue8m0=True, arch=arch, config=config
+    )
+
+
+def kernel_requests(
+    arch: str = "sm_90a",
+    shapes: Sequence[str] = tuple(SHAPES),
+    tokens: Sequence[int] = DEFAULT_TOKENS,
+) -> list:
+    """Every variant's compile request (warm a cache with them on a CPU box)."""
+    return [request_of(name, m, c, arch) for name, m, c in sweep(shapes, tokens)]
+
+
+# ---- arguments --------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {list(SHAPES)}")
+    p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="comma list")
+    p.add_argument("--arch", default="sm_90a", help="target arch of --emit (default sm_90a)")
+    p.add_argument("--emit", type=Path, default=None, help="write requests as JSON lines, exit")
+    p.add_argument("--dry-run", action="store_true", help="list the variants and exit")
+    p.add_argument("--json", type=Path, default=None, help="write the results as JSON")
+    p.add_argument("--l2-multiple", type=float, default=4.0, help="chain weights / L2 size")
+    p.add_argument("--replays", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.shape_list = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    bad = [s for s in args.shape_list if s not in SHAPES]
+    if bad or not args.shape_list:
+        p.error(f"--shapes must be a comma list of {', '.join(SHAPES)}, got {args.shapes!r}")
+    try:
+        args.token_list = [int(t) for t in args.tokens.split(",") if t.strip()]
+    except ValueError:
+        p.error(f"--tokens must be a comma list of ints in [1, {plan.MAX_TOKENS}]")
+    if not args.token_list or any(not 1 <= t <= plan.MAX_TOKENS for t in args.token_list):
+        p.error(f"--tokens must be ints in [1, {plan.MAX_TOKENS}], got {args.tokens!r}")
+    if args.replays < 1 or args.warmup < 0:
+        p.error("--replays must be >= 1 and --warmup >= 0")
+    return args
+
+
+# ---- GPU timing -------------------------------------------------------------------------------
+
+
+def matrix_bytes(rows: int, k: int) -> int:
+    """FP8 weight bytes plus float32 block-scale bytes of one matrix."""
+    return rows * k + (rows // 128) * (k // 128) * 4
+
+
+def copy_bandwidth(nbytes: int, reps: int = 20) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    del src, dst
+    return 2 * nbytes / statistics.median(times)
+
+
+def graph_ms(fn, replays: int, warmup: int) -> list[float]:
+    """Capture fn() once in a CUDA graph; each timed replay's milliseconds."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(warmup):
+        graph.replay()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    for start, end in zip(starts, ends, strict=True):
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    times = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+    del graph
+    return times
+
+
+def tune_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -> list[dict]:
+    """Time every variant of one shape over one chain of weights (freed on return)."""
+    import torch
+
+    from mlpjit.jit.launcher import load_kernel
+    from mlpjit.jit.manager import default_manager
+
+    rows, k, swiglu = SHAPES[name]
+    nbytes = matrix_bytes(rows, k)
+    layers = max(2, math.ceil(args.l2_multiple * l2_bytes / nbytes))
+    floor_us = nbytes / bw * 1e6
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    weights = []
+    for _ in range(layers):
+        w = (torch.randn(rows, k, generator=gen, device="cuda") * 64).clamp_(-448, 448)
+        s = (torch.rand(rows // 128, k // 128, generator=gen, device="cuda") + 0.5) / 4096
+        weights.append((w.to(torch.float8_e4m3fn), s))
+        del w
+    out_cols = rows // 2 if swiglu else rows
+    manager = default_manager()
+    device = torch.device("cuda", torch.cuda.current_device())
+    results = []
+    for m in args.token_list:
+        x = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
+        outs = [torch.empty(m, out_cols, dtype=torch.bfloat16, device="cuda") for _ in weights]
+        default = plan.choose_config(rows, k, m, swiglu)
+        for config in variants(rows, k, m, swiglu):
+            entry = manager.get(request_of(name, m, config))
+            kernel = load_kernel(entry, device)  # before capture: a load cannot be captured
+
+            def run(kernel=kernel, x=x, outs=outs) -> None:
+                for (w, s), out in zip(weights, outs, strict=True):
+                    kernel.launch((out, x, w, s))
+
+            per_launch = [t * 1e3 / layers for t in graph_ms(run, args.replays, args.warmup)]
+            us = statistics.median(per_launch)
+            row = {
+                "shape": name,
+                "rows": rows,
+                "k": k,
+                "swiglu": swiglu,
+                "tokens": m,
+                "tiles": config.tiles,
+                "in_regs": config.in_regs,
+                "ctas_per_sm": config.ctas_per_sm,
+                "default": config == default,
+                "us": us,
+                "p10_us": sorted(per_launch)[len(per_launch) // 10],
+                "floor_us": floor_us,
+                "x_floor": us / floor_us,
+                "layers": layers,
+            }
+            results.append(row)
+            print(
+                f"{name} m={m} {_cfg(row)}: {us:.2f} us ({row['x_floor']:.2f}x floor)",
+                file=sys.stderr,
+                flush=True,
+            )
+        del x, outs
+    weights.clear()
+    torch.cuda.empty_cache()
+    return results
+
+
+def _cfg(row: dict) -> str:
+    return f"t{row['tiles']}/r{row['in_regs']}/c{row['ctas_per_sm']}"
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """One line per variant; (default) marks choose_config's pick, **best** the fastest."""
+    best = {}
+    for r in rows:
+        key = (r["shape"], r["tokens"])
+        if key not in best or r["us"] < best[key]["us"]:
+            best[key] = r
+    lines = [
+        "| shape | tokens | config (tiles/in_regs/ctas_per_sm) | us | x floor | |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        marks = []
+        if r["default"]:
+            marks.append("default")
+        if best[(r["shape"], r["tokens"])] is r:
+            marks.append("**best**")
+        lines.append(
+            f"| {r['shape']} | {r['tokens']} | {_cfg(r)} | {r['us']:.2f} | "
+            f"{r['x_floor']:.2f} | {' '.join(marks)} |"
+        )
+    return "\n".join(lines)
+
+
+# ---- main -------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.emit is not None:
+        items = [
+            {"kernel": r.kernel, "params": dict(r.params), "arch": r.arch}
+            for r in kernel_requests(args.arch, args.shape_list, args.token_list)
+        ]
+        args.emit.parent.mkdir(parents=True, exist_ok=True)
+        args.emit.write_text("".join(json.dumps(i, sort_keys=True) + "\n" for i in items))
+        print(f"{len(items)} requests -> {args.emit}", file=sys.stderr)
+        return 0
+    if args.dry_run:
+        total = 0
+        for name in args.shape_list:
+            rows, k, swiglu = SHAPES[name]
+            for m in args.token_list:
+                found = variants(rows, k, m, swiglu)
+                total += len(found)
+                default = plan.choose_config(rows, k, m, swiglu)
+                cfgs = ", ".join(
+                    f"t{c.tiles}/r{c.in_regs}/c{c.ctas_per_sm}" + ("*" if c == default else "")
+                    for c in found
+                )
+                print(f"{name} (rows={rows}, k={k}, swiglu={swiglu}) m={m}: {cfgs}")
+        print(f"{total} variants (* = choose_config default)")
+        return 0
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: use --dry-run or --emit here", file=sys.stderr)
+        return 2
+    props = torch.cuda.get_device_properties(0)
+    l2_bytes = int(getattr(props, "L2_cache_size", 0) or L2_BYTES_H200)
+    bw = copy_bandwidth(1 << 30)
+    print(
+        f"{props.name}: L2 {l2_bytes / 2**20:.0f} MiB, copy {bw / 1e12:.2f} TB/s", file=sys.stderr
+    )
+    results = []
+    for name in args.shape_list:
+        results += tune_shape(name, args, l2_bytes, bw)
+    print(markdown_table(results))
+    if args.json is not None:
+        meta = {"device": props.name, "l2_bytes": l2_bytes, "copy_bytes_per_s": bw}
+        meta.update(replays=args.replays, warmup=args.warmup, l2_multiple=args.l2_multiple)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
