@@ -237,10 +237,12 @@ class Fp8Gemv:
         cute.arch.griddepcontrol_launch_dependents()
 
         # ---- quantize x once per CTA: warp (tile i, slice s) takes tokens i, i+tiles, ...
-        for j in cutlass.range_constexpr((T + TL - 1) // TL):
-            t = tile + j * TL
-            if t < T:
-                self.quantize_chunk(g_x, s_act, s_xsc, t, slc, lane)
+        # All of a warp's x loads are issued before the first is consumed, so the global
+        # round trips overlap (ptxas still sinks some of them when registers run short).
+        per_warp = (T + TL - 1) // TL
+        words = [self.load_chunk(g_x, self.token_of(tile, j), slc, lane) for j in range(per_warp)]
+        for j in cutlass.range_constexpr(per_warp):
+            self.quantize_if_valid(words[j], s_act, s_xsc, tile + j * TL, slc, lane)
         cute.arch.sync_threads()
 
         # ---- main loop: 4 groups x (2 steps x 2 mmas), fp32 group sums, then scales
@@ -274,29 +276,64 @@ class Fp8Gemv:
             total[2] = total[2] + acc[2] * (r_ws1[grp] * xs0)
             total[3] = total[3] + acc[3] * (r_ws1[grp] * xs1)
 
-        # ---- the k/512 partial sums of a tile meet in shared memory (activation area reused)
-        cute.arch.sync_threads()
-        ptx.st_shared_v4_f32(s_act + tid * 16, total[0], total[1], total[2], total[3])
+        # ---- the k/512 partial sums of a tile meet in shared memory. Each warp writes its
+        # partials over its own staged weights (only this lane read those 16 bytes, and its
+        # cp.async groups are all complete), so no barrier is needed before the write; with
+        # nothing staged the activation area is reused after a barrier.
+        if cutlass.const_expr(self.staged == 0):
+            cute.arch.sync_threads()
+            s_part = s_act + tid * 16
+        else:
+            s_part = s_stage
+        ptx.st_shared_v4_f32(s_part, total[0], total[1], total[2], total[3])
         cute.arch.sync_threads()
         if warp < TL:
-            self.reduce_and_store(g_out, s_act)
+            # Warp `tile` < tiles is slice 0 of its tile: s_part is also where it reads from.
+            self.reduce_and_store(g_out, s_part)
 
     @cute.jit
-    def quantize_chunk(self, g_x: Int64, s_act: Int32, s_xsc: Int32, t: Int32, slc: Int32, lane):
-        """Lane l quantizes K = slc*512 + 16l .. +15 of token t; 8 lanes share a 128-group."""
+    def token_of(self, tile: Int32, j: int):
+        """Token of a warp's j-th chunk, clamped to T-1 where tokens % tiles leaves it empty
+        (the load then re-reads a valid row and the chunk is not quantized)."""
+        t = tile + j * self.tiles
+        if cutlass.const_expr(self.tokens % self.tiles):
+            t = cutlass.min(t, self.tokens - 1)
+        return t
+
+    @cute.jit
+    def load_chunk(self, g_x: Int64, t: Int32, slc: Int32, lane) -> list:
+        """The 16 BF16 of x[t, slc*512 + 16*lane ..] as 8 words (two 16-byte loads)."""
         g_src = g_x + Int64((t * self.k + slc * SLICE + lane * 16) * 2)
-        words = list(ptx.ld_global_v4(g_src)) + list(ptx.ld_global_v4(g_src + 16))
-        vals = []
-        for wd in cutlass.range_constexpr(8):
-            lo, hi = ptx.bf16x2_to_f32x2(words[wd])
-            vals.append(lo)
-            vals.append(hi)
-        amax = ptx.fabs(vals[0])
-        for i in cutlass.range_constexpr(1, 16):
-            amax = ptx.fmax(amax, ptx.fabs(vals[i]))
+        return list(ptx.ld_global_v4(g_src)) + list(ptx.ld_global_v4(g_src + 16))
+
+    @cute.jit
+    def quantize_if_valid(self, words: list, s_act: Int32, s_xsc: Int32, t: Int32, slc, lane):
+        """quantize_chunk for t < tokens; the check is static when tiles divides tokens."""
+        # Not merged into one `or`: that would turn the static branch into a runtime one.
+        if cutlass.const_expr(self.tokens % self.tiles == 0):  # noqa: SIM114
+            self.quantize_chunk(words, s_act, s_xsc, t, slc, lane)
+        elif t < self.tokens:
+            self.quantize_chunk(words, s_act, s_xsc, t, slc, lane)
+
+    @cute.jit
+    def quantize_chunk(self, words: list, s_act: Int32, s_xsc: Int32, t: Int32, slc: Int32, lane):
+        """Lane l quantizes K = slc*512 + 16l .. +15 of token t; 8 lanes share a 128-group.
+
+        The amax runs on the packed BF16 pairs with max.xorsign.abs: each step takes |.| of
+        its inputs, so only the final sign is junk (dropped by the last fabs); |x| and max
+        are exact, so this is the float32 amax of the 16 values bit for bit, in 7 + 3
+        instructions instead of 16 unpacks and 16 max.
+        """
+        pair = [ptx.absmax_bf16x2(words[2 * i], words[2 * i + 1]) for i in range(4)]
+        pair = ptx.absmax_bf16x2(
+            ptx.absmax_bf16x2(pair[0], pair[1]), ptx.absmax_bf16x2(pair[2], pair[3])
+        )
+        lo, hi = ptx.bf16x2_to_f32x2(pair)
+        amax = ptx.fmax(ptx.fabs(lo), ptx.fabs(hi))
         for off in cutlass.range_constexpr(3):
             amax = ptx.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1 << off))
         scale = _div(ptx.fmax(amax, Float32(SCALE_FLOOR)), Float32(FP8_MAX), Float32(INV_FP8_MAX))
+        qv = []
         if cutlass.const_expr(self.ue8m0):
             # Round up to a power of two exactly: bump the exponent if any mantissa bit is set;
             # then 1/scale is exact too (biased exponent 254 - E), and x * (1/scale) = x / scale.
@@ -304,11 +341,21 @@ class Fp8Gemv:
             bump = (((bits & 0x7FFFFF) + 0x7FFFFF) >> 23) << 23
             exponent = (bits & 0x7F800000) + bump
             scale = ptx.i32_as_f32(exponent)
-            inv = ptx.i32_as_f32((254 << 23) - exponent)
-            qv = [vals[i] * inv for i in range(16)]
+            inv_bits = (254 << 23) - exponent
+            # 1/scale is a power of two in [2^-120, 2^42]: its BF16 (the upper half) is exact,
+            # and so is the BF16 product x * 2^m wherever it is normal; below 2^-126 both this
+            # and the float32 product convert to a zero of x's sign. Two values per multiply.
+            inv2 = ptx.prmt(inv_bits, inv_bits, 0x3232)
+            for wd in cutlass.range_constexpr(8):
+                lo, hi = ptx.bf16x2_to_f32x2(ptx.mul_bf16x2(words[wd], inv2))
+                qv.append(lo)
+                qv.append(hi)
         else:
             inv = _rcp(scale)
-            qv = [_div(vals[i], scale, inv) for i in range(16)]
+            for wd in cutlass.range_constexpr(8):
+                lo, hi = ptx.bf16x2_to_f32x2(words[wd])
+                qv.append(_div(lo, scale, inv))
+                qv.append(_div(hi, scale, inv))
         packed = [
             ptx.cvt_e4m3x4(qv[4 * i], qv[4 * i + 1], qv[4 * i + 2], qv[4 * i + 3]) for i in range(4)
         ]
@@ -330,8 +377,11 @@ class Fp8Gemv:
         return row0, row1
 
     @cute.jit
-    def reduce_and_store(self, g_out: Int64, s_act: Int32):
-        """Sum the tile's k/512 partials; lane (g, q) holds rows g, g+8 x tokens 2q, 2q+1."""
+    def reduce_and_store(self, g_out: Int64, s_part: Int32):
+        """Sum the tile's k/512 partials; lane (g, q) holds rows g, g+8 x tokens 2q, 2q+1.
+
+        s_part: this lane's partials in slice 0; slice s is s * tiles warps further on.
+        """
         T = self.tokens
         # Indices are re-derived from fresh special-register reads: holding them across the
         # main loop costs registers (ptxas spilled row0 at the 80-register bound).
@@ -339,9 +389,11 @@ class Fp8Gemv:
         lane = tid & 31
         row0, _ = self.tile_rows(ptx.fresh_ctaid_x(), tid >> 5, lane >> 2)
         q = lane & 3
-        acc = list(ptx.ld_shared_v4_f32(s_act + tid * 16))
+        # Bytes per warp of the partials: its staged weights, or 32 lanes x 16 B of s_act.
+        warp_stride = self.staged * 1024 if self.staged else 32 * 16
+        acc = list(ptx.ld_shared_v4_f32(s_part))
         for s in cutlass.range_constexpr(1, self.slices):
-            part = ptx.ld_shared_v4_f32(s_act + (s * self.tiles * 32 + tid) * 16)
+            part = ptx.ld_shared_v4_f32(s_part + s * self.tiles * warp_stride)
             acc = [acc[i] + part[i] for i in range(4)]
         if cutlass.const_expr(self.swiglu):
             # Row g is the gate, row g+8 the matching up: act[t, row0] for t = 2q, 2q+1.

@@ -19,6 +19,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 __all__ = [
+    "absmax_bf16x2",
     "bf16x2_to_f32x2",
     "bf16_round",
     "cp_async_cg_16",
@@ -41,6 +42,8 @@ __all__ = [
     "ld_shared_v4",
     "ld_shared_v4_f32",
     "mma_m16n8k32_e4m3",
+    "mul_bf16x2",
+    "prmt",
     "rcp_approx",
     "rint",
     "st_global_b16",
@@ -479,6 +482,51 @@ def fmin(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
         [(_F32, a), (_F32, b)],
         "min.f32 $0, $1, $2;",
         "=f,f,f",
+        side_effects=False,
+        loc=loc,
+        ip=ip,
+    )
+
+
+# ---------------------------------------------------------------- packed BF16 (two per word)
+
+
+@dsl_user_op
+def absmax_bf16x2(a: Int32, b: Int32, *, loc=None, ip=None) -> Int32:
+    """max.xorsign.abs.bf16x2 d, a, b; (per half: max(|a|, |b|), sign = sign(a) ^ sign(b))"""
+    return _asm(
+        [_I32],
+        [(_I32, a), (_I32, b)],
+        "max.xorsign.abs.bf16x2 $0, $1, $2;",
+        "=r,r,r",
+        side_effects=False,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def mul_bf16x2(a: Int32, b: Int32, *, loc=None, ip=None) -> Int32:
+    """mul.rn.bf16x2 d, a, b; (sm_90)"""
+    return _asm(
+        [_I32],
+        [(_I32, a), (_I32, b)],
+        "mul.rn.bf16x2 $0, $1, $2;",
+        "=r,r,r",
+        side_effects=False,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def prmt(a: Int32, b: Int32, selector: int, *, loc=None, ip=None) -> Int32:
+    """prmt.b32 d, a, b, selector; (byte permute; selector is a constant)"""
+    return _asm(
+        [_I32],
+        [(_I32, a), (_I32, b)],
+        f"prmt.b32 $0, $1, $2, {selector:#x};",
+        "=r,r,r",
         side_effects=False,
         loc=loc,
         ip=ip,
