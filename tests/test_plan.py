@@ -178,3 +178,22 @@ def test_dense_mlp_requests_skips_unsupported() -> None:
 def test_dense_mlp_requests_errors(args, match) -> None:
     with pytest.raises(ValueError, match=match):
         plan.dense_mlp_requests(*args, ARCH)
+
+
+def test_tuned_table_fits_every_token_count_it_covers():
+    """Each measured entry is a valid config for every token count it is used for."""
+    for (rows, k, swiglu), entries in plan.TUNED_H200.items():
+        bounds = [bound for bound, _ in entries]
+        assert bounds == sorted(bounds) and bounds[-1] == plan.MAX_TOKENS
+        for tokens in range(1, plan.MAX_TOKENS + 1):
+            config = plan.choose_config(rows, k, tokens, swiglu)
+            expected = next(c for bound, c in entries if tokens <= bound)
+            assert config == expected, (rows, k, swiglu, tokens)
+
+
+def test_heuristic_keeps_few_steps_in_registers():
+    # a shape outside the table (GLM-5 TP 16 would not fit 512; take hidden 4096, inter 2048)
+    for tokens in (1, 8):
+        config = plan.choose_config(4096, 2048, tokens, False)
+        assert (4096, 2048, False) not in plan.TUNED_H200
+        assert config.in_regs <= plan.HEURISTIC_MAX_IN_REGS

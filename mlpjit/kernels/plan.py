@@ -87,6 +87,50 @@ def _fit(k: int, tokens: int, tiles: int, ctas_per_sm: int) -> int | None:
     return in_regs
 
 
+def _c(tiles: int, in_regs: int, ctas_per_sm: int) -> GemvConfig:
+    return GemvConfig(tiles, in_regs, ctas_per_sm)
+
+
+# The fastest config per known shape, measured on one H200 with scripts/tune_fp8_gemv.py
+# (2026-11-29, tokens 1, 2, 4 and 8; docs/KERNEL_NOTES.md, variant 4). (rows, k, swiglu) ->
+# ((up to tokens, config), ...): a token count takes the first entry whose bound covers it.
+# Shapes not listed, or an entry that does not fit a token count, use the heuristic.
+TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig], ...]] = {
+    # GLM-5 (hidden 6144, intermediate 12288) TP 8, 4, 2, 1
+    (3072, 6144, True): ((2, _c(1, 3, 2)), (4, _c(1, 2, 2)), (8, _c(2, 2, 1))),
+    (6144, 1536, False): ((1, _c(4, 3, 2)), (2, _c(2, 3, 4)), (8, _c(4, 3, 2))),
+    (6144, 6144, True): ((4, _c(1, 3, 2)), (8, _c(2, 2, 1))),
+    (6144, 3072, False): ((2, _c(1, 3, 4)), (4, _c(2, 2, 2)), (8, _c(2, 3, 2))),
+    (12288, 6144, True): ((4, _c(1, 3, 2)), (8, _c(2, 2, 1))),
+    (6144, 6144, False): ((2, _c(1, 3, 2)), (4, _c(1, 2, 2)), (8, _c(1, 3, 2))),
+    (24576, 6144, True): ((4, _c(1, 3, 2)), (8, _c(2, 2, 1))),
+    (6144, 12288, False): ((2, _c(1, 2, 1)), (8, _c(1, 3, 1))),
+    # GLM-4.5 (hidden 5120) TP 8
+    (3072, 5120, True): ((1, _c(1, 3, 2)), (2, _c(1, 2, 2)), (8, _c(2, 2, 1))),
+    (5120, 1536, False): ((1, _c(1, 3, 8)), (8, _c(4, 3, 2))),
+}
+# The sweep's lesson for other shapes: 2-3 steps in registers beat more (more registers
+# cost occupancy, and ptxas may sink register loads below the PDL wait).
+HEURISTIC_MAX_IN_REGS = 3
+
+
+def _fits(rows: int, k: int, tokens: int, config: GemvConfig) -> bool:
+    fit = _fit(k, tokens, config.tiles, config.ctas_per_sm)
+    return (
+        rows % (16 * config.tiles) == 0
+        and fit is not None
+        and 0 <= config.in_regs <= fit
+        and smem_bytes(k, tokens, config.tiles, config.in_regs) <= smem_budget(config.ctas_per_sm)
+    )
+
+
+def _tuned(rows: int, k: int, tokens: int, swiglu: bool) -> GemvConfig | None:
+    for bound, config in TUNED_H200.get((rows, k, swiglu), ()):
+        if tokens <= bound:
+            return config if _fits(rows, k, tokens, config) else None
+    return None
+
+
 def _check_shape(rows: int, k: int, tokens: int) -> None:
     for name, value in (("rows", rows), ("k", k), ("tokens", tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -123,8 +167,9 @@ def kernel_supports(rows: int, k: int, tokens: int) -> bool:
 
 
 def choose_config(rows: int, k: int, tokens: int, swiglu: bool) -> GemvConfig:
-    """Default (tiles, in_regs, ctas_per_sm) for a shape: about one wave of resident CTAs
-    over all SMs, every weight load in flight at once, no register spills.
+    """Default (tiles, in_regs, ctas_per_sm) for a shape: the H200-measured best for the
+    GLM shapes (TUNED_H200); elsewhere about one wave of resident CTAs over all SMs, at most
+    HEURISTIC_MAX_IN_REGS steps in registers, no register spills.
 
     ``swiglu`` takes the same tiling (a CTA's 16-row tile is 8 gate + 8 up rows).
     ValueError if the kernel cannot take the shape (see kernel_supports).
@@ -139,7 +184,11 @@ def choose_config(rows: int, k: int, tokens: int, swiglu: bool) -> GemvConfig:
             f"rows % 16 == 0, 1 <= tokens <= {MAX_TOKENS} and k <= {SLICE * MAX_WARPS} "
             "within the shared-memory and register limits"
         )
-    return min(_candidates(rows, k, tokens), key=lambda c: c[0])[1]
+    tuned = _tuned(rows, k, tokens, swiglu)
+    if tuned is not None:
+        return tuned
+    best = min(_candidates(rows, k, tokens), key=lambda c: c[0])[1]
+    return GemvConfig(best.tiles, min(best.in_regs, HEURISTIC_MAX_IN_REGS), best.ctas_per_sm)
 
 
 def gemv_request(
