@@ -30,7 +30,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -38,6 +38,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from scripts.gpu_timing import copy_bandwidth, graph_times  # noqa: E402
 
 # name -> (hidden, intermediate per TP shard)
 SHAPES = {
@@ -127,50 +129,6 @@ def _choices(text: str, allowed: Sequence[str], flag: str, p: argparse.ArgumentP
 
 
 # ---- timing -----------------------------------------------------------------------------------
-
-
-def graph_times(fn: Callable[[], object], replays: int, warmup: int) -> list[float]:
-    """Capture fn() once into a CUDA graph; return each timed replay's milliseconds."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):  # eager warm-up: cuBLAS handles, workspaces, lazy kernel loads
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(warmup):
-        graph.replay()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    for start, end in zip(starts, ends, strict=True):
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    times = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-    del graph
-    return times
-
-
-def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 20) -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3)
-    del src, dst
-    return 2 * nbytes / statistics.median(times)
 
 
 def host_overhead_us(mlp: object, x: torch.Tensor, calls: int, batches: int = 20) -> float:

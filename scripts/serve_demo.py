@@ -33,7 +33,6 @@ import hashlib
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -45,12 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-STAT_FIELDS = ("hits", "misses", "compiles", "lock_waits", "wait_seconds", "compile_seconds")
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000.0, 1)
-
+from scripts import startup_report  # noqa: E402
 
 # --------------------------------------------------------------------- worker side
 
@@ -73,14 +67,6 @@ def _random_layer(torch: Any, hidden: int, inter: int, device: Any, seed: int) -
         "w2": fp8(hidden, inter),
         "w2_scale": scale(hidden, inter),
     }
-
-
-def _stats_delta(before: Any, after: Any) -> dict[str, float]:
-    out = {}
-    for name in STAT_FIELDS:
-        delta = getattr(after, name) - getattr(before, name)
-        out[name] = round(delta, 3) if isinstance(delta, float) else delta
-    return out
 
 
 def _capture_and_decode(torch: Any, layers: list, tokens: list[int], hidden: int, steps: int):
@@ -149,8 +135,8 @@ def _worker_body(rank: int, opts: dict, barrier: Any, spawned_at: float) -> dict
     result: dict[str, Any] = {
         "rank": rank,
         "pid": os.getpid(),
-        "spawn_ms": _ms(entered - spawned_at),
-        "import_ms": _ms(time.perf_counter() - t0),
+        "spawn_ms": startup_report.ms(entered - spawned_at),
+        "import_ms": startup_report.ms(time.perf_counter() - t0),
     }
     hidden, inter = opts["hidden"], opts["intermediate"] // opts["tp"]
     tokens: list[int] = opts["tokens"]
@@ -172,7 +158,7 @@ def _worker_body(rank: int, opts: dict, barrier: Any, spawned_at: float) -> dict
             hidden, opts["intermediate"], opts["tp"], tokens, opts["arch"], ue8m0=opts["ue8m0"]
         )
         result.update(mode="compile-only", device=f"cpu (arch {opts['arch']})")
-    result["build_ms"] = _ms(time.perf_counter() - t0)
+    result["build_ms"] = startup_report.ms(time.perf_counter() - t0)
 
     barrier.wait()
     manager = default_manager()
@@ -184,8 +170,8 @@ def _worker_body(rank: int, opts: dict, barrier: Any, spawned_at: float) -> dict
     else:
         for _ in range(opts["layers"]):
             manager.warm(requests)
-    result["prepare_ms"] = _ms(time.perf_counter() - t0)
-    result.update(_stats_delta(before, manager.stats))
+    result["prepare_ms"] = startup_report.ms(time.perf_counter() - t0)
+    result.update(startup_report.stats_delta(before, manager.stats))
     result["cutlass_imported"] = "cutlass" in sys.modules
     if gpu:
         paths = sorted({layer.path(m) for layer in layers for m in tokens})
@@ -194,7 +180,7 @@ def _worker_body(rank: int, opts: dict, barrier: Any, spawned_at: float) -> dict
             torch, layers, tokens, hidden, opts["steps"]
         )
         result["output_sha256"] = {str(m): d for m, d in digests.items()}
-        result["capture_ms"] = _ms(capture_s)
+        result["capture_ms"] = startup_report.ms(capture_s)
         result["step_us"] = {str(m): us for m, us in step_us.items()}
     return result
 
@@ -287,18 +273,8 @@ HEADER = [
 
 
 def format_table(results: list[dict]) -> str:
-    """A markdown table, one row per worker, plus a totals line."""
-    rows = [HEADER, ["---"] * len(HEADER), *(_row(r) for r in results)]
-    lines = ["| " + " | ".join(row) + " |" for row in rows]
-    ok = [r for r in results if "error" not in r]
-    if ok:
-        lines.append(
-            f"\ntotal: {sum(r['compiles'] for r in ok)} compiles, {sum(r['hits'] for r in ok)} "
-            f"hits, {sum(r['lock_waits'] for r in ok)} lock waits; prepare ms median "
-            f"{statistics.median(r['prepare_ms'] for r in ok):.0f}, max "
-            f"{max(r['prepare_ms'] for r in ok):.0f}"
-        )
-    return "\n".join(lines)
+    """A markdown table, one row per process, plus a totals line."""
+    return startup_report.format_table(results, HEADER, _row)
 
 
 def main(argv: list[str] | None = None) -> int:

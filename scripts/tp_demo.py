@@ -62,6 +62,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from scripts import startup_report  # noqa: E402
+
 HIDDEN, INTERMEDIATE = 6144, 12288  # GLM-5 dense layer (mlpjit.kernels.plan.MODELS["glm5"])
 BLOCK = 128  # weight-scale block
 MAX_TOKENS = 8  # the fused kernels take 1..8 tokens
@@ -74,11 +76,6 @@ NO_MULTICAST_ENV = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
-STAT_FIELDS = ("hits", "misses", "compiles", "lock_waits", "wait_seconds", "compile_seconds")
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000.0, 1)
 
 
 # --------------------------------------------------------------------- weights and shards
@@ -274,14 +271,6 @@ def _digest(t: Any) -> str:
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
-def _stats_delta(before: Any, after: Any) -> dict[str, float]:
-    out = {}
-    for name in STAT_FIELDS:
-        delta = getattr(after, name) - getattr(before, name)
-        out[name] = round(delta, 3) if isinstance(delta, float) else delta
-    return out
-
-
 # --------------------------------------------------------------------- CUDA graphs
 
 
@@ -355,8 +344,8 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
         "rank": rank,
         "mode": "real",
         "pid": os.getpid(),
-        "spawn_ms": _ms(entered - spawned_at),
-        "import_ms": _ms(time.perf_counter() - t0),
+        "spawn_ms": startup_report.ms(entered - spawned_at),
+        "import_ms": startup_report.ms(time.perf_counter() - t0),
     }
     tp, hidden, inter = opts["tp"], opts["hidden"], opts["intermediate"]
     tokens: list[int] = opts["tokens"]
@@ -378,7 +367,7 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
     warm = torch.ones(1, device=device)
     dist.all_reduce(warm)  # create the communicator now (timed as init)
     torch.cuda.synchronize(device)
-    result["init_ms"] = _ms(time.perf_counter() - t0)
+    result["init_ms"] = startup_report.ms(time.perf_counter() - t0)
     if warm.item() != tp:
         raise RuntimeError(f"all_reduce of ones gave {warm.item()}, expected {tp}")
 
@@ -394,7 +383,7 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
             full_layers.append(full)  # the reference's weights
         del full
     torch.cuda.synchronize(device)
-    result["build_ms"] = _ms(time.perf_counter() - t0)
+    result["build_ms"] = startup_report.ms(time.perf_counter() - t0)
 
     dist.barrier()  # every rank starts preparing at once
     manager = default_manager()
@@ -402,8 +391,8 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
     t0 = time.perf_counter()
     for mlp in mlps:
         mlp.prepare(tokens)
-    result["prepare_ms"] = _ms(time.perf_counter() - t0)
-    result.update(_stats_delta(before, manager.stats))
+    result["prepare_ms"] = startup_report.ms(time.perf_counter() - t0)
+    result.update(startup_report.stats_delta(before, manager.stats))
     result["cutlass_imported"] = "cutlass" in sys.modules
     result["paths"] = sorted({mlp.path(m) for mlp in mlps for m in tokens})
 
@@ -414,7 +403,7 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
     t0 = time.perf_counter()
     graphs = {m: _capture(torch, mlps, m, hidden, reduce) for m in tokens}
     torch.cuda.synchronize(device)
-    result["capture_ms"] = _ms(time.perf_counter() - t0)
+    result["capture_ms"] = startup_report.ms(time.perf_counter() - t0)
 
     result["step_us"] = {
         str(m): _median_replay_us(torch, graphs[m][0], opts["steps"], before=dist.barrier)
@@ -440,7 +429,7 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
         result["check"] = {
             str(m): check_entry(full_layers, *snapshot) for m, snapshot in snapshots.items()
         }
-        result["reference_ms"] = _ms(time.perf_counter() - t0)
+        result["reference_ms"] = startup_report.ms(time.perf_counter() - t0)
     dist.barrier()
     dist.destroy_process_group()
     return result
@@ -531,7 +520,7 @@ def run_emulated(opts: dict, device_name: str) -> tuple[list[dict], dict]:
         for layer in range(opts["layers"])
     ]
     sync()
-    build_full_ms = _ms(time.perf_counter() - t0)
+    build_full_ms = startup_report.ms(time.perf_counter() - t0)
 
     rows, rank_mlps = [], []
     manager = default_manager()
@@ -545,20 +534,22 @@ def run_emulated(opts: dict, device_name: str) -> tuple[list[dict], dict]:
             )
             mlps.append(DenseMlp(*shards, ue8m0=True))
         sync()
-        row["build_ms"] = _ms(time.perf_counter() - t0)  # shard + DenseMlp (full layers: once)
+        row["build_ms"] = startup_report.ms(
+            time.perf_counter() - t0
+        )  # shard + DenseMlp (full layers: once)
         before = manager.stats
         t0 = time.perf_counter()
         for mlp in mlps:
             mlp.prepare(tokens)
-        row["prepare_ms"] = _ms(time.perf_counter() - t0)
-        row.update(_stats_delta(before, manager.stats))
+        row["prepare_ms"] = startup_report.ms(time.perf_counter() - t0)
+        row.update(startup_report.stats_delta(before, manager.stats))
         row["cutlass_imported"] = "cutlass" in sys.modules
         row["paths"] = sorted({mlp.path(m) for mlp in mlps for m in tokens})
         if gpu:  # this rank's L layers without the all-reduce
             t0 = time.perf_counter()
             graphs = {m: _capture(torch, mlps, m, hidden, None)[0] for m in tokens}
             sync()
-            row["capture_ms"] = _ms(time.perf_counter() - t0)
+            row["capture_ms"] = startup_report.ms(time.perf_counter() - t0)
             row["step_us"] = {
                 str(m): _median_replay_us(torch, graphs[m], opts["steps"])
                 for m in sorted({tokens[0], tokens[-1]})
@@ -576,7 +567,7 @@ def run_emulated(opts: dict, device_name: str) -> tuple[list[dict], dict]:
             full_layers, x, *emulated_chain(rank_mlps, x, bf16_sum=True)
         )
     sync()
-    check["check_ms"] = _ms(time.perf_counter() - t0)
+    check["check_ms"] = startup_report.ms(time.perf_counter() - t0)
     return rows, check
 
 
@@ -729,18 +720,8 @@ def _row(r: dict) -> list[str]:
 
 
 def format_table(results: list[dict]) -> str:
-    """A markdown table, one row per rank, plus a totals line."""
-    rows = [HEADER, ["---"] * len(HEADER), *(_row(r) for r in results)]
-    lines = ["| " + " | ".join(row) + " |" for row in rows]
-    ok = [r for r in results if "error" not in r]
-    if ok:
-        lines.append(
-            f"\ntotal: {sum(r['compiles'] for r in ok)} compiles, {sum(r['hits'] for r in ok)} "
-            f"hits, {sum(r['lock_waits'] for r in ok)} lock waits; prepare ms median "
-            f"{statistics.median(r['prepare_ms'] for r in ok):.0f}, max "
-            f"{max(r['prepare_ms'] for r in ok):.0f}"
-        )
-    return "\n".join(lines)
+    """A markdown table, one row per process, plus a totals line."""
+    return startup_report.format_table(results, HEADER, _row)
 
 
 def format_check(per_m: dict[str, dict]) -> tuple[str, bool]:
@@ -788,7 +769,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import mlpjit  # noqa: F401
 
-    import_ms = _ms(time.perf_counter() - t0)
+    import_ms = startup_report.ms(time.perf_counter() - t0)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus == 0 and not args.emulate:
         print(

@@ -32,6 +32,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from mlpjit.kernels import plan  # noqa: E402  (no cutlass import; cheap)
+from scripts.gpu_timing import copy_bandwidth, graph_times  # noqa: E402
 
 # name -> (rows, k, swiglu): GLM-5 (hidden 6144, intermediate 12288) per TP shard, and
 # GLM-4.5 (hidden 5120) at TP 8.
@@ -151,53 +152,6 @@ def matrix_bytes(rows: int, k: int) -> int:
     return rows * k + (rows // 128) * (k // 128) * 4
 
 
-def copy_bandwidth(nbytes: int, reps: int = 20) -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
-    import torch
-
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3)
-    del src, dst
-    return 2 * nbytes / statistics.median(times)
-
-
-def graph_ms(fn, replays: int, warmup: int) -> list[float]:
-    """Capture fn() once in a CUDA graph; each timed replay's milliseconds."""
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(warmup):
-        graph.replay()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    for start, end in zip(starts, ends, strict=True):
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    times = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-    del graph
-    return times
-
-
 def tune_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -> list[dict]:
     """Time every variant of one shape over one chain of weights (freed on return)."""
     import torch
@@ -232,7 +186,7 @@ def tune_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) ->
                 for (w, s), out in zip(weights, outs, strict=True):
                     kernel.launch((out, x, w, s))
 
-            per_launch = [t * 1e3 / layers for t in graph_ms(run, args.replays, args.warmup)]
+            per_launch = [t * 1e3 / layers for t in graph_times(run, args.replays, args.warmup)]
             us = statistics.median(per_launch)
             row = {
                 "shape": name,
