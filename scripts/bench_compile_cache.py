@@ -34,16 +34,30 @@ def _params(i: int) -> dict:
     return {"n": 1024 + 32 * i, "scale": 2.0, "block": 128}
 
 
+def _requests(kernel: str, count: int) -> list:
+    """``count`` distinct requests: smoke kernels, or the GLM-5 TP8 DenseMlp kernels."""
+    from mlpjit.jit.manager import KernelRequest
+
+    if kernel == "smoke":
+        return [KernelRequest("smoke", _params(i), ARCH) for i in range(count)]
+    from mlpjit.kernels.plan import dense_mlp_requests
+
+    found = dense_mlp_requests(6144, 12288, 8, range(1, 9), ARCH)
+    if count > len(found):
+        raise SystemExit(f"--kernels must be <= {len(found)} with --kernel fp8_gemv")
+    return found[:count]
+
+
 # ---------------------------------------------------------------------------- worker side
 
 
-def worker_mlpjit(count: int) -> dict:
+def worker_mlpjit(kernel: str, count: int) -> dict:
     t0 = time.perf_counter()
-    from mlpjit.jit.manager import CompileManager, KernelRequest
+    from mlpjit.jit.manager import CompileManager
 
     t1 = time.perf_counter()
     manager = CompileManager()
-    manager.warm([KernelRequest("smoke", _params(i), ARCH) for i in range(count)])
+    manager.warm(_requests(kernel, count))
     ready = time.perf_counter() - t0
     stats = vars(manager.stats)
     return {
@@ -55,8 +69,15 @@ def worker_mlpjit(count: int) -> dict:
     }
 
 
-def worker_baseline(count: int) -> dict:
+def worker_baseline(kernel: str, count: int) -> dict:
     t0 = time.perf_counter()
+    if kernel == "fp8_gemv":
+        # compile_cubin is one cute.compile of the kernel for fake tensors, with no cache
+        from mlpjit.kernels.fp8_gemv import compile_cubin
+
+        for request in _requests(kernel, count):
+            compile_cubin(request.params, ARCH)
+        return {"ready_s": time.perf_counter() - t0, "compiles": count}
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
@@ -84,9 +105,9 @@ def worker_baseline(count: int) -> dict:
 # ---------------------------------------------------------------------------- driver side
 
 
-def _spawn(kind: str, count: int, env: dict) -> subprocess.Popen:
+def _spawn(kind: str, kernel: str, count: int, env: dict) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, __file__, "--worker", kind, "--kernels", str(count)],
+        [sys.executable, __file__, "--worker", kind, "--kernel", kernel, "--kernels", str(count)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -94,11 +115,11 @@ def _spawn(kind: str, count: int, env: dict) -> subprocess.Popen:
     )
 
 
-def run_group(kind: str, workers: int, count: int, env: dict) -> dict:
+def run_group(kind: str, kernel: str, workers: int, count: int, env: dict) -> dict:
     """Start ``workers`` processes at once; wall time, CPU seconds of children, results."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    procs = [_spawn(kind, count, env) for _ in range(workers)]
+    procs = [_spawn(kind, kernel, count, env) for _ in range(workers)]
     outs = []
     for p in procs:
         out, err = p.communicate()
@@ -127,6 +148,7 @@ def _env(**extra: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--kernel", choices=["smoke", "fp8_gemv"], default="smoke")
     ap.add_argument("--kernels", type=int, default=16)
     ap.add_argument("--warm-repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "compile_cache.json")
@@ -134,17 +156,21 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         fn = worker_mlpjit if args.worker == "mlpjit" else worker_baseline
-        print(json.dumps(fn(args.kernels)), flush=True)
+        print(json.dumps(fn(args.kernel, args.kernels)), flush=True)
         return
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="mlpjit-bench-") as tmp:
         for w in args.workers:
             cache = Path(tmp) / f"cache-w{w}"
-            mine = run_group("mlpjit", w, args.kernels, _env(MLPJIT_CACHE_DIR=str(cache)))
+            mine = run_group(
+                "mlpjit", args.kernel, w, args.kernels, _env(MLPJIT_CACHE_DIR=str(cache))
+            )
             cute_cache = Path(tmp) / f"cute-cache-w{w}"
             cute_cache.mkdir()
-            base = run_group("baseline", w, args.kernels, _env(CUTE_DSL_CACHE_DIR=str(cute_cache)))
+            base = run_group(
+                "baseline", args.kernel, w, args.kernels, _env(CUTE_DSL_CACHE_DIR=str(cute_cache))
+            )
             base["cute_cache_files"] = sum(1 for p in cute_cache.rglob("*") if p.is_file())
             rows.append({"workers": w, "mlpjit": mine, "baseline": base})
             print(
@@ -154,8 +180,11 @@ def main() -> None:
             )
         # Warm start: a fresh process, all kernels already in the cache built above.
         warm_env = _env(MLPJIT_CACHE_DIR=str(Path(tmp) / f"cache-w{args.workers[-1]}"))
-        warm = [run_group("mlpjit", 1, args.kernels, warm_env) for _ in range(args.warm_repeats)]
-        cold = [run_group("baseline", 1, args.kernels, _env()) for _ in range(2)]
+        warm = [
+            run_group("mlpjit", args.kernel, 1, args.kernels, warm_env)
+            for _ in range(args.warm_repeats)
+        ]
+        cold = [run_group("baseline", args.kernel, 1, args.kernels, _env()) for _ in range(2)]
 
     def ready(groups: list, field: str = "ready_s") -> float:
         return statistics.median(g["per_worker"][0][field] for g in groups)
@@ -170,6 +199,7 @@ def main() -> None:
         "baseline_process_wall_s": round(statistics.median(g["wall_s"] for g in cold), 3),
     }
     result = {
+        "kernel": args.kernel,
         "kernels": args.kernels,
         "arch": ARCH,
         "machine": {
@@ -186,7 +216,7 @@ def main() -> None:
 
     k = args.kernels
     print()
-    print(f"Cold cache, {k} smoke kernels for {ARCH}, {os.cpu_count()} CPU cores:")
+    print(f"Cold cache, {k} {args.kernel} kernels for {ARCH}, {os.cpu_count()} CPU cores:")
     print()
     print(
         "| W | mlpjit wall s | mlpjit compiles | mlpjit CPU s "
