@@ -132,7 +132,9 @@ class Fp8Gemv:
             )
         self.staged = STEPS - in_regs
         self.threads = 32 * self.warps
-        self.ctas = rows // (16 * tiles)
+        self.row_tiles = rows // (16 * tiles)  # CTA-sized row tiles
+        self.ctas = plan.grid_ctas(rows, k, tiles, in_regs, ctas_per_sm)
+        self.persistent = self.ctas < self.row_tiles
         self.out_cols = rows // 2 if swiglu else rows
         # Shared memory: staged weights | activations (reused for partial sums) | x scales.
         self.smem_weights = self.warps * self.staged * 2 * 32 * 16
@@ -245,7 +247,7 @@ class Fp8Gemv:
             self.quantize_if_valid(words[j], s_act, s_xsc, tile + j * TL, slc, lane)
         cute.arch.sync_threads()
 
-        # ---- main loop: 4 groups x (2 steps x 2 mmas), fp32 group sums, then scales
+        # ---- main loop per row tile, partial sums, epilogue
         t_b = cutlass.min(g, T - 1)  # B columns >= tokens repeat the last token
         s_b = s_act + (slc * T + t_b) * SLICE
         sw_b = (t_b & 1) << 2
@@ -253,43 +255,121 @@ class Fp8Gemv:
         c1 = cutlass.min(q * 2 + 1, T - 1)
         s_xs0 = s_xsc + (c0 * G + slc * 4) * 4
         s_xs1 = s_xsc + (c1 * G + slc * 4) * 4
+        # Each warp writes its K-slice partials over its own last staged slot: only this lane
+        # read those 16 bytes, and the slot's cp.async group is complete by then. (With
+        # nothing staged the activation area is reused after a barrier; never persistent.)
+        s_part = s_stage + (self.staged - 1) * 1024
+        if cutlass.const_expr(not self.persistent):
+            total = self.tile_sums(r_a0, r_a1, (r_ws0, r_ws1), s_stage, s_b, q, sw_b, s_xs0, s_xs1)
+            if cutlass.const_expr(self.staged == 0):
+                cute.arch.sync_threads()
+                s_part = s_act + tid * 16
+            ptx.st_shared_v4_f32(s_part, total[0], total[1], total[2], total[3])
+            cute.arch.sync_threads()
+            if warp < TL:
+                # Warp `tile` < tiles is slice 0 of its tile: s_part is also where it reads from.
+                self.reduce_and_store(g_out, s_part, ptx.fresh_ctaid_x())
+        else:
+            # Persistent: row tiles cta, cta + grid, ... Tile i+1's weights are requested
+            # while tile i is computed: each register step and staged slot is refilled as soon
+            # as tile i has consumed it (the last slot after the epilogue, since it holds the
+            # partial sums meanwhile), so HBM streaming does not pause between tiles.
+            for blk in cutlass.range(cta, self.row_tiles, self.ctas, unroll=1):
+                nxt = blk + self.ctas
+                more = Int32(nxt < self.row_tiles)
+                n_row0, n_row1 = self.tile_rows(nxt, tile, g)
+                g_n0 = g_w + Int64(n_row0) * K + Int64(k_lane)
+                g_n1 = g_w + Int64(n_row1) * K + Int64(k_lane)
+                total = self.tile_sums(
+                    r_a0,
+                    r_a1,
+                    (r_ws0, r_ws1),
+                    s_stage,
+                    s_b,
+                    q,
+                    sw_b,
+                    s_xs0,
+                    s_xs1,
+                    (g_n0, g_n1, more),
+                )
+                ptx.st_shared_v4_f32(s_part, total[0], total[1], total[2], total[3])
+                cute.arch.sync_threads()
+                if warp < TL:
+                    self.reduce_and_store(g_out, s_part, blk)
+                # Every reader of the partials is done: the last slot takes tile i+1's step.
+                cute.arch.sync_threads()
+                st = STEPS - 1
+                ptx.cp_async_cg_16_if(s_part, g_n0 + st * 64, more)
+                ptx.cp_async_cg_16_if(s_part + 512, g_n1 + st * 64, more)
+                cute.arch.cp_async_commit_group()
+                # The register steps and weight scales of tile i+1 only now: loaded earlier
+                # they would be live through the main loop or the epilogue and spill at the
+                # 80-register bound; the staged steps (most of the bytes) are in flight.
+                r_a0 = []
+                r_a1 = []
+                for st in cutlass.range_constexpr(self.in_regs):
+                    r_a0.append(ptx.ld_global_nc_v4_hint_if(g_n0 + st * 64, policy, more))
+                    r_a1.append(ptx.ld_global_nc_v4_hint_if(g_n1 + st * 64, policy, more))
+                # Past the last tile: a valid re-read, never used.
+                w_row0, w_row1 = self.tile_rows(cutlass.min(nxt, self.row_tiles - 1), tile, g)
+                r_ws0 = ptx.ld_global_nc_v4_f32(g_ws + Int64(((w_row0 >> 7) * G + slc * 4) * 4))
+                if cutlass.const_expr(self.swiglu):
+                    r_ws1 = ptx.ld_global_nc_v4_f32(g_ws + Int64(((w_row1 >> 7) * G + slc * 4) * 4))
+                else:
+                    r_ws1 = r_ws0
+
+    @cute.jit
+    def tile_sums(
+        self,
+        r_a0: list,
+        r_a1: list,
+        r_ws: tuple,
+        s_stage: Int32,
+        s_b: Int32,
+        q: Int32,
+        sw_b: Int32,
+        s_xs0: Int32,
+        s_xs1: Int32,
+        refill: tuple | None = None,
+    ):
+        """One row tile: 4 groups x (2 steps x 2 mmas), fp32 group sums, then the scales.
+
+        With ``refill`` = (next row-0 address, next row-1 address, predicate), each staged
+        slot but the last is reloaded with the next tile's step right after use.
+        """
+        r_ws0, r_ws1 = r_ws
         total = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
         for grp in cutlass.range_constexpr(SLICE // GROUP):
             acc = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
             for sub in cutlass.range_constexpr(2):
                 st = grp * 2 + sub
+                j = st - self.in_regs
                 if cutlass.const_expr(st < self.in_regs):
                     a0 = r_a0[st]
                     a1 = r_a1[st]
                 else:
-                    j = st - self.in_regs
-                    cute.arch.cp_async_wait_group(self.staged - 1 - j)
+                    # Groups commit in step order; a persistent kernel commits one refill
+                    # group per consumed step, so staged-1 newer groups are always pending.
+                    newer = self.staged - 1 if refill is not None else self.staged - 1 - j
+                    cute.arch.cp_async_wait_group(newer)
                     a0 = ptx.ld_shared_v4(s_stage + j * 1024)
                     a1 = ptx.ld_shared_v4(s_stage + j * 1024 + 512)
                 b = ptx.ld_shared_v4(s_b + (((st * 4 + q) ^ sw_b) * 16))
                 acc = ptx.mma_m16n8k32_e4m3((a0[0], a1[0], a0[1], a1[1]), (b[0], b[1]), acc)
                 acc = ptx.mma_m16n8k32_e4m3((a0[2], a1[2], a0[3], a1[3]), (b[2], b[3]), acc)
+                if cutlass.const_expr(refill is not None):
+                    g_n0, g_n1, more = refill
+                    if cutlass.const_expr(self.in_regs <= st < STEPS - 1):
+                        ptx.cp_async_cg_16_if(s_stage + j * 1024, g_n0 + st * 64, more)
+                        ptx.cp_async_cg_16_if(s_stage + j * 1024 + 512, g_n1 + st * 64, more)
+                        cute.arch.cp_async_commit_group()
             xs0 = ptx.ld_shared_f32(s_xs0 + grp * 4)
             xs1 = ptx.ld_shared_f32(s_xs1 + grp * 4)
             total[0] = total[0] + acc[0] * (r_ws0[grp] * xs0)
             total[1] = total[1] + acc[1] * (r_ws0[grp] * xs1)
             total[2] = total[2] + acc[2] * (r_ws1[grp] * xs0)
             total[3] = total[3] + acc[3] * (r_ws1[grp] * xs1)
-
-        # ---- the k/512 partial sums of a tile meet in shared memory. Each warp writes its
-        # partials over its own staged weights (only this lane read those 16 bytes, and its
-        # cp.async groups are all complete), so no barrier is needed before the write; with
-        # nothing staged the activation area is reused after a barrier.
-        if cutlass.const_expr(self.staged == 0):
-            cute.arch.sync_threads()
-            s_part = s_act + tid * 16
-        else:
-            s_part = s_stage
-        ptx.st_shared_v4_f32(s_part, total[0], total[1], total[2], total[3])
-        cute.arch.sync_threads()
-        if warp < TL:
-            # Warp `tile` < tiles is slice 0 of its tile: s_part is also where it reads from.
-            self.reduce_and_store(g_out, s_part)
+        return total
 
     @cute.jit
     def token_of(self, tile: Int32, j: int):
@@ -377,17 +457,18 @@ class Fp8Gemv:
         return row0, row1
 
     @cute.jit
-    def reduce_and_store(self, g_out: Int64, s_part: Int32):
+    def reduce_and_store(self, g_out: Int64, s_part: Int32, blk: Int32):
         """Sum the tile's k/512 partials; lane (g, q) holds rows g, g+8 x tokens 2q, 2q+1.
 
         s_part: this lane's partials in slice 0; slice s is s * tiles warps further on.
+        blk: the row tile (the CTA index unless persistent).
         """
         T = self.tokens
         # Indices are re-derived from fresh special-register reads: holding them across the
         # main loop costs registers (ptxas spilled row0 at the 80-register bound).
         tid = ptx.fresh_tid_x()
         lane = tid & 31
-        row0, _ = self.tile_rows(ptx.fresh_ctaid_x(), tid >> 5, lane >> 2)
+        row0, _ = self.tile_rows(blk, tid >> 5, lane >> 2)
         q = lane & 3
         # Bytes per warp of the partials: its staged weights, or 32 lanes x 16 B of s_act.
         warp_stride = self.staged * 1024 if self.staged else 32 * 16

@@ -20,6 +20,7 @@ __all__ = [
     "kernel_supports",
     "choose_config",
     "gemv_request",
+    "grid_ctas",
     "dense_mlp_requests",
     "smem_budget",
     "smem_bytes",
@@ -44,6 +45,9 @@ THREADS_PER_SM = 2048
 # with ptxas 13.0 under launch bounds: in_regs=3 fits the 80-register bound (768 threads per
 # SM) without spilling for every GLM-5 shape and token count.
 BASE_REGS = 56
+# Registers a thread needs for the persistent (row-tile loop) form of the kernel: at 80 it
+# spilled, at 168 (384 threads per SM) no GLM-5 config did (ptxas 13.0, 2026-11-30).
+PERSISTENT_MIN_REGS = 128
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,23 @@ def smem_bytes(k: int, tokens: int, tiles: int, in_regs: int) -> int:
     staged = warps * (STEPS - in_regs) * 2 * 32 * 16
     act = max(tokens * k, warps * 32 * 16)
     return staged + act + tokens * (k // GROUP) * 4
+
+
+def grid_ctas(rows: int, k: int, tiles: int, in_regs: int, ctas_per_sm: int) -> int:
+    """CTAs launched: one per 16*tiles-row tile, or a persistent grid of one resident wave.
+
+    Persistent (SMS*ctas_per_sm CTAs; CTA c takes row tiles c, c + grid, ...) when there
+    are more tiles than that, at least one step is staged (its slot holds the partial sums)
+    and the launch bound leaves PERSISTENT_MIN_REGS registers a thread: x is then quantized
+    once per CTA instead of once per tile. At the 80-register bound of 768 threads per SM
+    the tile loop spilled 16-104 B with ptxas 13.0 for every GLM-5 config tried, so such
+    configs keep one CTA per tile.
+    """
+    tiles_total = rows // (16 * tiles)
+    threads = 32 * tiles * (k // SLICE)
+    if in_regs >= STEPS or _reg_budget(threads, ctas_per_sm) < PERSISTENT_MIN_REGS:
+        return tiles_total
+    return min(tiles_total, SMS * ctas_per_sm)
 
 
 def _reg_budget(threads: int, ctas_per_sm: int) -> int:
@@ -101,9 +122,11 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig], ...]] = {
     (6144, 1536, False): ((1, _c(4, 3, 2)), (2, _c(2, 3, 4)), (8, _c(4, 3, 2))),
     (6144, 6144, True): ((4, _c(1, 3, 2)), (8, _c(2, 2, 1))),
     (6144, 3072, False): ((2, _c(1, 3, 4)), (4, _c(2, 2, 2)), (8, _c(2, 3, 2))),
-    (12288, 6144, True): ((4, _c(1, 3, 2)), (8, _c(2, 2, 1))),
+    # TP 2 and 1 gate_up at 5-8 tokens: t1/r3/c1 is persistent (132 CTAs quantize x once
+    # each); predicted, not measured: it replaced the measured t2/r2/c1 (one CTA per tile).
+    (12288, 6144, True): ((4, _c(1, 3, 2)), (8, _c(1, 3, 1))),
     (6144, 6144, False): ((2, _c(1, 3, 2)), (4, _c(1, 2, 2)), (8, _c(1, 3, 2))),
-    (24576, 6144, True): ((4, _c(1, 3, 2)), (8, _c(2, 2, 1))),
+    (24576, 6144, True): ((4, _c(1, 3, 2)), (8, _c(1, 3, 1))),
     (6144, 12288, False): ((2, _c(1, 2, 1)), (8, _c(1, 3, 1))),
     # GLM-4.5 (hidden 5120) TP 8
     (3072, 5120, True): ((1, _c(1, 3, 2)), (2, _c(1, 2, 2)), (8, _c(2, 2, 1))),

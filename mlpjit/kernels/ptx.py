@@ -23,6 +23,7 @@ __all__ = [
     "bf16x2_to_f32x2",
     "bf16_round",
     "cp_async_cg_16",
+    "cp_async_cg_16_if",
     "createpolicy_evict_first",
     "cvt_bf16",
     "cvt_e4m3x4",
@@ -37,6 +38,7 @@ __all__ = [
     "i32_as_f32",
     "ld_global_nc_v4_f32",
     "ld_global_nc_v4_hint",
+    "ld_global_nc_v4_hint_if",
     "ld_global_v4",
     "ld_shared_f32",
     "ld_shared_v4",
@@ -159,6 +161,25 @@ def ld_global_nc_v4_hint(addr: Int64, policy: Int64, *, loc=None, ip=None) -> tu
 
 
 @dsl_user_op
+def ld_global_nc_v4_hint_if(addr: Int64, policy: Int64, pred: Int32, *, loc=None, ip=None) -> tuple:
+    """@p ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {r0..r3}, [addr], pol; (p: pred != 0)
+
+    The persistent kernel's refill of the next row tile: off past the CTA's last tile (the
+    registers are then left undefined and never read).
+    """
+    return _asm(
+        [_I32] * 4,
+        [(_I64, addr), (_I64, policy), (_I32, pred)],
+        "{\n.reg .pred p;\nsetp.ne.b32 p, $6, 0;\n"
+        "@p ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {$0, $1, $2, $3}, [$4], $5;\n}",
+        "=r,=r,=r,=r,l,l,r",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
 def ld_global_nc_v4_f32(addr: Int64, *, loc=None, ip=None) -> tuple:
     """ld.global.nc.v4.f32 {f0..f3}, [addr]; (read-only data such as weight scales)."""
     return _asm(
@@ -213,6 +234,20 @@ def cp_async_cg_16(smem: Int32, gmem: Int64, *, loc=None, ip=None) -> None:
         [(_I32, smem), (_I64, gmem)],
         "cp.async.cg.shared.global [$0], [$1], 16;",
         "r,l,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def cp_async_cg_16_if(smem: Int32, gmem: Int64, pred: Int32, *, loc=None, ip=None) -> None:
+    """@p cp.async.cg.shared.global [smem], [gmem], 16; (p: pred != 0; no hint, as above)"""
+    _asm(
+        [],
+        [(_I32, smem), (_I64, gmem), (_I32, pred)],
+        "{\n.reg .pred p;\nsetp.ne.b32 p, $2, 0;\n@p cp.async.cg.shared.global [$0], [$1], 16;\n}",
+        "r,l,r,~{memory}",
         side_effects=True,
         loc=loc,
         ip=ip,
