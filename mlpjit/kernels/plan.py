@@ -122,11 +122,11 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig], ...]] = {
     (6144, 1536, False): ((1, _c(4, 3, 2)), (2, _c(2, 3, 4)), (8, _c(4, 3, 2))),
     (6144, 6144, True): ((4, _c(1, 3, 2)), (8, _c(2, 2, 1))),
     (6144, 3072, False): ((2, _c(1, 3, 4)), (4, _c(2, 2, 2)), (8, _c(2, 3, 2))),
-    # TP 2 and 1 gate_up at 5-8 tokens: t1/r3/c1 is persistent (132 CTAs quantize x once
-    # each); predicted, not measured: it replaced the measured t2/r2/c1 (one CTA per tile).
-    (12288, 6144, True): ((4, _c(1, 3, 2)), (8, _c(1, 3, 1))),
+    # TP 2 and 1 gate_up: the c1 configs run a persistent grid (132 CTAs, x quantized once
+    # per CTA); measured in a second sweep (bench/results/tune_fp8_gemv_h200_persistent.md).
+    (12288, 6144, True): ((1, _c(1, 5, 1)), (2, _c(1, 3, 2)), (4, _c(1, 5, 1)), (8, _c(1, 3, 1))),
     (6144, 6144, False): ((2, _c(1, 3, 2)), (4, _c(1, 2, 2)), (8, _c(1, 3, 2))),
-    (24576, 6144, True): ((4, _c(1, 3, 2)), (8, _c(1, 3, 1))),
+    (24576, 6144, True): ((1, _c(1, 5, 1)), (2, _c(1, 3, 2)), (4, _c(1, 5, 1)), (8, _c(1, 3, 1))),
     (6144, 12288, False): ((2, _c(1, 2, 1)), (8, _c(1, 3, 1))),
     # GLM-4.5 (hidden 5120) TP 8
     (3072, 5120, True): ((1, _c(1, 3, 2)), (2, _c(1, 2, 2)), (8, _c(2, 2, 1))),
