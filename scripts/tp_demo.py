@@ -330,6 +330,11 @@ def _median_replay_us(torch: Any, graph: Any, steps: int, before: Any = None) ->
 # --------------------------------------------------------------------- real mode (one rank)
 
 
+def _progress(rank: int, phase: str) -> None:
+    """One stderr line per start-up phase, so a hang shows where it stopped."""
+    print(f"tp_demo rank {rank}: {phase}", file=sys.stderr, flush=True)
+
+
 def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
     entered = time.time()
     t0 = time.perf_counter()
@@ -354,6 +359,7 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
     result["device"] = f"{device} {torch.cuda.get_device_name(device)}"
 
     os.environ.update(NO_MULTICAST_ENV)  # before init, whatever the parent had
+    _progress(rank, "imported; initializing NCCL")
     t0 = time.perf_counter()
     from datetime import timedelta
 
@@ -368,6 +374,7 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
     dist.all_reduce(warm)  # create the communicator now (timed as init)
     torch.cuda.synchronize(device)
     result["init_ms"] = startup_report.ms(time.perf_counter() - t0)
+    _progress(rank, "NCCL communicator up")
     if warm.item() != tp:
         raise RuntimeError(f"all_reduce of ones gave {warm.item()}, expected {tp}")
 
@@ -384,6 +391,7 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
         del full
     torch.cuda.synchronize(device)
     result["build_ms"] = startup_report.ms(time.perf_counter() - t0)
+    _progress(rank, "weights built")
 
     dist.barrier()  # every rank starts preparing at once
     manager = default_manager()
@@ -395,6 +403,7 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
     result.update(startup_report.stats_delta(before, manager.stats))
     result["cutlass_imported"] = "cutlass" in sys.modules
     result["paths"] = sorted({mlp.path(m) for mlp in mlps for m in tokens})
+    _progress(rank, "prepared")
 
     def reduce(out: Any) -> None:
         dist.all_reduce(out)
@@ -404,6 +413,7 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
     graphs = {m: _capture(torch, mlps, m, hidden, reduce) for m in tokens}
     torch.cuda.synchronize(device)
     result["capture_ms"] = startup_report.ms(time.perf_counter() - t0)
+    _progress(rank, "graphs captured")
 
     result["step_us"] = {
         str(m): _median_replay_us(torch, graphs[m][0], opts["steps"], before=dist.barrier)
