@@ -346,14 +346,15 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _local_arch() -> str | None:
-    """The arch of the current GPU ("sm_90a" on Hopper), or None without one."""
+    """The kernel arch of the current GPU, as DenseMlp picks it ("sm_90a" on Hopper), or
+    None without a GPU the kernels run on."""
     import torch
 
     if not torch.cuda.is_available():
         return None
-    major, minor = torch.cuda.get_device_capability()
-    # Hopper and later kernels use arch-specific features ("a" targets).
-    return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+    from mlpjit.dense_mlp import kernel_arch
+
+    return kernel_arch(torch.device("cuda", torch.cuda.current_device()))
 
 
 def _resolve_arch(args: argparse.Namespace) -> str:
@@ -363,7 +364,7 @@ def _resolve_arch(args: argparse.Namespace) -> str:
     if arch is None:
         raise ValueError(
             "no target arch: pass --arch (e.g. --arch sm_90a), set MLPJIT_ARCH, or run on a "
-            "machine with a CUDA GPU"
+            "machine with a GPU the kernels support (Hopper, sm_90a)"
         )
     return arch
 

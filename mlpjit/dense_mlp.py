@@ -32,6 +32,7 @@ from torch import Tensor
 
 from mlpjit import reference
 from mlpjit.errors import CaptureError
+from mlpjit.kernels.plan import MAX_TOKENS, dense_mlp_requests, kernel_supports
 from mlpjit.scales import BLOCK, to_float32_scale
 
 if TYPE_CHECKING:
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DenseMlp", "MAX_TOKENS", "kernel_arch", "kernel_requests", "kernel_supported"]
 
-MAX_TOKENS = 8  # the fp8_gemv kernels take 1..8 tokens (the 8 columns of one mma)
 
 _KERNEL_ARCHS = {(9, 0): "sm_90a"}
 
@@ -56,8 +56,6 @@ def kernel_supported(hidden: int, intermediate: int, m: int) -> bool:
     """True when both fp8_gemv kernels of a layer take m tokens (else: the stock path)."""
     if not 1 <= m <= MAX_TOKENS:
         return False
-    from mlpjit.kernels.plan import kernel_supports
-
     return kernel_supports(2 * intermediate, hidden, m) and kernel_supports(hidden, intermediate, m)
 
 
@@ -76,8 +74,6 @@ def kernel_requests(
     tp=1), so a cache warmed by the CLI serves prepare() without compiling. No GPU needed:
     e.g. ``kernel_requests(6144, 1536, range(1, 9), "sm_90a", limit=None, ue8m0=True)``.
     """
-    from mlpjit.kernels.plan import dense_mlp_requests
-
     return dense_mlp_requests(
         hidden, intermediate, 1, _token_counts(tokens), arch, ue8m0=ue8m0, limit=limit
     )
