@@ -44,6 +44,7 @@ of this file imports the standard library only, so a spawned rank's import time 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import hashlib
 import json
 import os
@@ -56,7 +57,7 @@ import time
 import traceback
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -71,6 +72,8 @@ TOL = 1e-2  # relative L2 error allowed against the full TP=1 reference
 W_STD = 64.0  # std of the FP8 weight values before clamping (uses e4m3's range; 448 = 7 std)
 SEED = 1234
 # Multicast / NVLS stay off (the lent machines do not support it; see the device notes).
+# Seconds the ranks get to tear NCCL down once all results are in.
+TEARDOWN_GRACE_S = 20
 NO_MULTICAST_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -274,11 +277,26 @@ def _digest(t: Any) -> str:
 # --------------------------------------------------------------------- CUDA graphs
 
 
-def _capture(torch: Any, mlps: Sequence[Any], m: int, hidden: int, reduce: Any) -> tuple:
+class StepGraph(NamedTuple):
+    """A captured step and every buffer it reads or writes.
+
+    The graph replays into these addresses, so they must live as long as the graph: a
+    buffer dropped after capture goes back to torch's allocator, and replays then write
+    into whatever tensor gets that memory next (caught by the first real TP=2 run).
+    """
+
+    graph: Any
+    x: Any
+    acts: list
+    outs: list
+    hs: list
+
+
+def _capture(torch: Any, mlps: Sequence[Any], m: int, hidden: int, reduce: Any) -> StepGraph:
     """One CUDA graph of the L-layer step ``h += reduce(mlp(h))`` for m tokens.
 
     ``reduce`` is the in-place all-reduce (real mode) or None (one rank's compute only).
-    Returns (graph, x, per-layer out buffers, per-layer h buffers). Warm-up runs on a side
+    Returns the graph with its buffers (input, per-layer act, out and h). Warm-up runs on a side
     stream first (also initialises NCCL's per-stream state before capture). Capture is
     thread-local, so NCCL's watchdog thread may keep querying its events meanwhile.
     """
@@ -306,7 +324,7 @@ def _capture(torch: Any, mlps: Sequence[Any], m: int, hidden: int, reduce: Any) 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         step()
-    return graph, x, outs, hs
+    return StepGraph(graph, x, acts, outs, hs)
 
 
 def _median_replay_us(torch: Any, graph: Any, steps: int, before: Any = None) -> float:
@@ -416,12 +434,12 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
     _progress(rank, "graphs captured")
 
     result["step_us"] = {
-        str(m): _median_replay_us(torch, graphs[m][0], opts["steps"], before=dist.barrier)
+        str(m): _median_replay_us(torch, graphs[m].graph, opts["steps"], before=dist.barrier)
         for m in sorted({tokens[0], tokens[-1]})
     }
     digests, snapshots = {}, {}
     for m in tokens:  # every rank replays the same graphs in the same order (collectives)
-        graph, x, outs, hs = graphs[m]
+        graph, x, _acts, outs, hs = graphs[m]
         graph.replay()
         torch.cuda.synchronize(device)
         digests[str(m)] = _digest(hs[-1])
@@ -441,19 +459,38 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
         }
         result["reference_ms"] = startup_report.ms(time.perf_counter() - t0)
     dist.barrier()
-    dist.destroy_process_group()
+    # Graphs that captured NCCL collectives keep the communicator busy: drop them before
+    # teardown (destroy_process_group can still hang after capture, pytorch#115388).
+    del graphs, snapshots
+    torch.cuda.synchronize(device)
     return result
 
 
+def _teardown(rank: int, out_dir: str) -> None:
+    """Destroy the process group; a marker file tells the parent it returned."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    Path(out_dir, f"rank-{rank}.teardown").write_text("ok")
+
+
 def _rank_main(rank: int, opts: dict, spawned_at: float, out_dir: str) -> None:
-    """Process entry of one rank: run it and write its result (or its error) as JSON."""
+    """Process entry of one rank: run it and write its result (or its error) as JSON.
+
+    A rank still running 20 s before the deadline dumps every thread's stack to stderr, so
+    a hang (NCCL init, capture, a collective) shows where it is.
+    """
+    faulthandler.dump_traceback_later(max(opts["timeout"] - 20, 1), exit=False)
     try:
         result = _rank_body(rank, opts, spawned_at)
     except BaseException:
         result = {"rank": rank, "error": traceback.format_exc()}
+    # The result is complete before teardown: a hang there must not lose it.
     Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(result))
     if "error" in result:
         raise SystemExit(1)
+    _teardown(rank, out_dir)
 
 
 def _free_port() -> int:
@@ -480,10 +517,17 @@ def run_real(opts: dict) -> list[dict]:
             procs.append(proc)
         deadline = time.monotonic() + opts["timeout"]
         failed_at = None
+        done_at = None  # when every rank had written its result
         while any(p.is_alive() for p in procs):
             if failed_at is None and any(p.exitcode not in (None, 0) for p in procs):
                 failed_at = time.monotonic()
-            grace_over = failed_at is not None and time.monotonic() > failed_at + 30
+            if done_at is None and all(
+                (out_dir / f"rank-{r}.json").exists() for r in range(len(procs))
+            ):
+                done_at = time.monotonic()
+            grace_over = (failed_at is not None and time.monotonic() > failed_at + 30) or (
+                done_at is not None and time.monotonic() > done_at + TEARDOWN_GRACE_S
+            )
             if grace_over or time.monotonic() > deadline:
                 for p in procs:  # only the processes started above
                     if p.is_alive():
@@ -496,7 +540,16 @@ def run_real(opts: dict) -> list[dict]:
         for rank, proc in enumerate(procs):
             path = out_dir / f"rank-{rank}.json"
             if path.exists():
-                results.append(json.loads(path.read_text()))
+                result = json.loads(path.read_text())
+                if "error" not in result:
+                    clean = (out_dir / f"rank-{rank}.teardown").exists()
+                    result["teardown"] = (
+                        "clean"
+                        if clean
+                        else f"hung in destroy_process_group; stopped after "
+                        f"{TEARDOWN_GRACE_S} s (pytorch#115388)"
+                    )
+                results.append(result)
             else:
                 msg = f"exited {proc.exitcode} without a result (stopped, or killed)"
                 results.append({"rank": rank, "error": msg})
@@ -557,11 +610,11 @@ def run_emulated(opts: dict, device_name: str) -> tuple[list[dict], dict]:
         row["paths"] = sorted({mlp.path(m) for mlp in mlps for m in tokens})
         if gpu:  # this rank's L layers without the all-reduce
             t0 = time.perf_counter()
-            graphs = {m: _capture(torch, mlps, m, hidden, None)[0] for m in tokens}
+            graphs = {m: _capture(torch, mlps, m, hidden, None) for m in tokens}
             sync()
             row["capture_ms"] = startup_report.ms(time.perf_counter() - t0)
             row["step_us"] = {
-                str(m): _median_replay_us(torch, graphs[m], opts["steps"])
+                str(m): _median_replay_us(torch, graphs[m].graph, opts["steps"])
                 for m in sorted({tokens[0], tokens[-1]})
             }
             del graphs
@@ -827,6 +880,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n" + check_text)
     if mode == "real":
         print(f"outputs identical across ranks: {extra['outputs_identical_across_ranks']}")
+        teardown = {r["rank"]: r["teardown"] for r in results if "teardown" in r}
+        if teardown:
+            print("teardown: " + "; ".join(f"rank {k} {v}" for k, v in teardown.items()))
         check_ok = check_ok and extra["outputs_identical_across_ranks"]
     else:
         bf16 = extra["check"]["bf16_sum"]
