@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from mlpjit import reference
-from mlpjit.errors import CaptureError
+from mlpjit.errors import CaptureError, MlpjitError
 from mlpjit.kernels.plan import MAX_TOKENS, dense_mlp_requests, kernel_supports
 from mlpjit.scales import BLOCK, to_float32_scale
 
@@ -43,6 +43,8 @@ __all__ = ["DenseMlp", "MAX_TOKENS", "kernel_arch", "kernel_requests", "kernel_s
 
 
 _KERNEL_ARCHS = {(9, 0): "sm_90a"}
+# The fp8_gemv parameter list DenseMlp._launch fills: (output, input, weight, weight scale).
+_KERNEL_PARAMS = [("out", "ptr"), ("x", "ptr"), ("w", "ptr"), ("w_scale", "ptr")]
 
 
 def kernel_arch(device: torch.device) -> str | None:
@@ -179,6 +181,12 @@ class DenseMlp:
         self.w13_scale = to_float32_scale(w13_scale, rows13, hidden, name="w13_scale")
         self.w2_scale = to_float32_scale(w2_scale, hidden, inter, name="w2_scale")
         self.arch = kernel_arch(self.device)
+        # Raw pointers for the kernels' weight parameters: the weights were checked above, so
+        # a call only checks x (the tensors are held here, so the pointers stay valid).
+        self._weight_ptrs = (
+            (self.w13.data_ptr(), self.w13_scale.data_ptr()),
+            (self.w2.data_ptr(), self.w2_scale.data_ptr()),
+        )
         # -1 off CUDA; get_device() is the cheapest per-call device check (cpu and meta
         # tensors both say -1, so off CUDA the device itself is compared as well).
         self._index = w13.get_device()
@@ -251,6 +259,13 @@ class DenseMlp:
         for m in todo:
             gate_up = load_kernel(by_role[(m, True)], self.device)
             down = load_kernel(by_role[(m, False)], self.device)
+            for kernel in (gate_up, down):
+                # _launch passes raw pointers in this order without per-call checks.
+                if [(p.name, p.kind) for p in kernel.params] != _KERNEL_PARAMS:
+                    raise MlpjitError(
+                        f"kernel {kernel.symbol} ({kernel.key[:12]}) takes "
+                        f"{[(p.name, p.kind) for p in kernel.params]}, expected {_KERNEL_PARAMS}"
+                    )
             self._kernels[m] = (gate_up, down)
 
     def _capturing(self) -> bool:
@@ -306,8 +321,7 @@ class DenseMlp:
         act = x.new_empty((m, self.intermediate))
         if out is None:
             out = x.new_empty((m, self.hidden))
-        kernels[0].launch((act, x, self.w13, self.w13_scale), pdl=self.pdl)
-        kernels[1].launch((out, act, self.w2, self.w2_scale), pdl=self.pdl)
+        self._launch(kernels, x, act, out)
         return out
 
     def forward_into(self, x: Tensor, act: Tensor, out: Tensor) -> Tensor:
@@ -319,9 +333,17 @@ class DenseMlp:
         kernels = self._kernels.get(m)
         if kernels is None:
             return self._slow_call(x, m, act, out)
-        kernels[0].launch((act, x, self.w13, self.w13_scale), pdl=self.pdl)
-        kernels[1].launch((out, act, self.w2, self.w2_scale), pdl=self.pdl)
+        self._launch(kernels, x, act, out)
         return out
+
+    def _launch(
+        self, kernels: tuple[LoadedKernel, LoadedKernel], x: Tensor, act: Tensor, out: Tensor
+    ) -> None:
+        """gate_up then down on the current stream; x, act and out are checked by the caller."""
+        (w13, s13), (w2, s2) = self._weight_ptrs
+        act_ptr = act.data_ptr()
+        kernels[0].launch_unchecked((act_ptr, x.data_ptr(), w13, s13), self.pdl)
+        kernels[1].launch_unchecked((out.data_ptr(), act_ptr, w2, s2), self.pdl)
 
     def _slow_call(self, x: Tensor, m: int, act: Tensor | None, out: Tensor | None) -> Tensor:
         """First call for a token count, or a fallback path."""

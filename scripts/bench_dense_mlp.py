@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import math
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -131,16 +132,20 @@ def _choices(text: str, allowed: Sequence[str], flag: str, p: argparse.ArgumentP
 # ---- timing -----------------------------------------------------------------------------------
 
 
-def host_overhead_us(mlp: object, x: torch.Tensor, calls: int, batches: int = 20) -> float:
-    """Median host time per eager call (batches short enough not to fill the launch queue)."""
-    for _ in range(3):
-        mlp(x)
+def host_overhead_us(call: Callable[[], object], calls: int, batches: int = 20) -> float:
+    """Median host time per eager call (batches short enough not to fill the launch queue).
+
+    The warm-up is long on purpose: on the H200 test host the first few thousand calls of a
+    loop ran up to 1.5x slower than the rest (CPU clocks ramping up, presumably).
+    """
+    for _ in range(2000):
+        call()
     torch.cuda.synchronize()
     per_call = []
     for _ in range(batches):
         t0 = time.perf_counter()
         for _ in range(calls):
-            mlp(x)
+            call()
         per_call.append((time.perf_counter() - t0) / calls)
         torch.cuda.synchronize()
     return statistics.median(per_call) * 1e6
@@ -265,7 +270,9 @@ def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -
             row[f"{method}_p10_us"] = _quantile(per_layer, 0.1)
             row[f"{method}_p90_us"] = _quantile(per_layer, 0.9)
         if "mlpjit" in args.method_list:
-            row["host_us"] = host_overhead_us(mlps[0], x, args.host_calls)
+            row["host_us"] = host_overhead_us(functools.partial(mlps[0], x), args.host_calls)
+            # The same measure for one torch elementwise op right after: this CPU's scale.
+            row["host_torch_op_us"] = host_overhead_us(functools.partial(x.mul, 1), args.host_calls)
             row["floor_ratio"] = row["mlpjit_us"] / floor_us
             for other in ("stock", "scaled_mm", "bf16", "mlpjit_nopdl"):
                 if f"{other}_us" in row:
@@ -300,7 +307,8 @@ def _fmt(row: dict, key: str, spec: str = ".2f") -> str:
 def markdown_table(rows: list[dict]) -> str:
     head = (
         "| shape | tokens | mlpjit us | floor us | x floor | PDL off us | stock us | "
-        "2x _scaled_mm us | bf16 mm us | vs stock | vs _scaled_mm | host us/call |"
+        "2x _scaled_mm us | bf16 mm us | vs stock | vs _scaled_mm | host us/call | "
+        "torch op host us |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -309,7 +317,7 @@ def markdown_table(rows: list[dict]) -> str:
             f"{_fmt(r, 'floor_ratio', '.3f')} | {_fmt(r, 'mlpjit_nopdl_us')} | "
             f"{_fmt(r, 'stock_us')} | {_fmt(r, 'scaled_mm_us')} | {_fmt(r, 'bf16_us')} | "
             f"{_fmt(r, 'speedup_vs_stock')}x | {_fmt(r, 'speedup_vs_scaled_mm')}x | "
-            f"{_fmt(r, 'host_us', '.1f')} |"
+            f"{_fmt(r, 'host_us', '.1f')} | {_fmt(r, 'host_torch_op_us', '.1f')} |"
         )
     return "\n".join(lines)
 

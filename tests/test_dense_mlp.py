@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 
 from mlpjit import DenseMlp
 from mlpjit import reference as ref
-from mlpjit.errors import CaptureError
+from mlpjit.errors import CaptureError, MlpjitError
+from mlpjit.jit.binary import KernelParam
 
 HIDDEN, INTER = 512, 256
 
@@ -250,24 +253,37 @@ def test_bad_act_buffer(weights) -> None:
 # ---- the kernel path's orchestration, with fake kernels (no GPU) ---------------------------------
 
 
-class _FakeKernel:
-    """Stands in for a LoadedKernel: computes what the fp8_gemv launch would, records args."""
+def _tensor_at(address: int, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor over raw memory: what a kernel sees behind a pointer parameter."""
+    count = shape[0] * shape[1] * torch.empty((), dtype=dtype).element_size()
+    raw = (ctypes.c_char * count).from_address(address)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).view(shape)
 
-    def __init__(self, params: dict, log: list) -> None:
-        self.params = params
+
+class _FakeKernel:
+    """Stands in for a LoadedKernel: computes what the fp8_gemv launch would from the raw
+    pointers it is given (so wrong pointers give wrong results), and records them."""
+
+    params = tuple(KernelParam(name, "ptr") for name in ("out", "x", "w", "w_scale"))
+    symbol = "fake_fp8_gemv"
+    key = "f" * 64
+
+    def __init__(self, request_params: dict, log: list) -> None:
+        self.request = request_params
         self.log = log
 
-    def launch(self, args, stream=None, pdl=None) -> None:
-        out, x, w, w_scale = args
-        self.log.append((self.params["tokens"], self.params["swiglu"], args))
+    def launch_unchecked(self, slots, pdl=None) -> None:
+        p = self.request
+        rows, k, m = p["rows"], p["k"], p["tokens"]
+        out_ptr, x_ptr, w_ptr, ws_ptr = slots
+        self.log.append((m, p["swiglu"], tuple(slots)))
+        out = _tensor_at(out_ptr, (m, rows // 2 if p["swiglu"] else rows), torch.bfloat16)
+        x = _tensor_at(x_ptr, (m, k), torch.bfloat16)
+        w = _tensor_at(w_ptr, (rows, k), torch.float8_e4m3fn)
+        w_scale = _tensor_at(ws_ptr, (rows // 128, k // 128), torch.float32)
         out.copy_(
             ref.gemv_reference(
-                x,
-                w,
-                w_scale,
-                swiglu=self.params["swiglu"],
-                limit=self.params["limit"],
-                ue8m0=self.params["ue8m0"],
+                x, w, w_scale, swiglu=p["swiglu"], limit=p["limit"], ue8m0=p["ue8m0"]
             )
         )
 
@@ -317,12 +333,36 @@ def test_kernel_path_prepare_and_launch_order(fake_kernel_path, kernel_weights) 
     assert {(r.params["rows"], r.params["k"]) for r in gate_up} == {(2 * KERNEL_INTER, HIDDEN)}
     x = _x(3)
     out = mlp(x)
-    (m1, swiglu1, args1), (m2, swiglu2, args2) = log
+    (m1, swiglu1, slots1), (m2, swiglu2, slots2) = log
     assert (m1, swiglu1, m2, swiglu2) == (3, True, 3, False)
-    act = args1[0]
-    assert act.shape == (3, KERNEL_INTER) and args1[1] is x and args1[2] is weights["w13"]
-    assert args2[0] is out and args2[1] is act and args2[2] is weights["w2"]
+    act_ptr = slots1[0]
+    assert slots1[1:3] == (x.data_ptr(), weights["w13"].data_ptr())
+    assert slots2 == (out.data_ptr(), act_ptr, weights["w2"].data_ptr(), mlp.w2_scale.data_ptr())
     assert torch.equal(out, ref.dense_mlp_reference(x, limit=2.0, ue8m0=True, **weights))
+    act, out2 = torch.empty(3, KERNEL_INTER, dtype=torch.bfloat16), torch.empty_like(out)
+    assert mlp.forward_into(x, act, out2) is out2 and torch.equal(out2, out)
+    assert log[-2][2][0] == act.data_ptr() and log[-1][2][:2] == (out2.data_ptr(), act.data_ptr())
+    assert torch.equal(
+        act,
+        ref.gemv_reference(x, weights["w13"], mlp.w13_scale, swiglu=True, limit=2.0, ue8m0=True),
+    )
+
+
+def test_kernel_path_refuses_a_kernel_with_another_signature(fake_kernel_path, monkeypatch) -> None:
+    """DenseMlp passes raw pointers unchecked, so prepare checks each kernel's parameters."""
+    import mlpjit.jit.launcher as launcher
+
+    mlp, _fake, log = fake_kernel_path
+
+    def three_params(entry, device):
+        kernel = _FakeKernel(dict(entry.params), log)
+        kernel.params = kernel.params[:3]
+        return kernel
+
+    monkeypatch.setattr(launcher, "load_kernel", three_params)
+    with pytest.raises(MlpjitError, match=r"fake_fp8_gemv .* expected"):
+        mlp.prepare([1])
+    assert mlp.path(1) == "kernel" and "prepared=[]" in repr(mlp)
 
 
 def test_kernel_path_prepares_lazily_and_refuses_during_capture(

@@ -247,3 +247,11 @@ def test_bad_param_names_and_arch() -> None:
         build({k: v for k, v in _variant().items() if k != "ue8m0"})
     with pytest.raises(ValueError, match="arch must be"):
         compile_cubin(_variant(), "hopper")
+
+
+def test_dense_mlp_fills_the_kernel_parameters_in_order() -> None:
+    """DenseMlp launches with raw pointers in this order, without per-call checks."""
+    from mlpjit import dense_mlp
+    from mlpjit.kernels import fp8_gemv
+
+    assert [(name, "ptr") for name in fp8_gemv.PARAM_NAMES] == dense_mlp._KERNEL_PARAMS

@@ -190,3 +190,89 @@ def test_launch_builds_the_config_and_parameter_array(monkeypatch: pytest.Monkey
     assert attr.id == fake.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
     assert attr.value.programmaticStreamSerializationAllowed == 1
     assert c3 is c1  # configs are built once per (stream, pdl)
+
+
+def test_launch_unchecked_passes_raw_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The DenseMlp hot path: raw values go to the parameter array as given, same configs."""
+    from mlpjit.jit import launcher
+
+    fake = _RecordingDriver()
+    monkeypatch.setattr(launcher, "_driver_module", fake)
+    binary = fake_binary(KernelParam("n", "i32"), KernelParam("a", "f32"))
+    k = LoadedKernel("bb" * 32, binary, device_index=0, function="FUNC")
+    monkeypatch.setattr(k, "_stream_of", lambda index: 4321)
+    k.launch_unchecked((7, 0x40400000))
+    k.launch([8, 3.0], stream=4321)
+    k.launch_unchecked((9, 0x3F800000), pdl=False)
+    (c1, _, v1, _), (c2, _, v2, _), (c3, _, v3, _) = fake.calls
+    assert v1 == (7, 0x40400000) and v2 == (8, 0x40400000) and v3 == (9, 0x3F800000)
+    assert int(c1.hStream) == 4321 and c2 is c1 and c3.numAttrs == 0
+    with pytest.raises(ValueError, match="takes 2 parameter slots, got 1"):
+        k.launch_unchecked((1,))
+    assert len(fake.calls) == 3
+
+
+def _null_stream_kernel(
+    monkeypatch: pytest.MonkeyPatch, fake: _RecordingDriver, *, device: int, current: int
+) -> LoadedKernel:
+    """A kernel on device `device` (context 77) launching on torch's default stream (handle
+    0) while the runtime's current device is `current`, through `fake`."""
+    from mlpjit.jit import launcher
+
+    monkeypatch.setattr(launcher, "_driver_module", fake)
+    binary = fake_binary(KernelParam("n", "i32"), KernelParam("a", "f32"))
+    k = LoadedKernel("cc" * 32, binary, device_index=device, function="FUNC", context=77)
+    monkeypatch.setattr(k, "_stream_of", lambda index: 0)
+    monkeypatch.setattr(k, "_current_device", lambda: current)
+    return k
+
+
+def test_launch_unchecked_on_the_null_stream_checks_the_context_only_off_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Handle 0 is the current context's null stream: with the current device ours it is
+    launched directly; otherwise the slow path compares (and switches) contexts."""
+    fake = _RecordingDriver()
+    queried: list[int] = []
+
+    def current_context():  # the context in use is the kernel's own (77)
+        queried.append(1)
+        return (fake.CUresult.CUDA_SUCCESS, 77)
+
+    monkeypatch.setattr(fake, "cuCtxGetCurrent", current_context, raising=False)
+    k = _null_stream_kernel(monkeypatch, fake, device=1, current=1)
+    k.launch_unchecked((1, 0))
+    assert len(fake.calls) == 1 and not queried
+    monkeypatch.setattr(k, "_current_device", lambda: 0)
+    k.launch_unchecked((2, 0))
+    assert len(fake.calls) == 2 and queried == [1]
+    assert [c[2][0] for c in fake.calls] == [1, 2] and int(fake.calls[1][0].hStream) == 0
+
+
+def test_null_stream_launch_in_a_thread_without_a_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh thread may have no driver context yet: the launch pushes the kernel's own."""
+    fake = _RecordingDriver()
+    stack: list[int] = []
+    real_launch = fake.cuLaunchKernelEx
+
+    def launch(config, function, params, extra):
+        if not stack:
+            return (fake.CUresult.CUDA_ERROR_INVALID_CONTEXT,)
+        return real_launch(config, function, params, extra)
+
+    def push(ctx):
+        stack.append(ctx)
+        return (fake.CUresult.CUDA_SUCCESS,)
+
+    def pop():
+        return (fake.CUresult.CUDA_SUCCESS, stack.pop())
+
+    monkeypatch.setattr(fake, "cuLaunchKernelEx", launch, raising=False)
+    monkeypatch.setattr(
+        fake, "cuCtxGetCurrent", lambda: (fake.CUresult.CUDA_SUCCESS, None), raising=False
+    )
+    monkeypatch.setattr(fake, "cuCtxPushCurrent", push, raising=False)
+    monkeypatch.setattr(fake, "cuCtxPopCurrent", pop, raising=False)
+    k = _null_stream_kernel(monkeypatch, fake, device=0, current=0)
+    k.launch_unchecked((3, 0))
+    assert [c[2][0] for c in fake.calls] == [3] and stack == []  # pushed 77, popped it

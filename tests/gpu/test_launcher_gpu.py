@@ -72,6 +72,31 @@ def test_launch_on_a_side_stream(kernel) -> None:
     assert torch.equal(out, x * SMOKE["scale"])
 
 
+def test_unchecked_launch_from_a_fresh_thread(kernel) -> None:
+    """A new thread on the default stream (no driver context made current yet), both the
+    checked and the unchecked launch."""
+    import threading
+
+    out, x = tensors()
+    out2 = torch.full_like(out, float("nan"))
+    torch.cuda.synchronize()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            kernel.launch_unchecked((out.data_ptr(), x.data_ptr()))
+            kernel.launch((out2, x))
+            torch.cuda.synchronize()
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    assert torch.equal(out, x * SMOKE["scale"]) and torch.equal(out2, out)
+
+
 def test_chain_of_pdl_launches(kernel) -> None:
     """out = x*2, then y = out*2 with PDL: griddepcontrol.wait keeps the order."""
     out, x = tensors()
