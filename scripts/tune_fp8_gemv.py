@@ -20,6 +20,7 @@ the variants (no GPU needed).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -55,6 +56,11 @@ MAX_VARIANTS = 12
 L2_BYTES_H200 = 60 * 1024 * 1024  # used when the device does not report its L2 size
 
 
+def default_config(rows: int, k: int, tokens: int, swiglu: bool) -> plan.GemvConfig:
+    """choose_config's pick with the PDL trigger after the wait (see ``variants``)."""
+    return dataclasses.replace(plan.choose_config(rows, k, tokens, swiglu), early_launch=False)
+
+
 def variants(
     rows: int, k: int, tokens: int, swiglu: bool, cap: int = MAX_VARIANTS
 ) -> list[plan.GemvConfig]:
@@ -63,9 +69,11 @@ def variants(
     (tiles, ctas_per_sm) pairs come from plan's candidates (tiles in TILES); in_regs takes
     each IN_REGS value up to the pair's register fit whose shared memory fits the budget.
     Order: every pair at its largest in_regs (plan's own pick) by plan's score, then the
-    smaller in_regs values, so a cap drops the least likely configs.
+    smaller in_regs values, so a cap drops the least likely configs. All with the PDL
+    trigger after the wait: where to trigger depends on the next kernel, so it is swept per
+    layer (scripts/pair_sweep.py), not in a chain of one kernel type.
     """
-    default = plan.choose_config(rows, k, tokens, swiglu)
+    default = default_config(rows, k, tokens, swiglu)
     pairs = sorted((score, c) for score, c in plan._candidates(rows, k, tokens) if c.tiles in TILES)
     first: list[plan.GemvConfig] = []
     rest: list[plan.GemvConfig] = []
@@ -177,7 +185,7 @@ def tune_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) ->
     for m in args.token_list:
         x = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
         outs = [torch.empty(m, out_cols, dtype=torch.bfloat16, device="cuda") for _ in weights]
-        default = plan.choose_config(rows, k, m, swiglu)
+        default = default_config(rows, k, m, swiglu)
         for config in variants(rows, k, m, swiglu):
             entry = manager.get(request_of(name, m, config))
             kernel = load_kernel(entry, device)  # before capture: a load cannot be captured
@@ -265,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for m in args.token_list:
                 found = variants(rows, k, m, swiglu)
                 total += len(found)
-                default = plan.choose_config(rows, k, m, swiglu)
+                default = default_config(rows, k, m, swiglu)
                 cfgs = ", ".join(
                     f"t{c.tiles}/r{c.in_regs}/c{c.ctas_per_sm}" + ("*" if c == default else "")
                     for c in found

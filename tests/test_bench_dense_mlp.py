@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from conftest import load_script
 
-_PATH = Path(__file__).resolve().parent.parent / "scripts" / "bench_dense_mlp.py"
-_spec = importlib.util.spec_from_file_location("bench_dense_mlp", _PATH)
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_script("bench_dense_mlp")
 
 
 def test_dry_run_plans_every_shape(capsys) -> None:

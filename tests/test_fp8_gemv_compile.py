@@ -135,6 +135,14 @@ def test_glm5_kernel_sass(request_) -> None:
     assert ops.count("ACQBULK") == 1
     wait = ops.index("ACQBULK")
     assert sum(i < wait for i in cp_async) == 2 * (plan.STEPS - in_regs)
+    # The PDL trigger (PREEXIT): after the wait, or with early_launch before any weight load.
+    assert ops.count("PREEXIT") == 1
+    trigger = ops.index("PREEXIT")
+    if p.get("early_launch"):
+        first_load = min(i for i, op in enumerate(ops) if op.startswith(("LDGSTS", "LDG.E.NA")))
+        assert trigger < first_load
+    else:
+        assert trigger > wait
     # x is read (16-byte loads) only after the wait.
     assert all(i > wait for i, op in enumerate(ops) if op == "LDG.E.128")
     assert count["LDG.E.128"] >= 2
@@ -243,6 +251,10 @@ def test_bad_param_names_and_arch() -> None:
 
     with pytest.raises(ValueError, match="unknown names"):
         build({**_variant(), "bogus": 1})
+    with pytest.raises(ValueError, match="early_launch must be a bool"):
+        build({**_variant(), "early_launch": 1})
+    assert build({**_variant(), "early_launch": True}).early_launch
+    assert not build(_variant()).early_launch
     with pytest.raises(ValueError, match="missing"):
         build({k: v for k, v in _variant().items() if k != "ue8m0"})
     with pytest.raises(ValueError, match="arch must be"):

@@ -103,13 +103,14 @@ def test_choose_config_errors(args, match) -> None:
 
 
 def test_gemv_request_params() -> None:
-    req = plan.gemv_request(3072, 6144, 4, swiglu=True, limit=7, ue8m0=True, arch=ARCH)
+    req = plan.gemv_request(3072, 6144, 2, swiglu=True, limit=7, ue8m0=True, arch=ARCH)
     assert req.kernel == "fp8_gemv" and req.arch == ARCH
-    cfg = plan.choose_config(3072, 6144, 4, True)
+    cfg = plan.choose_config(3072, 6144, 2, True)
+    assert not cfg.early_launch
     assert dict(req.params) == {
         "rows": 3072,
         "k": 6144,
-        "tokens": 4,
+        "tokens": 2,
         "tiles": cfg.tiles,
         "in_regs": cfg.in_regs,
         "ctas_per_sm": cfg.ctas_per_sm,
@@ -119,7 +120,25 @@ def test_gemv_request_params() -> None:
     }
     from mlpjit.kernels.registry import kernel_def
 
-    assert set(req.params) == kernel_def("fp8_gemv").param_names
+    assert kernel_def("fp8_gemv").param_names - set(req.params) == {"early_launch"}
+
+
+def test_early_launch_is_in_the_request_only_when_set() -> None:
+    """False is the kernel's default: leaving it out keeps one key per kernel."""
+    base = GemvConfig(2, 2, 1)
+    early = GemvConfig(2, 2, 1, early_launch=True)
+    kwargs = {"swiglu": True, "limit": None, "ue8m0": True, "arch": ARCH}
+    plain = plan.gemv_request(3072, 6144, 8, **kwargs, config=base)
+    marked = plan.gemv_request(3072, 6144, 8, **kwargs, config=early)
+    assert "early_launch" not in plain.params and marked.params["early_launch"] is True
+    assert {**plain.params, "early_launch": True} == dict(marked.params)
+    # The tuned table sets it on gate_up only (after down a server runs no mlpjit kernel).
+    tuned = [c for entries in plan.TUNED_H200.values() for _, c in entries if c.early_launch]
+    assert tuned and all(
+        swiglu for (_, _, swiglu), entries in plan.TUNED_H200.items()
+        for _, c in entries if c.early_launch
+    )  # fmt: skip
+    assert plan.choose_config(3072, 6144, 8, True) == early
 
 
 def test_gemv_request_limit_only_for_swiglu_and_explicit_config() -> None:

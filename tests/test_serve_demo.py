@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,16 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "serve_demo.py"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("serve_demo", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="exercises the CPU compile-only mode")
@@ -63,7 +56,7 @@ def test_no_gpu_and_no_arch_is_a_usage_error() -> None:
 
 
 def test_format_table_marks_failed_workers() -> None:
-    demo = _load_script()
+    demo = load_script("serve_demo")
     ok = {
         "rank": 0,
         "mode": "gpu",

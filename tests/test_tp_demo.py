@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 
 from mlpjit import DenseMlp
 from mlpjit import reference as ref
@@ -20,14 +20,7 @@ SCRIPT = REPO / "scripts" / "tp_demo.py"
 HIDDEN, INTER, TP = 512, 2048, 4  # small shapes: every shard is [1024, 512] / [512, 512]
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("tp_demo", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-demo = _load_script()
+demo = load_script("tp_demo")
 
 
 @pytest.fixture(scope="module")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 from mlpjit.kernels import plan
 from mlpjit.kernels.registry import kernel_def
@@ -17,12 +17,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "tune_fp8_gemv.py"
 
 @pytest.fixture(scope="module")
 def tune():
-    spec = importlib.util.spec_from_file_location("_tune_fp8_gemv", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    return load_script("tune_fp8_gemv")
 
 
 def _valid(params: dict) -> bool:
@@ -54,7 +49,9 @@ def test_variants_are_valid_capped_and_start_with_default(tune):
             found = tune.variants(rows, k, m, swiglu)
             # k = 12288 leaves room for one warp per K slice only (tiles 1): one pair
             assert (1 if k > 6144 else 2) <= len(found) <= tune.MAX_VARIANTS
-            assert found[0] == plan.choose_config(rows, k, m, swiglu)
+            default = plan.choose_config(rows, k, m, swiglu)
+            assert found[0] == dataclasses.replace(default, early_launch=False)
+            assert not any(c.early_launch for c in found)
             assert len(set(found)) == len(found)
             for c in found:
                 assert c.tiles in tune.TILES and c.in_regs in tune.IN_REGS
@@ -74,7 +71,7 @@ def test_emit_writes_valid_requests(tune, tmp_path):
         assert set(item) == {"kernel", "params", "arch"}
         assert item["kernel"] == "fp8_gemv" and item["arch"] == "sm_90a"
         params = item["params"]
-        assert set(params) == allowed
+        assert set(params) == allowed - {"early_launch"}  # never set in a per-kernel sweep
         assert params["tokens"] == 8 and params["ue8m0"] is True and params["limit"] is None
         assert (params["rows"], params["k"], params["swiglu"]) in tune.SHAPES.values()
         assert _valid(params), params

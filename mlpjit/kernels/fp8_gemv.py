@@ -97,6 +97,7 @@ class Fp8Gemv:
         swiglu: bool,
         limit: float | None,
         ue8m0: bool,
+        early_launch: bool = False,
     ) -> None:
         self.rows = _check_int("rows", rows, 16)
         self.k = _check_int("k", k, SLICE)
@@ -108,6 +109,9 @@ class Fp8Gemv:
             raise ValueError(f"swiglu must be a bool, got {swiglu!r}")
         if not isinstance(ue8m0, bool):
             raise ValueError(f"ue8m0 must be a bool, got {ue8m0!r}")
+        if not isinstance(early_launch, bool):
+            raise ValueError(f"early_launch must be a bool, got {early_launch!r}")
+        self.early_launch = early_launch
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
             raise ValueError(f"limit must be None or a positive float, got {limit!r}")
         if limit is not None and not float(limit) > 0.0:
@@ -216,6 +220,11 @@ class Fp8Gemv:
         g_a0 = g_w + Int64(row0) * K + Int64(k_lane)
         g_a1 = g_w + Int64(row1) * K + Int64(k_lane)
 
+        # PDL trigger: the next kernel may launch once every CTA of this grid has passed it.
+        # early_launch: at entry, so the next kernel's CTAs (where they fit) stream their
+        # weights while this one still does; otherwise after the wait, as usual.
+        if cutlass.const_expr(self.early_launch):
+            cute.arch.griddepcontrol_launch_dependents()
         # ---- weights in flight before the dependency wait (they never depend on it)
         policy = ptx.createpolicy_evict_first()
         r_a0 = []
@@ -236,7 +245,8 @@ class Fp8Gemv:
             r_ws1 = r_ws0
 
         cute.arch.griddepcontrol_wait()
-        cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(not self.early_launch):
+            cute.arch.griddepcontrol_launch_dependents()
 
         # ---- quantize x once per CTA: warp (tile i, slice s) takes tokens i, i+tiles, ...
         # All of a warp's x loads are issued before the first is consumed, so the global
@@ -514,15 +524,20 @@ class Fp8Gemv:
         return silu * up
 
 
+_REQUIRED = ("rows", "k", "tokens", "tiles", "in_regs", "ctas_per_sm", "swiglu", "limit", "ue8m0")
+_OPTIONAL = ("early_launch",)  # default False; plan leaves it out of requests when False
+
+
 def _params(params: Mapping[str, Any]) -> dict[str, Any]:
-    required = ("rows", "k", "tokens", "tiles", "in_regs", "ctas_per_sm", "swiglu", "limit")
-    missing = [name for name in required + ("ue8m0",) if name not in params]
+    missing = [name for name in _REQUIRED if name not in params]
     if missing:
-        raise ValueError(f"params is missing {missing}; required: {list(required) + ['ue8m0']}")
-    extra = sorted(set(params) - set(required) - {"ue8m0"})
+        raise ValueError(f"params is missing {missing}; required: {list(_REQUIRED)}")
+    extra = sorted(set(params) - set(_REQUIRED) - set(_OPTIONAL))
     if extra:
-        raise ValueError(f"params has unknown names {extra}; allowed: {list(required) + ['ue8m0']}")
-    return {name: params[name] for name in required + ("ue8m0",)}
+        raise ValueError(
+            f"params has unknown names {extra}; allowed: {list(_REQUIRED + _OPTIONAL)}"
+        )
+    return {name: params[name] for name in _REQUIRED + _OPTIONAL if name in params}
 
 
 def build(params: Mapping[str, Any]) -> Fp8Gemv:

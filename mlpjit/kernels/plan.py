@@ -57,6 +57,7 @@ class GemvConfig:
     tiles: int  # 16-row tiles per CTA
     in_regs: int  # 64-K steps loaded into registers (the rest go through shared memory)
     ctas_per_sm: int  # launch bound: CTAs meant to be resident per SM
+    early_launch: bool = False  # PDL trigger at kernel entry instead of after the wait
 
 
 def smem_bytes(k: int, tokens: int, tiles: int, in_regs: int) -> int:
@@ -108,31 +109,53 @@ def _fit(k: int, tokens: int, tiles: int, ctas_per_sm: int) -> int | None:
     return in_regs
 
 
-def _c(tiles: int, in_regs: int, ctas_per_sm: int) -> GemvConfig:
-    return GemvConfig(tiles, in_regs, ctas_per_sm)
+def _c(tiles: int, in_regs: int, ctas_per_sm: int, early_launch: bool = False) -> GemvConfig:
+    return GemvConfig(tiles, in_regs, ctas_per_sm, early_launch)
 
 
 # The fastest config per known shape, measured on one H200 with scripts/tune_fp8_gemv.py
 # (2026-11-29, tokens 1, 2, 4 and 8; docs/KERNEL_NOTES.md, variant 4). (rows, k, swiglu) ->
 # ((up to tokens, config), ...): a token count takes the first entry whose bound covers it.
 # Shapes not listed, or an entry that does not fit a token count, use the heuristic.
+# EARLY marks gate_up configs whose PDL trigger at kernel entry (early_launch) made the layer
+# faster by >= 0.25 us in the layer-level sweep (scripts/pair_sweep.py, 2026-11-29,
+# bench/results/pair_sweep_early_h200.json): the down kernel then starts streaming while
+# gate_up still runs. Only gate_up: after down a server runs no mlpjit kernel (all-reduce,
+# residual add), so an early trigger there only helps a benchmark chain of MLPs.
+EARLY = True
 TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig], ...]] = {
     # GLM-5 (hidden 6144, intermediate 12288) TP 8, 4, 2, 1
-    (3072, 6144, True): ((2, _c(1, 3, 2)), (4, _c(1, 2, 2)), (8, _c(2, 2, 1))),
-    # down at 5-8 tokens and GLM-4.5 down: from the layer-level pair sweep (gate_up and down
-    # alternating; bench/results/pair_sweep_h200.txt), which moved these by 0.3-0.4 us.
-    (6144, 1536, False): ((1, _c(4, 3, 2)), (2, _c(2, 3, 4)), (4, _c(4, 3, 2)), (8, _c(2, 2, 2))),
-    (6144, 6144, True): ((4, _c(1, 3, 2)), (8, _c(2, 2, 1))),
+    (3072, 6144, True): ((2, _c(1, 3, 2)), (4, _c(1, 2, 2, EARLY)), (8, _c(2, 2, 1, EARLY))),
+    # TP8 and GLM-4.5 down: from layer-level pair sweeps (gate_up and down alternating;
+    # bench/results/pair_sweep_h200.txt, then pair_sweep_down_h200.txt with gate_up's
+    # trigger as tuned: 2-4 tokens 0.4-0.6 us faster with t2/r2/c2 than before).
+    (6144, 1536, False): ((1, _c(4, 3, 2)), (8, _c(2, 2, 2))),
+    (6144, 6144, True): ((4, _c(1, 3, 2)), (8, _c(2, 2, 1, EARLY))),
     (6144, 3072, False): ((2, _c(1, 3, 4)), (4, _c(2, 2, 2)), (8, _c(2, 3, 2))),
     # TP 2 and 1 gate_up: the c1 configs run a persistent grid (132 CTAs, x quantized once
     # per CTA); measured in a second sweep (bench/results/tune_fp8_gemv_h200_persistent.md).
-    (12288, 6144, True): ((1, _c(1, 5, 1)), (2, _c(1, 3, 2)), (4, _c(1, 5, 1)), (8, _c(1, 3, 1))),
+    (12288, 6144, True): (
+        (1, _c(1, 5, 1, EARLY)),
+        (2, _c(1, 3, 2)),
+        (4, _c(1, 5, 1)),
+        (8, _c(1, 3, 1)),
+    ),
     (6144, 6144, False): ((2, _c(1, 3, 2)), (4, _c(1, 2, 2)), (8, _c(1, 3, 2))),
-    (24576, 6144, True): ((1, _c(1, 5, 1)), (2, _c(1, 3, 2)), (4, _c(1, 5, 1)), (8, _c(1, 3, 1))),
+    (24576, 6144, True): (
+        (1, _c(1, 5, 1, EARLY)),
+        (2, _c(1, 3, 2)),
+        (4, _c(1, 5, 1)),
+        (8, _c(1, 3, 1)),
+    ),
     (6144, 12288, False): ((2, _c(1, 2, 1)), (8, _c(1, 3, 1))),
     # GLM-4.5 (hidden 5120) TP 8
-    (3072, 5120, True): ((1, _c(1, 3, 2)), (2, _c(1, 2, 2)), (8, _c(2, 2, 1))),
-    (5120, 1536, False): ((8, _c(4, 3, 2)),),
+    (3072, 5120, True): (
+        (1, _c(1, 3, 2)),
+        (2, _c(1, 2, 2)),
+        (4, _c(2, 2, 1)),
+        (8, _c(2, 2, 1, EARLY)),
+    ),
+    (5120, 1536, False): ((8, _c(2, 2, 2)),),
 }
 # The sweep's lesson for other shapes: 2-3 steps in registers beat more (more registers
 # cost occupancy, and ptxas may sink register loads below the PDL wait).
@@ -254,6 +277,8 @@ def gemv_request(
         "limit": float(limit) if (swiglu and limit is not None) else None,
         "ue8m0": ue8m0,
     }
+    if config.early_launch:  # left out when False: the same key as a request without it
+        params["early_launch"] = True
     return KernelRequest(kernel="fp8_gemv", params=params, arch=arch)
 
 

@@ -40,6 +40,7 @@ _KERNELS: dict[str, KernelDef] = {
                     "swiglu",
                     "limit",
                     "ue8m0",
+                    "early_launch",
                 }
             ),
         ),
