@@ -315,8 +315,13 @@ def fake_kernel_path(monkeypatch, kernel_weights):
     fake = _FakeManager()
     monkeypatch.setattr(manager, "default_manager", lambda: fake)
     monkeypatch.setattr(launcher, "load_kernel", lambda e, d: _FakeKernel(dict(e.params), log))
+    # CPU stand-ins for torch's current stream handle and the driver's capture query.
+    streams = {"current": 0, "capturing": set()}
+    monkeypatch.setattr(launcher, "stream_handle_getter", lambda: lambda index: streams["current"])
+    monkeypatch.setattr(launcher, "stream_capturing", lambda h: h in streams["capturing"])
     mlp = _mlp(kernel_weights, limit=2.0, ue8m0=True)
     mlp.arch = "sm_90a"
+    mlp.streams = streams
     return mlp, fake, log
 
 
@@ -346,6 +351,38 @@ def test_kernel_path_prepare_and_launch_order(fake_kernel_path, kernel_weights) 
         act,
         ref.gemv_reference(x, weights["w13"], mlp.w13_scale, swiglu=True, limit=2.0, ue8m0=True),
     )
+
+
+def test_act_buffers_come_from_prepare_for_its_thread_and_stream(fake_kernel_path) -> None:
+    import threading
+
+    mlp, _fake, log = fake_kernel_path
+    x = _x(2)
+    weights = {k: getattr(mlp, k) for k in ("w13", "w13_scale", "w2", "w2_scale")}
+    want = ref.dense_mlp_reference(x, limit=2.0, ue8m0=True, **weights)
+
+    def act_of_call() -> int:  # the act pointer the call's gate_up wrote
+        assert torch.equal(mlp(x), want)
+        return log[-2][2][0]
+
+    mlp(_x(3))  # prepared lazily by the call: no buffer is kept for it
+    assert mlp._act_buffers._buffers == {}
+    mlp.prepare([2, 3])
+    kept = {key[2]: buf.data_ptr() for key, buf in mlp._act_buffers._buffers.items()}
+    assert sorted(kept) == [2, 3]
+    assert act_of_call() == act_of_call() == kept[2]  # prepare's thread and stream: reused
+    mlp.streams["current"] = 7
+    assert act_of_call() not in kept.values()  # another stream: allocated per call
+    from_thread = []
+    mlp.streams["current"] = 0
+    thread = threading.Thread(target=lambda: from_thread.append(act_of_call()))
+    thread.start()
+    thread.join()
+    assert from_thread and from_thread[0] not in kept.values()  # another thread: the same
+    mlp.streams["capturing"].add(0)
+    assert act_of_call() not in kept.values()  # capturing: never the kept buffer
+    mlp.prepare([2])  # while capturing: loads nothing new, keeps nothing
+    assert len(mlp._act_buffers._buffers) == 2
 
 
 def test_kernel_path_refuses_a_kernel_with_another_signature(fake_kernel_path, monkeypatch) -> None:

@@ -25,7 +25,14 @@ if TYPE_CHECKING:
     from mlpjit.jit.binary import KernelBinary, KernelParam
     from mlpjit.jit.store import Entry
 
-__all__ = ["LoadedKernel", "load_kernel", "loaded_count", "PARAM_SIZES"]
+__all__ = [
+    "LoadedKernel",
+    "load_kernel",
+    "loaded_count",
+    "stream_capturing",
+    "stream_handle_getter",
+    "PARAM_SIZES",
+]
 
 # Bytes each manifest parameter kind occupies in the kernel's parameter buffer.
 PARAM_SIZES = {"ptr": 8, "i32": 4, "f32": 4}
@@ -73,7 +80,7 @@ def _device_getter() -> Any:
     return raw if raw is not None else torch.cuda.current_device
 
 
-def _raw_stream_getter() -> Any:
+def stream_handle_getter() -> Any:
     """Fastest available way to read torch's current stream handle for a device index."""
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is not None:
@@ -129,7 +136,7 @@ class LoadedKernel:
         self._module = module  # kept so the module outlives every launch of its function
         self._buffers = _Buffers(len(self.params))
         self._configs: dict[tuple[int, bool], Any] = {}
-        self._stream_of = _raw_stream_getter()
+        self._stream_of = stream_handle_getter()
         self._current_device = _device_getter()
 
     def __repr__(self) -> str:
@@ -400,6 +407,18 @@ def load_kernel(entry: Entry, device: torch.device | str | int) -> LoadedKernel:
             loaded = _load(entry.key, entry.binary(), index)
             _loaded[(entry.key, index)] = loaded
     return loaded
+
+
+def stream_capturing(handle: int) -> bool:
+    """True when the CUDA stream ``handle`` is capturing a graph (or its capture failed).
+
+    Handle 0, the legacy default stream, never is: capture there is not allowed.
+    """
+    if handle == 0:
+        return False
+    driver = _driver()
+    status = _check(driver, driver.cuStreamIsCapturing(handle), "cuStreamIsCapturing")[0]
+    return status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
 def loaded_count() -> int:

@@ -321,7 +321,9 @@ def _block(nbytes: int) -> int:
     return -(-nbytes // 512) * 512
 
 
-def test_memory_no_weight_copies_only_act_and_out_per_call() -> None:
+def test_memory_no_weight_copies_act_kept_out_per_call() -> None:
+    """No weight copies; prepare makes one act buffer per token count (for its thread and
+    stream), and then a call allocates only out (nothing with a caller's out)."""
     hidden, inter = SHAPES["glm5-tp8"]
     w = make_layer(hidden, inter, seed=600)
     x = make_x(8, hidden, seed=601)
@@ -331,26 +333,51 @@ def test_memory_no_weight_copies_only_act_and_out_per_call() -> None:
     assert torch.cuda.memory_allocated() == base, "construction allocated device memory"
     assert mlp.w13.data_ptr() == w["w13"].data_ptr() and mlp.w2.data_ptr() == w["w2"].data_ptr()
     mlp.prepare(TOKENS)
-    assert torch.cuda.memory_allocated() == base, "prepare allocated torch device memory"
+    kept = sum(_block(m * inter * 2) for m in TOKENS)
+    assert torch.cuda.memory_allocated() - base == kept, "prepare: act buffers only"
     for m in (1, 5, 8):
         xm = x[:m]
-        act_b, out_b = _block(m * inter * 2), _block(m * hidden * 2)
+        out_b = _block(m * hidden * 2)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         start = torch.cuda.memory_allocated()
         out = mlp(xm)
         torch.cuda.synchronize()
-        assert torch.cuda.max_memory_allocated() - start == act_b + out_b
-        assert torch.cuda.memory_allocated() - start == out_b  # act released
+        assert torch.cuda.max_memory_allocated() - start == out_b
+        assert torch.cuda.memory_allocated() - start == out_b
         del out
         given = torch.empty(m, hidden, dtype=torch.bfloat16, device="cuda")
         torch.cuda.reset_peak_memory_stats()
         start = torch.cuda.memory_allocated()
         mlp(xm, out=given)
         torch.cuda.synchronize()
-        assert torch.cuda.max_memory_allocated() - start == act_b
-        assert torch.cuda.memory_allocated() == start
+        assert torch.cuda.max_memory_allocated() == start
         del given
+
+
+def test_back_to_back_eager_calls_reusing_act() -> None:
+    """Many calls in flight at once (no sync), alternating inputs, on the default stream and
+    on a side stream at the same time: every output equals its input's forward_into."""
+    mlp = mlp_for("glm5-tp8", True, None)
+    hidden, inter = SHAPES["glm5-tp8"]
+    xs = [make_x(4, hidden, seed=700 + i) for i in range(3)]
+    want = []
+    for x in xs:
+        out = poisoned(4, hidden)
+        mlp.forward_into(x, poisoned(4, inter), out)
+        want.append(out)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    outs, side_outs = [], []
+    for i in range(30):
+        outs.append(mlp(xs[i % 3]))
+        with torch.cuda.stream(side):
+            side_outs.append(mlp(xs[(i + 1) % 3]))
+    torch.cuda.synchronize()
+    for i, (out, side_out) in enumerate(zip(outs, side_outs, strict=True)):
+        assert torch.equal(out, want[i % 3]), i
+        assert torch.equal(side_out, want[(i + 1) % 3]), i
 
 
 def test_scale_forms_on_gpu() -> None:
