@@ -44,19 +44,30 @@ L2_BYTES = 60 * 2**20
 
 
 def pairs(
-    hidden: int, inter: int, m: int, extra_down: Sequence[plan.GemvConfig] = ()
+    hidden: int,
+    inter: int,
+    m: int,
+    extra_down: Sequence[plan.GemvConfig] = (),
+    extra_gate_up: Sequence[plan.GemvConfig] = (),
 ) -> list[tuple[plan.GemvConfig, plan.GemvConfig]]:
-    """plan's default (gate_up, down) configs with each early_launch combination, then each
-    of ``extra_down`` that fits (trigger after the wait) after gate_up with either trigger."""
+    """plan's default (gate_up, down) configs with each early_launch combination, then every
+    (gate_up, down) of the defaults and the extra configs that fit, with gate_up's trigger
+    at entry and after the wait (down's after the wait)."""
     gate_up = plan.choose_config(2 * inter, hidden, m, True)
     down = plan.choose_config(hidden, inter, m, False)
     found = [
         (dataclasses.replace(gate_up, early_launch=g), dataclasses.replace(down, early_launch=d))
         for g, d in itertools.product((False, True), repeat=2)
     ]
-    for d in extra_down:
-        if d != down and plan._fits(hidden, inter, m, d):
-            found += [(dataclasses.replace(gate_up, early_launch=g), d) for g in (False, True)]
+    gate_ups = [gate_up] + [c for c in extra_gate_up if plan._fits(2 * inter, hidden, m, c)]
+    downs = [down] + [c for c in extra_down if plan._fits(hidden, inter, m, c)]
+    for g, d, early in itertools.product(gate_ups, downs, (False, True)):
+        pair = (
+            dataclasses.replace(g, early_launch=early),
+            dataclasses.replace(d, early_launch=False),
+        )
+        if pair not in found:
+            found.append(pair)
     return found
 
 
@@ -76,13 +87,14 @@ def requests(
     shapes: Sequence[str],
     tokens: Sequence[int],
     extra_down: Sequence[plan.GemvConfig] = (),
+    extra_gate_up: Sequence[plan.GemvConfig] = (),
     arch: str = "sm_90a",
 ) -> list:
     out = []
     for name in shapes:
         hidden, inter = SHAPES[name]
         for m in tokens:
-            for g, d in pairs(hidden, inter, m, extra_down):
+            for g, d in pairs(hidden, inter, m, extra_down, extra_gate_up):
                 for rows, k, swiglu, config in (
                     (2 * inter, hidden, True, g),
                     (hidden, inter, False, d),
@@ -101,7 +113,11 @@ def label(config: plan.GemvConfig) -> str:
 
 
 def sweep_shape(
-    name: str, tokens: Sequence[int], replays: int, extra_down: Sequence[plan.GemvConfig] = ()
+    name: str,
+    tokens: Sequence[int],
+    replays: int,
+    extra_down: Sequence[plan.GemvConfig] = (),
+    extra_gate_up: Sequence[plan.GemvConfig] = (),
 ) -> list[dict]:
     import torch
 
@@ -125,7 +141,7 @@ def sweep_shape(
         x = torch.randn(m, hidden, generator=gen, device="cuda").to(torch.bfloat16)
         acts = [torch.empty(m, inter, dtype=torch.bfloat16, device="cuda") for _ in layers]
         outs = [torch.empty(m, hidden, dtype=torch.bfloat16, device="cuda") for _ in layers]
-        for g, d in pairs(hidden, inter, m, extra_down):
+        for g, d in pairs(hidden, inter, m, extra_down, extra_gate_up):
             kg, kd = (
                 load_kernel(manager.get(r), device)
                 for r in (
@@ -157,6 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {list(SHAPES)}")
     p.add_argument("--tokens", default="1,2,4,8", help="comma list")
     p.add_argument("--down-configs", default="", help="extra down configs, e.g. t4/r3/c2,t2/r2/c2")
+    p.add_argument("--gate-up-configs", default="", help="extra gate_up configs, same form")
     p.add_argument("--replays", type=int, default=100)
     p.add_argument("--emit", type=Path, help="write the compile requests as JSON lines, exit")
     p.add_argument("--json", type=Path, help="write the results as JSON")
@@ -173,14 +190,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--tokens must be in 1..{plan.MAX_TOKENS}, got {tokens}")
     try:
         extra_down = [parse_config(c) for c in args.down_configs.split(",") if c]
+        extra_gate_up = [parse_config(c) for c in args.gate_up_configs.split(",") if c]
     except ValueError as exc:
-        p.error(f"--down-configs: {exc}")
+        p.error(f"--down-configs / --gate-up-configs: {exc}")
     if args.emit is not None:
         lines = [
             json.dumps(
                 {"kernel": r.kernel, "params": dict(r.params), "arch": r.arch}, sort_keys=True
             )
-            for r in requests(shapes, tokens, extra_down)
+            for r in requests(shapes, tokens, extra_down, extra_gate_up)
         ]
         args.emit.write_text("\n".join(lines) + "\n")
         print(f"{len(lines)} requests -> {args.emit}")
@@ -190,7 +208,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA device (use --emit on a machine without one)", file=sys.stderr)
         return 2
-    rows = [row for name in shapes for row in sweep_shape(name, tokens, args.replays, extra_down)]
+    rows = [
+        row
+        for name in shapes
+        for row in sweep_shape(name, tokens, args.replays, extra_down, extra_gate_up)
+    ]
     if args.json is not None:
         args.json.write_text(
             json.dumps({"gpu": torch.cuda.get_device_name(0), "rows": rows}, indent=1)

@@ -76,3 +76,14 @@ def test_extra_down_configs_pair_with_both_triggers(sweep) -> None:
 def test_parse_config_rejects_malformed(sweep, text: str) -> None:
     with pytest.raises(ValueError, match="t4/r3/c2"):
         sweep.parse_config(text)
+
+
+def test_extra_gate_up_configs_cross_with_every_down(sweep) -> None:
+    hidden, inter = sweep.SHAPES["glm5-tp8"]
+    g2, d2 = sweep.parse_config("t2/r2/c1"), sweep.parse_config("t2/r2/c2")
+    found = sweep.pairs(hidden, inter, 1, [d2], [g2])
+    assert len(found) == len(set(found))
+    crossed = {(g.tiles, g.in_regs, g.ctas_per_sm, g.early_launch, d) for g, d in found}
+    for early in (False, True):
+        assert (2, 2, 1, early, d2) in crossed
+    assert all(not d.early_launch for g, d in found[4:])
