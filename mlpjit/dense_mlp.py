@@ -23,9 +23,9 @@ to float32 once (scales.to_float32_scale: no copy for contiguous float32 scales)
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterable
 from numbers import Real
-from threading import get_ident
 from typing import TYPE_CHECKING
 
 import torch
@@ -82,17 +82,26 @@ def kernel_requests(
     )
 
 
+# act buffers kept for eager calls (see _ActBuffers), shared by every DenseMlp of a process:
+# (device index, thread, stream, tokens, intermediate) -> bf16 [tokens, intermediate].
+_KEPT_ACT: dict[tuple[int, int, int, int, int], Tensor] = {}
+_KEPT_ACT_LOCK = threading.Lock()
+
+
 class _ActBuffers:
     """act buffers for eager calls, made by prepare() for the thread and stream it runs on,
-    one per token count: a call from there skips one allocation (about 3 us of host time on
-    the H200 test host). Calls from other threads or streams allocate act as before.
+    one per token count: a call from there skips one allocation (3-4 us of host time on the
+    H200 test host). Calls from other threads or streams allocate act as before.
 
     Reuse is safe because calls from one thread on one stream run in stream order, and
     gate_up writes act only after its PDL wait, that is after the previous call's down kernel
-    has finished reading it. While the stream captures a graph, calls allocate (from the
-    graph's pool): a replay may run on any stream at any time. Buffers are only ever made in
-    prepare, never inside a call: torch.compile's CUDA-graph warm-up runs calls with its own
-    memory pool active, and a buffer kept from there would be a live tensor in that pool.
+    (of this layer or any other) has finished reading it. So layers with the same
+    intermediate size share one buffer per token count (_KEPT_ACT): a process keeps
+    sum(tokens) x intermediate bf16 per (thread, stream), whatever its layer count. While the
+    stream captures a graph, calls allocate (from the graph's pool): a replay may run on any
+    stream at any time. Buffers are only ever made in prepare, never inside a call:
+    torch.compile's CUDA-graph warm-up runs calls with its own memory pool active, and a
+    buffer kept from there would be a live tensor in that pool.
     """
 
     def __init__(self, device: torch.device, device_index: int, intermediate: int) -> None:
@@ -103,23 +112,24 @@ class _ActBuffers:
         self._intermediate = intermediate
         self._stream_of = stream_handle_getter()
         self._capturing = stream_capturing
-        self._buffers: dict[tuple[int, int, int], Tensor] = {}
 
     def keep(self, counts: Iterable[int]) -> None:
         """Make the buffers of these token counts for the calling thread and its stream."""
         stream = self._stream_of(self._index)
         if self._capturing(stream):
             return
-        for m in counts:
-            key = (get_ident(), stream, m)
-            if key not in self._buffers:
-                self._buffers[key] = torch.empty(
-                    (m, self._intermediate), dtype=torch.bfloat16, device=self._device
-                )
+        inter = self._intermediate
+        with _KEPT_ACT_LOCK:
+            for m in counts:
+                key = (self._index, threading.get_ident(), stream, m, inter)
+                if key not in _KEPT_ACT:
+                    _KEPT_ACT[key] = torch.empty(
+                        (m, inter), dtype=torch.bfloat16, device=self._device
+                    )
 
     def get(self, x: Tensor, m: int) -> Tensor:
         stream = self._stream_of(self._index)
-        act = self._buffers.get((get_ident(), stream, m))
+        act = _KEPT_ACT.get((self._index, threading.get_ident(), stream, m, self._intermediate))
         if act is None or self._capturing(stream):
             return x.new_empty((m, self._intermediate))
         return act
@@ -220,17 +230,11 @@ class DenseMlp:
         self.limit = _check_limit(limit)
         self.ue8m0 = ue8m0
         self.device = w13.device
-        self.w13 = w13
-        self.w2 = w2
-        self.w13_scale = to_float32_scale(w13_scale, rows13, hidden, name="w13_scale")
-        self.w2_scale = to_float32_scale(w2_scale, hidden, inter, name="w2_scale")
+        self._w13 = w13
+        self._w2 = w2
+        self._w13_scale = to_float32_scale(w13_scale, rows13, hidden, name="w13_scale")
+        self._w2_scale = to_float32_scale(w2_scale, hidden, inter, name="w2_scale")
         self.arch = kernel_arch(self.device)
-        # Raw pointers for the kernels' weight parameters: the weights were checked above, so
-        # a call only checks x (the tensors are held here, so the pointers stay valid).
-        self._weight_ptrs = (
-            (self.w13.data_ptr(), self.w13_scale.data_ptr()),
-            (self.w2.data_ptr(), self.w2_scale.data_ptr()),
-        )
         # -1 off CUDA; get_device() is the cheapest per-call device check (cpu and meta
         # tensors both say -1, so off CUDA the device itself is compared as well).
         self._index = w13.get_device()
@@ -249,6 +253,27 @@ class DenseMlp:
             if self._stock
             else None
         )
+
+    # The weights are fixed at construction (checked once there, not per call). Update them
+    # in place (copy_, or .data re-pointed to a tensor of the same shape, dtype and layout):
+    # each call reads their current addresses.
+    @property
+    def w13(self) -> Tensor:
+        return self._w13
+
+    @property
+    def w2(self) -> Tensor:
+        return self._w2
+
+    @property
+    def w13_scale(self) -> Tensor:
+        """w13's block scales as float32 [2*inter/128, hidden/128] (converted once)."""
+        return self._w13_scale
+
+    @property
+    def w2_scale(self) -> Tensor:
+        """w2's block scales as float32 [hidden/128, inter/128] (converted once)."""
+        return self._w2_scale
 
     def __repr__(self) -> str:
         return (
@@ -307,6 +332,8 @@ class DenseMlp:
             (r.params["tokens"], r.params["swiglu"]): e
             for r, e in zip(requests, entries, strict=True)
         }
+        if self._act_buffers is None:  # before any count is marked loaded below
+            self._act_buffers = _ActBuffers(self.device, self._index, self.intermediate)
         for m in todo:
             gate_up = load_kernel(by_role[(m, True)], self.device)
             down = load_kernel(by_role[(m, False)], self.device)
@@ -318,8 +345,6 @@ class DenseMlp:
                         f"{[(p.name, p.kind) for p in kernel.params]}, expected {_KERNEL_PARAMS}"
                     )
             self._kernels[m] = (gate_up, down)
-        if self._act_buffers is None:
-            self._act_buffers = _ActBuffers(self.device, self._index, self.intermediate)
 
     def _capturing(self) -> bool:
         if self.device.type != "cuda":
@@ -394,11 +419,15 @@ class DenseMlp:
     def _launch(
         self, kernels: tuple[LoadedKernel, LoadedKernel], x: Tensor, act: Tensor, out: Tensor
     ) -> None:
-        """gate_up then down on the current stream; x, act and out are checked by the caller."""
-        (w13, s13), (w2, s2) = self._weight_ptrs
+        """gate_up then down on the current stream; x, act and out are checked by the caller,
+        the weights at construction (their addresses are read here: see the properties)."""
         act_ptr = act.data_ptr()
-        kernels[0].launch_unchecked((act_ptr, x.data_ptr(), w13, s13), self.pdl)
-        kernels[1].launch_unchecked((out.data_ptr(), act_ptr, w2, s2), self.pdl)
+        kernels[0].launch_unchecked(
+            (act_ptr, x.data_ptr(), self._w13.data_ptr(), self._w13_scale.data_ptr()), self.pdl
+        )
+        kernels[1].launch_unchecked(
+            (out.data_ptr(), act_ptr, self._w2.data_ptr(), self._w2_scale.data_ptr()), self.pdl
+        )
 
     def _slow_call(self, x: Tensor, m: int, act: Tensor | None, out: Tensor | None) -> Tensor:
         """First call for a token count, or a fallback path."""

@@ -437,19 +437,19 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
         str(m): _median_replay_us(torch, graphs[m].graph, opts["steps"], before=dist.barrier)
         for m in sorted({tokens[0], tokens[-1]})
     }
-    digests, snapshots = {}, {}
+    digests, snapshots, step = {}, {}, None
     for m in tokens:  # every rank replays the same graphs in the same order (collectives)
-        graph, x, _acts, outs, hs = graphs[m]
-        graph.replay()
+        step = graphs[m]
+        step.graph.replay()
         torch.cuda.synchronize(device)
-        digests[str(m)] = _digest(hs[-1])
+        digests[str(m)] = _digest(step.hs[-1])
         if rank == 0 and m in opts["check_tokens"]:
-            inputs = [x, *hs[:-1]]
+            inputs = [step.x, *step.hs[:-1]]
             snapshots[m] = (
-                x,
-                hs[-1].clone(),
+                step.x.clone(),
+                step.hs[-1].clone(),
                 [t.clone() for t in inputs],
-                [o.clone() for o in outs],
+                [o.clone() for o in step.outs],
             )
     result["output_sha256"] = digests
     if rank == 0:
@@ -461,7 +461,7 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
     dist.barrier()
     # Graphs that captured NCCL collectives keep the communicator busy: drop them before
     # teardown (destroy_process_group can still hang after capture, pytorch#115388).
-    del graphs, snapshots
+    del graphs, snapshots, step
     torch.cuda.synchronize(device)
     return result
 
@@ -486,8 +486,12 @@ def _rank_main(rank: int, opts: dict, spawned_at: float, out_dir: str) -> None:
         result = _rank_body(rank, opts, spawned_at)
     except BaseException:
         result = {"rank": rank, "error": traceback.format_exc()}
-    # The result is complete before teardown: a hang there must not lose it.
-    Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(result))
+    # The result is complete before teardown: a hang there must not lose it. Written whole
+    # (temp file, then rename): the parent takes an existing file as a finished rank.
+    path = Path(out_dir, f"rank-{rank}.json")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, path)
     if "error" in result:
         raise SystemExit(1)
     _teardown(rank, out_dir)

@@ -7,7 +7,7 @@ import ctypes
 import pytest
 import torch
 
-from mlpjit import DenseMlp
+from mlpjit import DenseMlp, dense_mlp
 from mlpjit import reference as ref
 from mlpjit.errors import CaptureError, MlpjitError
 from mlpjit.jit.binary import KernelParam
@@ -319,6 +319,7 @@ def fake_kernel_path(monkeypatch, kernel_weights):
     streams = {"current": 0, "capturing": set()}
     monkeypatch.setattr(launcher, "stream_handle_getter", lambda: lambda index: streams["current"])
     monkeypatch.setattr(launcher, "stream_capturing", lambda h: h in streams["capturing"])
+    monkeypatch.setattr(dense_mlp, "_KEPT_ACT", {})  # a fresh process-wide act registry
     mlp = _mlp(kernel_weights, limit=2.0, ue8m0=True)
     mlp.arch = "sm_90a"
     mlp.streams = streams
@@ -366,9 +367,9 @@ def test_act_buffers_come_from_prepare_for_its_thread_and_stream(fake_kernel_pat
         return log[-2][2][0]
 
     mlp(_x(3))  # prepared lazily by the call: no buffer is kept for it
-    assert mlp._act_buffers._buffers == {}
+    assert dense_mlp._KEPT_ACT == {}
     mlp.prepare([2, 3])
-    kept = {key[2]: buf.data_ptr() for key, buf in mlp._act_buffers._buffers.items()}
+    kept = {key[3]: buf.data_ptr() for key, buf in dense_mlp._KEPT_ACT.items()}
     assert sorted(kept) == [2, 3]
     assert act_of_call() == act_of_call() == kept[2]  # prepare's thread and stream: reused
     mlp.streams["current"] = 7
@@ -382,7 +383,50 @@ def test_act_buffers_come_from_prepare_for_its_thread_and_stream(fake_kernel_pat
     mlp.streams["capturing"].add(0)
     assert act_of_call() not in kept.values()  # capturing: never the kept buffer
     mlp.prepare([2])  # while capturing: loads nothing new, keeps nothing
-    assert len(mlp._act_buffers._buffers) == 2
+    assert len(dense_mlp._KEPT_ACT) == 2
+    # Another layer of the same size shares the buffers (stream order covers it too).
+    other = _mlp({k: getattr(mlp, k) for k in ("w13", "w13_scale", "w2", "w2_scale")})
+    other.arch = "sm_90a"
+    mlp.streams["capturing"].clear()
+    other.prepare([2])
+    assert len(dense_mlp._KEPT_ACT) == 2
+    assert torch.equal(other(x), ref.dense_mlp_reference(x, ue8m0=False, **weights))
+    assert log[-2][2][0] == kept[2]
+
+
+def test_a_failed_prepare_leaves_the_loaded_counts_usable(fake_kernel_path, monkeypatch) -> None:
+    import mlpjit.jit.launcher as launcher
+
+    mlp, _fake, log = fake_kernel_path
+    loaded: list[int] = []
+
+    def fail_on_the_second(entry, device):
+        loaded.append(entry.params["tokens"])
+        if len(loaded) > 2:  # the gate_up of the second count
+            raise MlpjitError("no kernel")
+        return _FakeKernel(dict(entry.params), log)
+
+    monkeypatch.setattr(launcher, "load_kernel", fail_on_the_second)
+    with pytest.raises(MlpjitError, match="no kernel"):
+        mlp.prepare([1, 2])
+    x = _x(1)
+    weights = {k: getattr(mlp, k) for k in ("w13", "w13_scale", "w2", "w2_scale")}
+    assert torch.equal(mlp(x), ref.dense_mlp_reference(x, limit=2.0, ue8m0=True, **weights))
+
+
+def test_weights_are_read_only_and_read_per_call(fake_kernel_path) -> None:
+    """A call reads the weights' current addresses, so .data re-pointed is seen."""
+    mlp, _fake, log = fake_kernel_path
+    for name in ("w13", "w13_scale", "w2", "w2_scale"):
+        with pytest.raises(AttributeError):
+            setattr(mlp, name, getattr(mlp, name))
+    x = _x(2)
+    mlp(x)
+    w2 = mlp.w2
+    w2.data = w2.data.clone()  # same values, new storage
+    assert log[-1][2][2] != w2.data_ptr()
+    mlp(x)
+    assert log[-1][2][2] == w2.data_ptr()
 
 
 def test_kernel_path_refuses_a_kernel_with_another_signature(fake_kernel_path, monkeypatch) -> None:

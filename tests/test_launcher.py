@@ -249,15 +249,19 @@ def test_launch_unchecked_on_the_null_stream_checks_the_context_only_off_device(
     assert [c[2][0] for c in fake.calls] == [1, 2] and int(fake.calls[1][0].hStream) == 0
 
 
-def test_null_stream_launch_in_a_thread_without_a_context(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A fresh thread may have no driver context yet: the launch pushes the kernel's own."""
+@pytest.mark.parametrize("error", ["CUDA_ERROR_INVALID_CONTEXT", "CUDA_ERROR_INVALID_HANDLE"])
+def test_null_stream_launch_in_a_thread_without_our_context(
+    monkeypatch: pytest.MonkeyPatch, error: str
+) -> None:
+    """A fresh thread may have no driver context yet (or another context of the device is
+    current): the launch is retried with the kernel's own context pushed."""
     fake = _RecordingDriver()
     stack: list[int] = []
     real_launch = fake.cuLaunchKernelEx
 
     def launch(config, function, params, extra):
         if not stack:
-            return (fake.CUresult.CUDA_ERROR_INVALID_CONTEXT,)
+            return (getattr(fake.CUresult, error),)
         return real_launch(config, function, params, extra)
 
     def push(ctx):

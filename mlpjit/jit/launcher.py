@@ -285,8 +285,13 @@ class LoadedKernel:
             return
         result = driver.cuLaunchKernelEx(config, self._function, buffers.address, 0)
         if result[0]:  # CUresult is an int enum; CUDA_SUCCESS is 0
-            if handle == 0 and result[0] == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
-                # A thread with no driver context yet (the runtime sets it lazily).
+            errors = driver.CUresult
+            if handle == 0 and result[0] in (
+                errors.CUDA_ERROR_INVALID_CONTEXT,
+                errors.CUDA_ERROR_INVALID_HANDLE,
+            ):
+                # The null stream of a context that is not ours: a thread with no driver
+                # context yet (the runtime sets it lazily), or another context of this device.
                 self._launch_in_own_context(driver, config, buffers)
                 return
             _check(driver, result, f"cuLaunchKernelEx({self.symbol})")

@@ -9,12 +9,13 @@ need are listed by ``kernel_requests()`` (scripts/warm_gpu_cases.py warms them o
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
 
 import pytest
 import torch
 
-from mlpjit import DenseMlp
+from mlpjit import DenseMlp, dense_mlp
 from mlpjit import reference as ref
 from mlpjit.dense_mlp import kernel_supported
 from mlpjit.errors import CaptureError
@@ -332,9 +333,18 @@ def test_memory_no_weight_copies_act_kept_out_per_call() -> None:
     mlp = DenseMlp(**w, ue8m0=True)
     assert torch.cuda.memory_allocated() == base, "construction allocated device memory"
     assert mlp.w13.data_ptr() == w["w13"].data_ptr() and mlp.w2.data_ptr() == w["w2"].data_ptr()
+    # prepare keeps one act buffer per token count for this thread and stream, shared with
+    # every other layer of this size (earlier tests may have made some already).
+    device = torch.cuda.current_device()
+
+    def key(m: int) -> tuple:
+        return (device, threading.get_ident(), 0, m, inter)
+
+    missing = [m for m in TOKENS if key(m) not in dense_mlp._KEPT_ACT]
     mlp.prepare(TOKENS)
-    kept = sum(_block(m * inter * 2) for m in TOKENS)
+    kept = sum(_block(m * inter * 2) for m in missing)
     assert torch.cuda.memory_allocated() - base == kept, "prepare: act buffers only"
+    assert all(key(m) in dense_mlp._KEPT_ACT for m in TOKENS)
     for m in (1, 5, 8):
         xm = x[:m]
         out_b = _block(m * hidden * 2)
@@ -367,8 +377,14 @@ def test_back_to_back_eager_calls_reusing_act() -> None:
         mlp.forward_into(x, poisoned(4, inter), out)
         want.append(out)
     torch.cuda.synchronize()
+    # mlp_for prepared on this thread's default stream: those calls reuse one kept act.
+    device = torch.cuda.current_device()
+    kept = dense_mlp._KEPT_ACT[(device, threading.get_ident(), 0, 4, inter)]
+    assert mlp._act_buffers.get(xs[0], 4) is kept
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        assert mlp._act_buffers.get(xs[0], 4) is not kept  # another stream: allocated
     outs, side_outs = [], []
     for i in range(30):
         outs.append(mlp(xs[i % 3]))
