@@ -408,10 +408,9 @@ def _read_requests(path: Path) -> list[KernelRequest]:
         if not line.strip():
             continue
         try:
-            item = json.loads(line)
-            request = KernelRequest(str(item["kernel"]), dict(item["params"]), str(item["arch"]))
-        except (ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"{path}:{number}: not a kernel request line ({err})") from None
+            request = KernelRequest.from_json_line(line)
+        except ValueError as err:
+            raise ValueError(f"{path}:{number}: {err}") from None
         if request not in requests:
             requests.append(request)
     return requests

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -35,14 +34,13 @@ def _load(path: Path) -> ModuleType:
     return module
 
 
-def requests(arch: str) -> list[dict]:
-    """Distinct {"kernel", "params", "arch"} dicts of every source's kernel_requests(arch)."""
-    seen: list[dict] = []
+def requests(arch: str) -> list:
+    """Distinct KernelRequests of every source's kernel_requests(arch)."""
+    seen: list = []
     for path in SOURCES:
         for r in _load(path).kernel_requests(arch):
-            item = {"kernel": r.kernel, "params": dict(r.params), "arch": r.arch}
-            if item not in seen:
-                seen.append(item)
+            if r not in seen:
+                seen.append(r)
     return seen
 
 
@@ -53,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    lines = [json.dumps(item, sort_keys=True) for item in requests(args.arch)]
+    lines = [r.to_json_line() for r in requests(args.arch)]
     text = "\n".join(lines) + "\n"
     if args.output is None:
         sys.stdout.write(text)

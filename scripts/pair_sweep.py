@@ -194,12 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         p.error(f"--down-configs / --gate-up-configs: {exc}")
     if args.emit is not None:
-        lines = [
-            json.dumps(
-                {"kernel": r.kernel, "params": dict(r.params), "arch": r.arch}, sort_keys=True
-            )
-            for r in requests(shapes, tokens, extra_down, extra_gate_up)
-        ]
+        lines = [r.to_json_line() for r in requests(shapes, tokens, extra_down, extra_gate_up)]
         args.emit.write_text("\n".join(lines) + "\n")
         print(f"{len(lines)} requests -> {args.emit}")
         return 0

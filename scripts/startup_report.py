@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,6 +22,26 @@ def stats_delta(before: Any, after: Any) -> dict[str, float]:
         delta = getattr(after, name) - getattr(before, name)
         out[name] = round(delta, 3) if isinstance(delta, float) else delta
     return out
+
+
+def timed_prepare(mlps: Sequence[Any], tokens: Sequence[int]) -> dict[str, Any]:
+    """prepare(tokens) on every layer, timed, with what the compile manager did meanwhile,
+    whether cutlass got imported (it should not on a warm cache) and the paths taken."""
+    import time
+
+    from mlpjit.jit.manager import default_manager
+
+    manager = default_manager()
+    before = manager.stats
+    t0 = time.perf_counter()
+    for mlp in mlps:
+        mlp.prepare(tokens)
+    return {
+        "prepare_ms": ms(time.perf_counter() - t0),
+        **stats_delta(before, manager.stats),
+        "cutlass_imported": "cutlass" in sys.modules,
+        "paths": sorted({mlp.path(m) for mlp in mlps for m in tokens}),
+    }
 
 
 def format_table(

@@ -361,7 +361,6 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
 
     import mlpjit  # noqa: F401  (timed: what a server pays to import it)
     from mlpjit.dense_mlp import DenseMlp
-    from mlpjit.jit.manager import default_manager
 
     result: dict[str, Any] = {
         "rank": rank,
@@ -412,15 +411,7 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
     _progress(rank, "weights built")
 
     dist.barrier()  # every rank starts preparing at once
-    manager = default_manager()
-    before = manager.stats
-    t0 = time.perf_counter()
-    for mlp in mlps:
-        mlp.prepare(tokens)
-    result["prepare_ms"] = startup_report.ms(time.perf_counter() - t0)
-    result.update(startup_report.stats_delta(before, manager.stats))
-    result["cutlass_imported"] = "cutlass" in sys.modules
-    result["paths"] = sorted({mlp.path(m) for mlp in mlps for m in tokens})
+    result.update(startup_report.timed_prepare(mlps, tokens))
     _progress(rank, "prepared")
 
     def reduce(out: Any) -> None:
@@ -570,7 +561,6 @@ def run_emulated(opts: dict, device_name: str) -> tuple[list[dict], dict]:
     import torch
 
     from mlpjit.dense_mlp import DenseMlp
-    from mlpjit.jit.manager import default_manager
 
     tp, hidden, inter = opts["tp"], opts["hidden"], opts["intermediate"]
     tokens: list[int] = opts["tokens"]
@@ -590,7 +580,6 @@ def run_emulated(opts: dict, device_name: str) -> tuple[list[dict], dict]:
     build_full_ms = startup_report.ms(time.perf_counter() - t0)
 
     rows, rank_mlps = [], []
-    manager = default_manager()
     for rank in range(tp):
         row: dict[str, Any] = {"rank": rank, "mode": "emulated", "device": str(device)}
         t0 = time.perf_counter()
@@ -604,14 +593,7 @@ def run_emulated(opts: dict, device_name: str) -> tuple[list[dict], dict]:
         row["build_ms"] = startup_report.ms(
             time.perf_counter() - t0
         )  # shard + DenseMlp (full layers: once)
-        before = manager.stats
-        t0 = time.perf_counter()
-        for mlp in mlps:
-            mlp.prepare(tokens)
-        row["prepare_ms"] = startup_report.ms(time.perf_counter() - t0)
-        row.update(startup_report.stats_delta(before, manager.stats))
-        row["cutlass_imported"] = "cutlass" in sys.modules
-        row["paths"] = sorted({mlp.path(m) for mlp in mlps for m in tokens})
+        row.update(startup_report.timed_prepare(mlps, tokens))
         if gpu:  # this rank's L layers without the all-reduce
             t0 = time.perf_counter()
             graphs = {m: _capture(torch, mlps, m, hidden, None) for m in tokens}

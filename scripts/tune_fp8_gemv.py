@@ -258,12 +258,9 @@ def markdown_table(rows: list[dict]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.emit is not None:
-        items = [
-            {"kernel": r.kernel, "params": dict(r.params), "arch": r.arch}
-            for r in kernel_requests(args.arch, args.shape_list, args.token_list)
-        ]
+        items = kernel_requests(args.arch, args.shape_list, args.token_list)
         args.emit.parent.mkdir(parents=True, exist_ok=True)
-        args.emit.write_text("".join(json.dumps(i, sort_keys=True) + "\n" for i in items))
+        args.emit.write_text("".join(r.to_json_line() + "\n" for r in items))
         print(f"{len(items)} requests -> {args.emit}", file=sys.stderr)
         return 0
     if args.dry_run:

@@ -188,3 +188,15 @@ def test_source_edit_changes_the_key(tmp_path):
     edited = _key_in_subprocess(moved, cwd=tmp_path)
     assert edited["key"] != cache_key(key_components("smoke", PARAMS, "sm_90a"))
     assert keymod.source_hash("smoke", moved / "mlpjit") != keymod.source_hash("smoke")
+
+
+def test_a_default_valued_optional_param_keys_like_leaving_it_out() -> None:
+    base = {"rows": 3072, "k": 6144, "tokens": 1, "tiles": 1, "in_regs": 3, "ctas_per_sm": 2,
+            "swiglu": True, "limit": None, "ue8m0": True}  # fmt: skip
+    plain = cache_key(key_components("fp8_gemv", base, "sm_90a"))
+    explicit = cache_key(key_components("fp8_gemv", {**base, "early_launch": False}, "sm_90a"))
+    early = cache_key(key_components("fp8_gemv", {**base, "early_launch": True}, "sm_90a"))
+    assert plain == explicit != early
+    # The default compares by type too: 0 is not False.
+    zero = key_components("fp8_gemv", {**base, "early_launch": 0}, "sm_90a")
+    assert zero["params"]["early_launch"] == 0

@@ -184,3 +184,15 @@ def test_hit_in_fresh_process_imports_no_cutlass(cache_dir, smoke_request, run_w
     assert result["cutlass_loaded"] is False
     assert result["sha"] == {entry.key: hashlib.sha256(entry.cubin).hexdigest()}
     assert result["stats"]["hits"] == 1 and result["stats"]["compiles"] == 0
+
+
+def test_request_json_line_round_trip() -> None:
+    from mlpjit.jit.manager import KernelRequest
+
+    request = KernelRequest("smoke", {"n": 4096, "scale": 2.0, "block": 128}, "sm_90a")
+    line = request.to_json_line()
+    assert "\n" not in line and line == KernelRequest.from_json_line(line).to_json_line()
+    assert KernelRequest.from_json_line(line) == request
+    for bad in ("", "{}", '{"kernel": "smoke"}', "[1, 2]"):
+        with pytest.raises(ValueError, match="not a kernel request line"):
+            KernelRequest.from_json_line(bad)

@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
+_NO_DEFAULT = object()
 TOOLCHAIN_PREFIX = "nvidia-cutlass-dsl"
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
@@ -124,6 +125,9 @@ def _check_params(kdef: KernelDef, params: Mapping[str, Any]) -> dict[str, Any]:
             )
         if type(value) is float and not math.isfinite(value):
             raise ValueError(f"param {name!r} must be finite, got {value!r}")
+        default = kdef.param_defaults.get(name, _NO_DEFAULT)
+        if type(value) is type(default) and value == default:
+            continue  # the kernel's default: the same compile as leaving it out
         out[name] = value
     return dict(sorted(out.items()))
 

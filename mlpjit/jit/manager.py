@@ -46,6 +46,20 @@ class KernelRequest:
     params: Mapping[str, Any]
     arch: str
 
+    def to_json_line(self) -> str:
+        """One JSON line: the form MLPJIT_RECORD appends and ``mlpjit warm --from`` reads."""
+        item = {"kernel": self.kernel, "params": dict(self.params), "arch": self.arch}
+        return json.dumps(item, sort_keys=True)
+
+    @classmethod
+    def from_json_line(cls, line: str) -> KernelRequest:
+        """The request of a ``to_json_line`` line; ValueError if the line is not one."""
+        try:
+            item = json.loads(line)
+            return cls(str(item["kernel"]), dict(item["params"]), str(item["arch"]))
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"not a kernel request line ({err})") from None
+
 
 @dataclass
 class CacheStats:
@@ -328,10 +342,7 @@ class CompileManager:
             if r.key in self._recorded:
                 return
             self._recorded.add(r.key)
-        line = json.dumps(
-            {"kernel": r.request.kernel, "params": dict(r.request.params), "arch": r.request.arch},
-            sort_keys=True,
-        )
+        line = r.request.to_json_line()
         try:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:

@@ -277,7 +277,7 @@ def gemv_request(
         "limit": float(limit) if (swiglu and limit is not None) else None,
         "ue8m0": ue8m0,
     }
-    if config.early_launch:  # left out when False: the same key as a request without it
+    if config.early_launch:  # only what differs from the kernel's defaults
         params["early_launch"] = True
     return KernelRequest(kernel="fp8_gemv", params=params, arch=arch)
 

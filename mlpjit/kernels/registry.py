@@ -7,7 +7,10 @@ a kernel invalidates its cache entries.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
 __all__ = ["KernelDef", "kernel_def", "kernel_names"]
 
@@ -20,6 +23,9 @@ class KernelDef:
     module: str  # imported only on a miss; defines compile_cubin(params, arch)
     source_files: tuple[str, ...]  # relative to the mlpjit package directory
     param_names: frozenset[str]
+    # Optional parameters and their defaults: a request giving the default keys (and so
+    # compiles) like one that leaves the parameter out.
+    param_defaults: Mapping[str, Any] = field(default_factory=dict)
 
 
 _KERNELS: dict[str, KernelDef] = {
@@ -43,6 +49,7 @@ _KERNELS: dict[str, KernelDef] = {
                     "early_launch",
                 }
             ),
+            param_defaults=MappingProxyType({"early_launch": False}),
         ),
         KernelDef(
             name="smoke",
