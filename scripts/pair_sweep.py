@@ -72,15 +72,18 @@ def pairs(
 
 
 def parse_config(text: str) -> plan.GemvConfig:
-    """'t4/r3/c2' (tiles, in_regs, ctas_per_sm) -> GemvConfig, trigger after the wait."""
+    """'t4/r3/c2' (tiles, in_regs, ctas_per_sm), optionally '/s2' (slices_per_warp) ->
+    GemvConfig, trigger after the wait."""
     parts = text.split("/")
-    if len(parts) != 3 or [x[:1] for x in parts] != ["t", "r", "c"]:
-        raise ValueError(f"config must look like t4/r3/c2, got {text!r}")
+    if len(parts) == 3:
+        parts.append("s1")
+    if len(parts) != 4 or [x[:1] for x in parts] != ["t", "r", "c", "s"]:
+        raise ValueError(f"config must look like t4/r3/c2 or t1/r0/c2/s3, got {text!r}")
     try:
-        tiles, in_regs, cps = (int(x[1:]) for x in parts)
+        tiles, in_regs, cps, spw = (int(x[1:]) for x in parts)
     except ValueError:
-        raise ValueError(f"config must look like t4/r3/c2, got {text!r}") from None
-    return plan.GemvConfig(tiles, in_regs, cps)
+        raise ValueError(f"config must look like t4/r3/c2 or t1/r0/c2/s3, got {text!r}") from None
+    return plan.GemvConfig(tiles, in_regs, cps, slices_per_warp=spw)
 
 
 def requests(
@@ -109,7 +112,8 @@ def requests(
 
 def label(config: plan.GemvConfig) -> str:
     early = "/early" if config.early_launch else ""
-    return f"t{config.tiles}/r{config.in_regs}/c{config.ctas_per_sm}{early}"
+    spw = f"/s{config.slices_per_warp}" if config.slices_per_warp != 1 else ""
+    return f"t{config.tiles}/r{config.in_regs}/c{config.ctas_per_sm}{spw}{early}"
 
 
 def sweep_shape(

@@ -53,6 +53,7 @@ DEFAULT_TOKENS = (1, 8)
 TILES = (1, 2, 4)
 IN_REGS = (2, 3, 5, 7)
 MAX_VARIANTS = 12
+SPW_IN_REGS = (0, 1, 2, 3)
 L2_BYTES_H200 = 60 * 1024 * 1024  # used when the device does not report its L2 size
 
 
@@ -62,7 +63,12 @@ def default_config(rows: int, k: int, tokens: int, swiglu: bool) -> plan.GemvCon
 
 
 def variants(
-    rows: int, k: int, tokens: int, swiglu: bool, cap: int = MAX_VARIANTS
+    rows: int,
+    k: int,
+    tokens: int,
+    swiglu: bool,
+    cap: int = MAX_VARIANTS,
+    spws: Sequence[int] = (),
 ) -> list[plan.GemvConfig]:
     """Valid configs of one shape, choose_config's default first, at most ``cap`` of them.
 
@@ -72,6 +78,9 @@ def variants(
     smaller in_regs values, so a cap drops the least likely configs. All with the PDL
     trigger after the wait: where to trigger depends on the next kernel, so it is swept per
     layer (scripts/pair_sweep.py), not in a chain of one kernel type.
+
+    ``spws``: slices_per_warp values > 1 to add beyond the cap: one 16-row tile per CTA,
+    ctas_per_sm 1 and 2, in_regs SPW_IN_REGS where the config fits.
     """
     default = default_config(rows, k, tokens, swiglu)
     pairs = sorted((score, c) for score, c in plan._candidates(rows, k, tokens) if c.tiles in TILES)
@@ -91,16 +100,25 @@ def variants(
     for c in first + rest:
         if c not in ordered:
             ordered.append(c)
-    return ordered[:cap]
+    ordered = ordered[:cap]
+    for spw in spws:
+        for cps in (1, 2):
+            for r in SPW_IN_REGS:
+                c = plan.GemvConfig(1, r, cps, slices_per_warp=spw)
+                if spw > 1 and plan._fits(rows, k, tokens, c) and c not in ordered:
+                    ordered.append(c)
+    return ordered
 
 
-def sweep(shapes: Sequence[str], tokens: Sequence[int]) -> list[tuple[str, int, plan.GemvConfig]]:
+def sweep(
+    shapes: Sequence[str], tokens: Sequence[int], spws: Sequence[int] = ()
+) -> list[tuple[str, int, plan.GemvConfig]]:
     """(shape name, tokens, config) for every variant of the sweep, in run order."""
     out = []
     for name in shapes:
         rows, k, swiglu = SHAPES[name]
         for m in tokens:
-            out += [(name, m, c) for c in variants(rows, k, m, swiglu)]
+            out += [(name, m, c) for c in variants(rows, k, m, swiglu, spws=spws)]
     return out
 
 
@@ -116,9 +134,10 @@ def kernel_requests(
     arch: str = "sm_90a",
     shapes: Sequence[str] = tuple(SHAPES),
     tokens: Sequence[int] = DEFAULT_TOKENS,
+    spws: Sequence[int] = (),
 ) -> list:
     """Every variant's compile request (warm a cache with them on a CPU box)."""
-    return [request_of(name, m, c, arch) for name, m, c in sweep(shapes, tokens)]
+    return [request_of(name, m, c, arch) for name, m, c in sweep(shapes, tokens, spws)]
 
 
 # ---- arguments --------------------------------------------------------------------------------
@@ -133,6 +152,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="list the variants and exit")
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON")
     p.add_argument("--l2-multiple", type=float, default=4.0, help="chain weights / L2 size")
+    p.add_argument(
+        "--slices-per-warp",
+        default="",
+        help="comma list of slices_per_warp values > 1 to sweep as well (e.g. 2,3,4)",
+    )
     p.add_argument("--replays", type=int, default=100)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
@@ -147,6 +171,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(f"--tokens must be a comma list of ints in [1, {plan.MAX_TOKENS}]")
     if not args.token_list or any(not 1 <= t <= plan.MAX_TOKENS for t in args.token_list):
         p.error(f"--tokens must be ints in [1, {plan.MAX_TOKENS}], got {args.tokens!r}")
+    try:
+        args.spw_list = [int(v) for v in args.slices_per_warp.split(",") if v.strip()]
+    except ValueError:
+        p.error(f"--slices-per-warp must be a comma list of ints, got {args.slices_per_warp!r}")
+    if any(v < 2 for v in args.spw_list):
+        p.error(f"--slices-per-warp values must be >= 2, got {args.slices_per_warp!r}")
     if args.replays < 1 or args.warmup < 0:
         p.error("--replays must be >= 1 and --warmup >= 0")
     return args
@@ -186,7 +216,7 @@ def tune_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) ->
         x = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
         outs = [torch.empty(m, out_cols, dtype=torch.bfloat16, device="cuda") for _ in weights]
         default = default_config(rows, k, m, swiglu)
-        for config in variants(rows, k, m, swiglu):
+        for config in variants(rows, k, m, swiglu, spws=args.spw_list):
             entry = manager.get(request_of(name, m, config))
             kernel = load_kernel(entry, device)  # before capture: a load cannot be captured
 
@@ -205,6 +235,7 @@ def tune_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) ->
                 "tiles": config.tiles,
                 "in_regs": config.in_regs,
                 "ctas_per_sm": config.ctas_per_sm,
+                "slices_per_warp": config.slices_per_warp,
                 "default": config == default,
                 "us": us,
                 "p10_us": sorted(per_launch)[len(per_launch) // 10],
@@ -225,7 +256,9 @@ def tune_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) ->
 
 
 def _cfg(row: dict) -> str:
-    return f"t{row['tiles']}/r{row['in_regs']}/c{row['ctas_per_sm']}"
+    spw = row.get("slices_per_warp", 1)
+    extra = f"/s{spw}" if spw != 1 else ""
+    return f"t{row['tiles']}/r{row['in_regs']}/c{row['ctas_per_sm']}{extra}"
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -258,7 +291,7 @@ def markdown_table(rows: list[dict]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.emit is not None:
-        items = kernel_requests(args.arch, args.shape_list, args.token_list)
+        items = kernel_requests(args.arch, args.shape_list, args.token_list, args.spw_list)
         args.emit.parent.mkdir(parents=True, exist_ok=True)
         args.emit.write_text("".join(r.to_json_line() + "\n" for r in items))
         print(f"{len(items)} requests -> {args.emit}", file=sys.stderr)
@@ -268,12 +301,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in args.shape_list:
             rows, k, swiglu = SHAPES[name]
             for m in args.token_list:
-                found = variants(rows, k, m, swiglu)
+                found = variants(rows, k, m, swiglu, spws=args.spw_list)
                 total += len(found)
                 default = default_config(rows, k, m, swiglu)
                 cfgs = ", ".join(
-                    f"t{c.tiles}/r{c.in_regs}/c{c.ctas_per_sm}" + ("*" if c == default else "")
-                    for c in found
+                    _cfg(dataclasses.asdict(c)) + ("*" if c == default else "") for c in found
                 )
                 print(f"{name} (rows={rows}, k={k}, swiglu={swiglu}) m={m}: {cfgs}")
         print(f"{total} variants (* = choose_config default)")

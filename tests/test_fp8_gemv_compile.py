@@ -94,6 +94,7 @@ def test_glm5_kernel_sass(request_) -> None:
     binary = _compiled(frozen)
     facts = _facts(frozen)
     count = facts["count"]
+    spw = p.get("slices_per_warp", 1)  # 512-K slices per warp
 
     # Resources: no spills, no local memory, within sm_90 limits.
     assert facts["stack"] == 0 and facts["local"] == 0, facts
@@ -101,23 +102,23 @@ def test_glm5_kernel_sass(request_) -> None:
     assert facts["regs"] <= MAX_REGS
     threads = binary.block[0]
     assert facts["regs"] * threads * p["ctas_per_sm"] <= plan.REGS_PER_SM
-    assert binary.smem_bytes == plan.smem_bytes(p["k"], p["tokens"], p["tiles"], p["in_regs"])
+    assert binary.smem_bytes == plan.smem_bytes(p["k"], p["tokens"], p["tiles"], p["in_regs"], spw)
     assert binary.smem_bytes + facts["static_smem"] <= plan.SMEM_PER_CTA_MAX
     assert binary.smem_bytes <= plan.smem_budget(p["ctas_per_sm"])
 
     # Launch geometry: one CTA per 16*tiles rows, or a persistent grid of one resident wave
-    # (plan.grid_ctas); 32 threads per (tile, 512-K slice).
+    # (plan.grid_ctas); 32 threads per (tile, spw 512-K slices).
     tiles_total = p["rows"] // (16 * p["tiles"])
-    grid = plan.grid_ctas(p["rows"], p["k"], p["tiles"], p["in_regs"], p["ctas_per_sm"])
+    grid = plan.grid_ctas(p["rows"], p["k"], p["tiles"], p["in_regs"], p["ctas_per_sm"], spw)
     assert binary.grid == (grid, 1, 1)
     assert grid == tiles_total or grid == plan.SMS * p["ctas_per_sm"] < tiles_total
     persistent = grid < tiles_total
-    assert binary.block == (32 * p["tiles"] * p["k"] // 512, 1, 1)
+    assert binary.block == (32 * p["tiles"] * p["k"] // 512 // spw, 1, 1)
     assert binary.pdl is True
 
-    # FP8 mma: 16 m16n8k32 e4m3 mmas per warp, each 2 HMMA.16816.F32 + FP8->FP16 unpacks.
-    assert count["HMMA.16816.F32"] == 32
-    assert count["F2FP.F16.E4M3.UNPACK_B"] >= 32
+    # FP8 mma: 16 m16n8k32 e4m3 mmas per slice, each 2 HMMA.16816.F32 + FP8->FP16 unpacks.
+    assert count["HMMA.16816.F32"] == 32 * spw
+    assert count["F2FP.F16.E4M3.UNPACK_B"] >= 32 * spw
     # Activation quantization packs with the satfinite e4m3 convert.
     assert any(op.startswith("F2FP.SATFINITE.E4M3") for op in count)
 
@@ -129,12 +130,12 @@ def test_glm5_kernel_sass(request_) -> None:
     ops = facts["ops"]
     cp_async = [i for i, op in enumerate(ops) if op.startswith("LDGSTS.E.BYPASS.")]
     assert all(ops[i] in ("LDGSTS.E.BYPASS.128", "LDGSTS.E.BYPASS.LTC128B.128") for i in cp_async)
-    assert count["LDG.E.NA.128.CONSTANT"] == 2 * in_regs * copies
-    assert len(cp_async) == 2 * (plan.STEPS - in_regs) * copies
+    assert count["LDG.E.NA.128.CONSTANT"] == 2 * in_regs * copies * spw
+    assert len(cp_async) == 2 * (plan.STEPS - in_regs) * copies * spw
     # PDL: the first tile's cp.async share is issued before the dependency wait (ACQBULK).
     assert ops.count("ACQBULK") == 1
     wait = ops.index("ACQBULK")
-    assert sum(i < wait for i in cp_async) == 2 * (plan.STEPS - in_regs)
+    assert sum(i < wait for i in cp_async) == 2 * (plan.STEPS - in_regs) * spw
     # The PDL trigger (PREEXIT): after the wait, or with early_launch before any weight load.
     assert ops.count("PREEXIT") == 1
     trigger = ops.index("PREEXIT")
@@ -197,6 +198,35 @@ def test_variants_compile_clean(changes) -> None:
     assert facts["count"]["HMMA.16816.F32"] == 32
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"rows": 6144, "k": 12288, "tokens": 1, "in_regs": 1, "ctas_per_sm": 1, "swiglu": False,
+         "slices_per_warp": 3},
+        {"rows": 24576, "tokens": 2, "in_regs": 2, "ctas_per_sm": 1, "slices_per_warp": 2},
+        {"tokens": 1, "slices_per_warp": 2},
+        {"rows": 6144, "k": 1536, "tiles": 2, "in_regs": 8, "swiglu": False, "tokens": 2,
+         "slices_per_warp": 3},
+    ],
+    ids=["tp1-down-s3-persistent", "tp1-gate_up-s2-persistent", "tp8-gate_up-s2", "all-regs-s3"],
+)  # fmt: skip
+def test_wide_warps_compile_clean(changes) -> None:
+    """slices_per_warp > 1: a warp runs the mma work of several 512-K slices, so there are
+    fewer threads per tile; geometry and shared memory follow plan's formulas."""
+    p = _variant(**changes)
+    frozen = _freeze(p)
+    binary = _compiled(frozen)
+    facts = _facts(frozen)
+    spw = p["slices_per_warp"]
+    assert facts["stack"] == 0 and facts["local"] == 0, facts
+    assert facts["count"]["HMMA.16816.F32"] == 32 * spw
+    assert binary.block == (32 * p["tiles"] * p["k"] // 512 // spw, 1, 1)
+    assert binary.smem_bytes == plan.smem_bytes(p["k"], p["tokens"], p["tiles"], p["in_regs"], spw)
+    grid = plan.grid_ctas(p["rows"], p["k"], p["tiles"], p["in_regs"], p["ctas_per_sm"], spw)
+    assert binary.grid == (grid, 1, 1)
+    assert facts["regs"] * binary.block[0] * p["ctas_per_sm"] <= plan.REGS_PER_SM
+
+
 def test_variants_change_code() -> None:
     """ue8m0 and limit are in the key because they change the code."""
     base = _compiled(_freeze(_variant())).cubin
@@ -237,6 +267,8 @@ def test_deterministic_across_processes() -> None:
         ({"in_regs": 0}, "shared memory"),
         ({"limit": -1.0}, "limit must be"),
         ({"swiglu": 1}, "swiglu must be"),
+        ({"slices_per_warp": 5}, "slices_per_warp must divide"),
+        ({"slices_per_warp": 0}, "slices_per_warp must be"),
     ],
 )
 def test_bad_params(changes, match) -> None:

@@ -78,6 +78,14 @@ def test_parse_config_rejects_malformed(sweep, text: str) -> None:
         sweep.parse_config(text)
 
 
+def test_parse_config_slices_per_warp(sweep) -> None:
+    assert sweep.parse_config("t1/r0/c2/s3").slices_per_warp == 3
+    assert sweep.parse_config("t1/r0/c2").slices_per_warp == 1
+    assert sweep.label(sweep.parse_config("t1/r0/c2/s3")) == "t1/r0/c2/s3"
+    with pytest.raises(ValueError, match="t1/r0/c2/s3"):
+        sweep.parse_config("t1/r0/c2/x3")
+
+
 def test_extra_gate_up_configs_cross_with_every_down(sweep) -> None:
     hidden, inter = sweep.SHAPES["glm5-tp8"]
     g2, d2 = sweep.parse_config("t2/r2/c1"), sweep.parse_config("t2/r2/c2")

@@ -120,7 +120,10 @@ def test_gemv_request_params() -> None:
     }
     from mlpjit.kernels.registry import kernel_def
 
-    assert kernel_def("fp8_gemv").param_names - set(req.params) == {"early_launch"}
+    assert kernel_def("fp8_gemv").param_names - set(req.params) == {
+        "early_launch",
+        "slices_per_warp",
+    }
 
 
 def test_early_launch_is_in_the_request_only_when_set() -> None:

@@ -24,13 +24,15 @@ def _valid(params: dict) -> bool:
     """The plan's limits on one fp8_gemv specialization (what the kernel checks too)."""
     rows, k, m = params["rows"], params["k"], params["tokens"]
     tiles, in_regs, cps = params["tiles"], params["in_regs"], params["ctas_per_sm"]
-    fit = plan._fit(k, m, tiles, cps)
+    spw = params.get("slices_per_warp", 1)
+    fit = plan._fit(k, m, tiles, cps, spw)
     return (
         rows % (16 * tiles) == 0
         and k % plan.SLICE == 0
+        and (k // plan.SLICE) % spw == 0
         and fit is not None
         and 0 <= in_regs <= fit
-        and plan.smem_bytes(k, m, tiles, in_regs) <= plan.smem_budget(cps)
+        and plan.smem_bytes(k, m, tiles, in_regs, spw) <= plan.smem_budget(cps)
     )
 
 
@@ -53,8 +55,19 @@ def test_variants_are_valid_capped_and_start_with_default(tune):
             assert found[0] == dataclasses.replace(default, early_launch=False)
             assert not any(c.early_launch for c in found)
             assert len(set(found)) == len(found)
-            for c in found:
+            for c in found[1:]:  # the default may be any measured config (plan.TUNED_H200)
                 assert c.tiles in tune.TILES and c.in_regs in tune.IN_REGS
+                assert c.slices_per_warp == 1
+
+
+def test_slices_per_warp_variants_are_added_and_valid(tune):
+    base = tune.variants(6144, 12288, 1, False)
+    wide = tune.variants(6144, 12288, 1, False, spws=(2, 3, 5))
+    assert wide[: len(base)] == base
+    added = wide[len(base) :]
+    assert added and {c.slices_per_warp for c in added} == {2, 3}  # 5 does not divide 24
+    for c in added:
+        assert plan._fits(6144, 12288, 1, c) and c.tiles == 1
 
 
 def test_emit_writes_valid_requests(tune, tmp_path):
@@ -71,7 +84,8 @@ def test_emit_writes_valid_requests(tune, tmp_path):
         assert set(item) == {"kernel", "params", "arch"}
         assert item["kernel"] == "fp8_gemv" and item["arch"] == "sm_90a"
         params = item["params"]
-        assert set(params) == allowed - {"early_launch"}  # never set in a per-kernel sweep
+        # early_launch is never set in a per-kernel sweep; slices_per_warp only when not 1
+        assert set(params) - {"slices_per_warp"} == allowed - {"early_launch", "slices_per_warp"}
         assert params["tokens"] == 8 and params["ue8m0"] is True and params["limit"] is None
         assert (params["rows"], params["k"], params["swiglu"]) in tune.SHAPES.values()
         assert _valid(params), params

@@ -98,6 +98,7 @@ class Fp8Gemv:
         limit: float | None,
         ue8m0: bool,
         early_launch: bool = False,
+        slices_per_warp: int = 1,
     ) -> None:
         self.rows = _check_int("rows", rows, 16)
         self.k = _check_int("k", k, SLICE)
@@ -128,20 +129,26 @@ class Fp8Gemv:
 
         self.slices = k // SLICE
         self.groups = k // GROUP
-        self.warps = tiles * self.slices
+        self.spw = _check_int("slices_per_warp", slices_per_warp, 1, self.slices)
+        if self.slices % self.spw:
+            raise ValueError(
+                f"slices_per_warp must divide k/{SLICE} = {self.slices}, got {slices_per_warp}"
+            )
+        self.warp_slices = self.slices // self.spw  # warps per row tile
+        self.warps = tiles * self.warp_slices
         if 32 * self.warps > MAX_THREADS:
             raise ValueError(
-                f"tiles * k/{SLICE} = {self.warps} warps exceeds {MAX_THREADS // 32}; "
-                f"use fewer tiles (k={k})"
+                f"tiles * k/{SLICE} / slices_per_warp = {self.warps} warps exceeds "
+                f"{MAX_THREADS // 32}; use fewer tiles or more slices_per_warp (k={k})"
             )
-        self.staged = STEPS - in_regs
+        self.staged = STEPS - in_regs  # per slice
         self.threads = 32 * self.warps
         self.row_tiles = rows // (16 * tiles)  # CTA-sized row tiles
-        self.ctas = plan.grid_ctas(rows, k, tiles, in_regs, ctas_per_sm)
+        self.ctas = plan.grid_ctas(rows, k, tiles, in_regs, ctas_per_sm, self.spw)
         self.persistent = self.ctas < self.row_tiles
         self.out_cols = rows // 2 if swiglu else rows
         # Shared memory: staged weights | activations (reused for partial sums) | x scales.
-        self.smem_weights = self.warps * self.staged * 2 * 32 * 16
+        self.smem_weights = self.warps * self.spw * self.staged * 2 * 32 * 16
         self.smem_act = max(tokens * k, self.warps * 32 * 16)
         self.smem_scales = tokens * self.groups * 4
         self.smem_bytes = self.smem_weights + self.smem_act + self.smem_scales
@@ -200,7 +207,8 @@ class Fp8Gemv:
         lane = tid & 31
         warp = tid >> 5
         tile = warp % TL
-        slc = warp // TL
+        SPW = self.spw
+        slc0 = (warp // TL) * SPW  # the warp's first 512-K slice; it owns SPW in a row
         g = lane >> 2
         q = lane & 3
 
@@ -216,7 +224,7 @@ class Fp8Gemv:
         g_ws = Int64(m_ws.iterator.toint())
 
         row0, row1 = self.tile_rows(cta, tile, g)
-        k_lane = slc * SLICE + q * 16
+        k_lane = slc0 * SLICE + q * 16  # slice s of the warp: + s * SLICE
         g_a0 = g_w + Int64(row0) * K + Int64(k_lane)
         g_a1 = g_w + Int64(row1) * K + Int64(k_lane)
 
@@ -227,22 +235,34 @@ class Fp8Gemv:
             cute.arch.griddepcontrol_launch_dependents()
         # ---- weights in flight before the dependency wait (they never depend on it)
         policy = ptx.createpolicy_evict_first()
-        r_a0 = []
-        r_a1 = []
-        for st in cutlass.range_constexpr(self.in_regs):
-            r_a0.append(ptx.ld_global_nc_v4_hint(g_a0 + st * 64, policy))
-            r_a1.append(ptx.ld_global_nc_v4_hint(g_a1 + st * 64, policy))
-        s_stage = s_wgt + (warp * self.staged) * 1024 + lane * 16
-        for j in cutlass.range_constexpr(self.staged):
-            st = self.in_regs + j
-            ptx.cp_async_cg_16(s_stage + j * 1024, g_a0 + st * 64)
-            ptx.cp_async_cg_16(s_stage + j * 1024 + 512, g_a1 + st * 64)
-            cute.arch.cp_async_commit_group()
-        r_ws0 = ptx.ld_global_nc_v4_f32(g_ws + Int64(((row0 >> 7) * G + slc * 4) * 4))
-        if cutlass.const_expr(self.swiglu):
-            r_ws1 = ptx.ld_global_nc_v4_f32(g_ws + Int64(((row1 >> 7) * G + slc * 4) * 4))
-        else:
-            r_ws1 = r_ws0
+        # Per slice s of the warp: register steps r_a*[s], staged slots from
+        # s_stage + s * staged KB, weight scales r_ws*[s]; cp.async groups in (s, step) order.
+        r_a0 = [[] for _ in range(SPW)]
+        r_a1 = [[] for _ in range(SPW)]
+        for s in cutlass.range_constexpr(SPW):
+            for st in cutlass.range_constexpr(self.in_regs):
+                r_a0[s].append(ptx.ld_global_nc_v4_hint(g_a0 + (s * SLICE + st * 64), policy))
+                r_a1[s].append(ptx.ld_global_nc_v4_hint(g_a1 + (s * SLICE + st * 64), policy))
+        s_stage = s_wgt + (warp * SPW * self.staged) * 1024 + lane * 16
+        for s in cutlass.range_constexpr(SPW):
+            for j in cutlass.range_constexpr(self.staged):
+                st = self.in_regs + j
+                s_slot = s_stage + (s * self.staged + j) * 1024
+                ptx.cp_async_cg_16(s_slot, g_a0 + (s * SLICE + st * 64))
+                ptx.cp_async_cg_16(s_slot + 512, g_a1 + (s * SLICE + st * 64))
+                cute.arch.cp_async_commit_group()
+        r_ws0 = []
+        r_ws1 = []
+        for s in cutlass.range_constexpr(SPW):
+            r_ws0.append(
+                ptx.ld_global_nc_v4_f32(g_ws + Int64(((row0 >> 7) * G + (slc0 + s) * 4) * 4))
+            )
+            if cutlass.const_expr(self.swiglu):
+                r_ws1.append(
+                    ptx.ld_global_nc_v4_f32(g_ws + Int64(((row1 >> 7) * G + (slc0 + s) * 4) * 4))
+                )
+            else:
+                r_ws1.append(r_ws0[s])
 
         cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(not self.early_launch):
@@ -252,25 +272,31 @@ class Fp8Gemv:
         # All of a warp's x loads are issued before the first is consumed, so the global
         # round trips overlap (ptxas still sinks some of them when registers run short).
         per_warp = (T + TL - 1) // TL
-        words = [self.load_chunk(g_x, self.token_of(tile, j), slc, lane) for j in range(per_warp)]
-        for j in cutlass.range_constexpr(per_warp):
-            self.quantize_if_valid(words[j], s_act, s_xsc, tile + j * TL, slc, lane)
+        words = [
+            self.load_chunk(g_x, self.token_of(tile, j), slc0 + s, lane)
+            for s in range(SPW)
+            for j in range(per_warp)
+        ]
+        for s in cutlass.range_constexpr(SPW):
+            for j in cutlass.range_constexpr(per_warp):
+                word = words[s * per_warp + j]
+                self.quantize_if_valid(word, s_act, s_xsc, tile + j * TL, slc0 + s, lane)
         cute.arch.sync_threads()
 
         # ---- main loop per row tile, partial sums, epilogue
         t_b = cutlass.min(g, T - 1)  # B columns >= tokens repeat the last token
-        s_b = s_act + (slc * T + t_b) * SLICE
+        s_b = s_act + (slc0 * T + t_b) * SLICE  # slice s: + s * T * SLICE
         sw_b = (t_b & 1) << 2
         c0 = cutlass.min(q * 2, T - 1)
         c1 = cutlass.min(q * 2 + 1, T - 1)
-        s_xs0 = s_xsc + (c0 * G + slc * 4) * 4
-        s_xs1 = s_xsc + (c1 * G + slc * 4) * 4
+        s_xs0 = s_xsc + (c0 * G + slc0 * 4) * 4  # slice s: + s * 16
+        s_xs1 = s_xsc + (c1 * G + slc0 * 4) * 4
         # Each warp writes its K-slice partials over its own last staged slot: only this lane
         # read those 16 bytes, and the slot's cp.async group is complete by then. (With
         # nothing staged the activation area is reused after a barrier; never persistent.)
-        s_part = s_stage + (self.staged - 1) * 1024
+        s_part = s_stage + (SPW * self.staged - 1) * 1024
         if cutlass.const_expr(not self.persistent):
-            total = self.tile_sums(r_a0, r_a1, (r_ws0, r_ws1), s_stage, s_b, q, sw_b, s_xs0, s_xs1)
+            total = self.warp_sums(r_a0, r_a1, r_ws0, r_ws1, s_stage, s_b, q, sw_b, s_xs0, s_xs1)
             if cutlass.const_expr(self.staged == 0):
                 cute.arch.sync_threads()
                 s_part = s_act + tid * 16
@@ -290,43 +316,91 @@ class Fp8Gemv:
                 n_row0, n_row1 = self.tile_rows(nxt, tile, g)
                 g_n0 = g_w + Int64(n_row0) * K + Int64(k_lane)
                 g_n1 = g_w + Int64(n_row1) * K + Int64(k_lane)
-                total = self.tile_sums(
-                    r_a0,
-                    r_a1,
-                    (r_ws0, r_ws1),
-                    s_stage,
-                    s_b,
-                    q,
-                    sw_b,
-                    s_xs0,
-                    s_xs1,
+                total = self.warp_sums(
+                    r_a0, r_a1, r_ws0, r_ws1, s_stage, s_b, q, sw_b, s_xs0, s_xs1,
                     (g_n0, g_n1, more),
-                )
+                )  # fmt: skip
                 ptx.st_shared_v4_f32(s_part, total[0], total[1], total[2], total[3])
                 cute.arch.sync_threads()
                 if warp < TL:
                     self.reduce_and_store(g_out, s_part, blk)
                 # Every reader of the partials is done: the last slot takes tile i+1's step.
                 cute.arch.sync_threads()
-                st = STEPS - 1
-                ptx.cp_async_cg_16_if(s_part, g_n0 + st * 64, more)
-                ptx.cp_async_cg_16_if(s_part + 512, g_n1 + st * 64, more)
+                last = (SPW - 1) * SLICE + (STEPS - 1) * 64
+                ptx.cp_async_cg_16_if(s_part, g_n0 + last, more)
+                ptx.cp_async_cg_16_if(s_part + 512, g_n1 + last, more)
                 cute.arch.cp_async_commit_group()
                 # The register steps and weight scales of tile i+1 only now: loaded earlier
                 # they would be live through the main loop or the epilogue and spill at the
                 # 80-register bound; the staged steps (most of the bytes) are in flight.
-                r_a0 = []
-                r_a1 = []
-                for st in cutlass.range_constexpr(self.in_regs):
-                    r_a0.append(ptx.ld_global_nc_v4_hint_if(g_n0 + st * 64, policy, more))
-                    r_a1.append(ptx.ld_global_nc_v4_hint_if(g_n1 + st * 64, policy, more))
+                r_a0 = [[] for _ in range(SPW)]
+                r_a1 = [[] for _ in range(SPW)]
+                for s in cutlass.range_constexpr(SPW):
+                    for st in cutlass.range_constexpr(self.in_regs):
+                        off = s * SLICE + st * 64
+                        r_a0[s].append(ptx.ld_global_nc_v4_hint_if(g_n0 + off, policy, more))
+                        r_a1[s].append(ptx.ld_global_nc_v4_hint_if(g_n1 + off, policy, more))
                 # Past the last tile: a valid re-read, never used.
                 w_row0, w_row1 = self.tile_rows(cutlass.min(nxt, self.row_tiles - 1), tile, g)
-                r_ws0 = ptx.ld_global_nc_v4_f32(g_ws + Int64(((w_row0 >> 7) * G + slc * 4) * 4))
-                if cutlass.const_expr(self.swiglu):
-                    r_ws1 = ptx.ld_global_nc_v4_f32(g_ws + Int64(((w_row1 >> 7) * G + slc * 4) * 4))
-                else:
-                    r_ws1 = r_ws0
+                r_ws0 = []
+                r_ws1 = []
+                for s in cutlass.range_constexpr(SPW):
+                    sc = (slc0 + s) * 4
+                    r_ws0.append(
+                        ptx.ld_global_nc_v4_f32(g_ws + Int64(((w_row0 >> 7) * G + sc) * 4))
+                    )
+                    if cutlass.const_expr(self.swiglu):
+                        r_ws1.append(
+                            ptx.ld_global_nc_v4_f32(g_ws + Int64(((w_row1 >> 7) * G + sc) * 4))
+                        )
+                    else:
+                        r_ws1.append(r_ws0[s])
+
+    @cute.jit
+    def warp_sums(
+        self,
+        r_a0: list,
+        r_a1: list,
+        r_ws0: list,
+        r_ws1: list,
+        s_stage: Int32,
+        s_b: Int32,
+        q: Int32,
+        sw_b: Int32,
+        s_xs0: Int32,
+        s_xs1: Int32,
+        refill: tuple | None = None,
+    ):
+        """The warp's share of one row tile: tile_sums over each of its slices, added up.
+
+        cp.async groups were committed in (slice, step) order, so slice s waits past the
+        later slices' groups; a persistent kernel's refills keep SPW*staged-1 groups newer
+        than any slot's. Only the warp's last slot is held back for the partial sums.
+        """
+        SPW = self.spw
+        total = None
+        for s in cutlass.range_constexpr(SPW):
+            step = None
+            if cutlass.const_expr(refill is not None):
+                g_n0, g_n1, more = refill
+                step = (g_n0 + s * SLICE, g_n1 + s * SLICE, more)
+            newer = (SPW - 1) * self.staged if refill is not None else (SPW - 1 - s) * self.staged
+            total = self.tile_sums(
+                r_a0[s],
+                r_a1[s],
+                (r_ws0[s], r_ws1[s]),
+                s_stage + s * self.staged * 1024,
+                s_b + s * self.tokens * SLICE,
+                q,
+                sw_b,
+                s_xs0 + s * 16,
+                s_xs1 + s * 16,
+                step,
+                newer_groups=newer,
+                hold_last=s == SPW - 1,
+                total=total,
+            )
+        return total
 
     @cute.jit
     def tile_sums(
@@ -341,14 +415,21 @@ class Fp8Gemv:
         s_xs0: Int32,
         s_xs1: Int32,
         refill: tuple | None = None,
+        newer_groups: int = 0,
+        hold_last: bool = True,
+        total: list | None = None,
     ):
-        """One row tile: 4 groups x (2 steps x 2 mmas), fp32 group sums, then the scales.
+        """One 512-K slice of a row tile: 4 groups x (2 steps x 2 mmas), fp32 group sums,
+        then the scales, added to ``total`` (zeros if None).
 
         With ``refill`` = (next row-0 address, next row-1 address, predicate), each staged
-        slot but the last is reloaded with the next tile's step right after use.
+        slot is reloaded with the next tile's step right after use, except the last one when
+        ``hold_last`` (it takes the partial sums). ``newer_groups``: cp.async groups
+        committed after this slice's, which the waits must not wait for.
         """
         r_ws0, r_ws1 = r_ws
-        total = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
+        if cutlass.const_expr(total is None):
+            total = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
         for grp in cutlass.range_constexpr(SLICE // GROUP):
             acc = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
             for sub in cutlass.range_constexpr(2):
@@ -361,6 +442,7 @@ class Fp8Gemv:
                     # Groups commit in step order; a persistent kernel commits one refill
                     # group per consumed step, so staged-1 newer groups are always pending.
                     newer = self.staged - 1 if refill is not None else self.staged - 1 - j
+                    newer += newer_groups
                     cute.arch.cp_async_wait_group(newer)
                     a0 = ptx.ld_shared_v4(s_stage + j * 1024)
                     a1 = ptx.ld_shared_v4(s_stage + j * 1024 + 512)
@@ -369,7 +451,7 @@ class Fp8Gemv:
                 acc = ptx.mma_m16n8k32_e4m3((a0[2], a1[2], a0[3], a1[3]), (b[2], b[3]), acc)
                 if cutlass.const_expr(refill is not None):
                     g_n0, g_n1, more = refill
-                    if cutlass.const_expr(self.in_regs <= st < STEPS - 1):
+                    if cutlass.const_expr(self.in_regs <= st < STEPS - int(hold_last)):
                         ptx.cp_async_cg_16_if(s_stage + j * 1024, g_n0 + st * 64, more)
                         ptx.cp_async_cg_16_if(s_stage + j * 1024 + 512, g_n1 + st * 64, more)
                         cute.arch.cp_async_commit_group()
@@ -481,9 +563,9 @@ class Fp8Gemv:
         row0, _ = self.tile_rows(blk, tid >> 5, lane >> 2)
         q = lane & 3
         # Bytes per warp of the partials: its staged weights, or 32 lanes x 16 B of s_act.
-        warp_stride = self.staged * 1024 if self.staged else 32 * 16
+        warp_stride = self.spw * self.staged * 1024 if self.staged else 32 * 16
         acc = list(ptx.ld_shared_v4_f32(s_part))
-        for s in cutlass.range_constexpr(1, self.slices):
+        for s in cutlass.range_constexpr(1, self.warp_slices):
             part = ptx.ld_shared_v4_f32(s_part + s * self.tiles * warp_stride)
             acc = [acc[i] + part[i] for i in range(4)]
         if cutlass.const_expr(self.swiglu):
@@ -525,7 +607,7 @@ class Fp8Gemv:
 
 
 _REQUIRED = ("rows", "k", "tokens", "tiles", "in_regs", "ctas_per_sm", "swiglu", "limit", "ue8m0")
-_OPTIONAL = ("early_launch",)  # default False; plan leaves it out of requests when False
+_OPTIONAL = ("early_launch", "slices_per_warp")  # defaults False, 1 (registry param_defaults)
 
 
 def _params(params: Mapping[str, Any]) -> dict[str, Any]:

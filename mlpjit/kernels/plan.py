@@ -58,17 +58,22 @@ class GemvConfig:
     in_regs: int  # 64-K steps loaded into registers (the rest go through shared memory)
     ctas_per_sm: int  # launch bound: CTAs meant to be resident per SM
     early_launch: bool = False  # PDL trigger at kernel entry instead of after the wait
+    # 512-K slices per warp: more means fewer threads (and registers) per row tile, so a
+    # persistent grid fits where one warp per slice would spill (large k).
+    slices_per_warp: int = 1
 
 
-def smem_bytes(k: int, tokens: int, tiles: int, in_regs: int) -> int:
+def smem_bytes(k: int, tokens: int, tiles: int, in_regs: int, slices_per_warp: int = 1) -> int:
     """Dynamic shared memory of a specialization (DESIGN.md's formula)."""
-    warps = tiles * (k // SLICE)
-    staged = warps * (STEPS - in_regs) * 2 * 32 * 16
+    warps = tiles * (k // SLICE) // slices_per_warp
+    staged = tiles * (k // SLICE) * (STEPS - in_regs) * 2 * 32 * 16
     act = max(tokens * k, warps * 32 * 16)
     return staged + act + tokens * (k // GROUP) * 4
 
 
-def grid_ctas(rows: int, k: int, tiles: int, in_regs: int, ctas_per_sm: int) -> int:
+def grid_ctas(
+    rows: int, k: int, tiles: int, in_regs: int, ctas_per_sm: int, slices_per_warp: int = 1
+) -> int:
     """CTAs launched: one per 16*tiles-row tile, or a persistent grid of one resident wave.
 
     Persistent (SMS*ctas_per_sm CTAs; CTA c takes row tiles c, c + grid, ...) when there
@@ -79,7 +84,7 @@ def grid_ctas(rows: int, k: int, tiles: int, in_regs: int, ctas_per_sm: int) -> 
     configs keep one CTA per tile.
     """
     tiles_total = rows // (16 * tiles)
-    threads = 32 * tiles * (k // SLICE)
+    threads = 32 * tiles * (k // SLICE) // slices_per_warp
     if in_regs >= STEPS or _reg_budget(threads, ctas_per_sm) < PERSISTENT_MIN_REGS:
         return tiles_total
     return min(tiles_total, SMS * ctas_per_sm)
@@ -94,23 +99,27 @@ def smem_budget(ctas_per_sm: int) -> int:
     return min(SMEM_PER_CTA_MAX, SMEM_PER_SM // ctas_per_sm) - SMEM_CTA_OVERHEAD
 
 
-def _fit(k: int, tokens: int, tiles: int, ctas_per_sm: int) -> int | None:
+def _fit(k: int, tokens: int, tiles: int, ctas_per_sm: int, slices_per_warp: int = 1) -> int | None:
     """The largest in_regs that fits registers and shared memory, or None."""
-    threads = 32 * tiles * (k // SLICE)
+    threads = 32 * tiles * (k // SLICE) // slices_per_warp
     if threads * ctas_per_sm > THREADS_PER_SM:
         return None
     regs = _reg_budget(threads, ctas_per_sm)
     # At most STEPS-1: with no cp.async at all, ptxas 13.0 hoists griddepcontrol.wait
     # (ACQBULK) above every weight load, losing the PDL overlap; a committed cp.async group
     # keeps the loads before it (tests/test_fp8_gemv_compile.py checks the order).
-    in_regs = min(STEPS - 1, (regs - BASE_REGS) // 8)
-    if in_regs < 0 or smem_bytes(k, tokens, tiles, in_regs) > smem_budget(ctas_per_sm):
+    in_regs = min(STEPS - 1, (regs - BASE_REGS) // (8 * slices_per_warp))
+    if in_regs < 0 or smem_bytes(k, tokens, tiles, in_regs, slices_per_warp) > smem_budget(
+        ctas_per_sm
+    ):
         return None
     return in_regs
 
 
-def _c(tiles: int, in_regs: int, ctas_per_sm: int, early_launch: bool = False) -> GemvConfig:
-    return GemvConfig(tiles, in_regs, ctas_per_sm, early_launch)
+def _c(
+    tiles: int, in_regs: int, ctas_per_sm: int, early_launch: bool = False, spw: int = 1
+) -> GemvConfig:
+    return GemvConfig(tiles, in_regs, ctas_per_sm, early_launch, spw)
 
 
 # The fastest config per known shape, measured on one H200 with scripts/tune_fp8_gemv.py
@@ -130,24 +139,41 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig], ...]] = {
     # bench/results/pair_sweep_h200.txt, then pair_sweep_down_h200.txt with gate_up's
     # trigger as tuned: 2-4 tokens 0.4-0.6 us faster with t2/r2/c2 than before).
     (6144, 1536, False): ((1, _c(4, 3, 2)), (8, _c(2, 2, 2))),
-    (6144, 6144, True): ((4, _c(1, 3, 2)), (8, _c(2, 2, 1, EARLY))),
+    # TP 4, 2 and 1: persistent grids (one resident wave looping over row tiles), most with
+    # 2-3 slices per warp (spw), from the wide-warp sweeps of 2026-11-29 and a layer-level
+    # pair sweep against the previous picks (KERNEL_NOTES variant 12;
+    # bench/results/tune_fp8_gemv_h200_wide_*.md, pair_sweep_wide_h200.txt). No early
+    # trigger won >= 0.25 us on gate_up there.
+    (6144, 6144, True): (
+        (1, _c(1, 0, 2, spw=2)),
+        (2, _c(1, 3, 2)),
+        (4, _c(1, 2, 2, spw=3)),
+        (8, _c(1, 3, 1)),
+    ),
     (6144, 3072, False): ((2, _c(1, 3, 4)), (4, _c(2, 2, 2)), (8, _c(2, 3, 2))),
-    # TP 2 and 1 gate_up: the c1 configs run a persistent grid (132 CTAs, x quantized once
-    # per CTA); measured in a second sweep (bench/results/tune_fp8_gemv_h200_persistent.md).
     (12288, 6144, True): (
-        (1, _c(1, 5, 1, EARLY)),
-        (2, _c(1, 3, 2)),
-        (4, _c(1, 5, 1)),
+        (1, _c(1, 2, 2, spw=3)),
+        (2, _c(1, 0, 2, spw=3)),
+        (4, _c(1, 2, 2, spw=3)),
         (8, _c(1, 3, 1)),
     ),
-    (6144, 6144, False): ((2, _c(1, 3, 2)), (4, _c(1, 2, 2)), (8, _c(1, 3, 2))),
+    (6144, 6144, False): (
+        (2, _c(1, 0, 2, spw=2)),
+        (4, _c(1, 2, 1)),
+        (8, _c(1, 0, 1, spw=2)),
+    ),
     (24576, 6144, True): (
-        (1, _c(1, 5, 1, EARLY)),
-        (2, _c(1, 3, 2)),
-        (4, _c(1, 5, 1)),
+        (2, _c(1, 0, 2, spw=3)),
+        (4, _c(1, 0, 1, spw=3)),
         (8, _c(1, 3, 1)),
     ),
-    (6144, 12288, False): ((2, _c(1, 2, 1)), (8, _c(1, 3, 1))),
+    (6144, 12288, False): (
+        (1, _c(1, 0, 1, spw=3)),
+        (2, _c(1, 0, 1, spw=2)),
+        (6, _c(1, 2, 1, spw=3)),
+        (7, _c(1, 3, 1, spw=3)),  # spw 2 spills at 5-7 tokens (ptxas 13.0)
+        (8, _c(1, 3, 1, spw=2)),
+    ),
     # GLM-4.5 (hidden 5120) TP 8
     (3072, 5120, True): (
         (1, _c(1, 3, 2)),
@@ -163,12 +189,16 @@ HEURISTIC_MAX_IN_REGS = 3
 
 
 def _fits(rows: int, k: int, tokens: int, config: GemvConfig) -> bool:
-    fit = _fit(k, tokens, config.tiles, config.ctas_per_sm)
+    spw = config.slices_per_warp
+    if (k // SLICE) % spw:
+        return False
+    fit = _fit(k, tokens, config.tiles, config.ctas_per_sm, spw)
     return (
         rows % (16 * config.tiles) == 0
         and fit is not None
         and 0 <= config.in_regs <= fit
-        and smem_bytes(k, tokens, config.tiles, config.in_regs) <= smem_budget(config.ctas_per_sm)
+        and smem_bytes(k, tokens, config.tiles, config.in_regs, spw)
+        <= smem_budget(config.ctas_per_sm)
     )
 
 
@@ -279,6 +309,8 @@ def gemv_request(
     }
     if config.early_launch:  # only what differs from the kernel's defaults
         params["early_launch"] = True
+    if config.slices_per_warp != 1:
+        params["slices_per_warp"] = config.slices_per_warp
     return KernelRequest(kernel="fp8_gemv", params=params, arch=arch)
 
 

@@ -47,9 +47,10 @@ _KERNELS: dict[str, KernelDef] = {
                     "limit",
                     "ue8m0",
                     "early_launch",
+                    "slices_per_warp",
                 }
             ),
-            param_defaults=MappingProxyType({"early_launch": False}),
+            param_defaults=MappingProxyType({"early_launch": False, "slices_per_warp": 1}),
         ),
         KernelDef(
             name="smoke",

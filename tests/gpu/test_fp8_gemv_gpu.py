@@ -45,14 +45,37 @@ CASES = (
 )  # fmt: skip
 
 
-def _request(shape: str, m: int, ue8m0: bool, limit: float | None, arch: str = ARCH):
+# Several 512-K slices per warp (plan.GemvConfig.slices_per_warp), persistent and not, with
+# and without SwiGLU, token counts that leave tiles without a token, nothing staged.
+WIDE_CASES = (
+    ("glm5-tp1-down", 1, plan.GemvConfig(1, 1, 1, slices_per_warp=3)),
+    ("glm5-tp1-down", 8, plan.GemvConfig(1, 3, 1, slices_per_warp=3)),
+    ("glm5-tp1-down", 3, plan.GemvConfig(1, 2, 1, slices_per_warp=4)),
+    ("glm5-tp1-gate_up", 2, plan.GemvConfig(1, 2, 1, slices_per_warp=2)),
+    ("glm5-tp8-gate_up", 1, plan.GemvConfig(1, 3, 2, slices_per_warp=2)),
+    ("glm5-tp8-down", 5, plan.GemvConfig(2, 2, 2, slices_per_warp=3)),
+    ("glm5-tp8-down", 2, plan.GemvConfig(2, 8, 2, slices_per_warp=3)),
+)
+
+
+def _request(
+    shape: str,
+    m: int,
+    ue8m0: bool,
+    limit: float | None,
+    arch: str = ARCH,
+    config: plan.GemvConfig | None = None,
+):
     rows, k, swiglu = SHAPES[shape]
-    return plan.gemv_request(rows, k, m, swiglu=swiglu, limit=limit, ue8m0=ue8m0, arch=arch)
+    return plan.gemv_request(
+        rows, k, m, swiglu=swiglu, limit=limit, ue8m0=ue8m0, arch=arch, config=config
+    )
 
 
 def kernel_requests(arch: str = ARCH) -> list:
     """Every compile request of these tests (for warming a cache on a machine without GPU)."""
-    return [_request(*case, arch=arch) for case in CASES] + chain_requests(arch)
+    wide = [_request(s, m, True, None, arch, config) for s, m, config in WIDE_CASES]
+    return [_request(*case, arch=arch) for case in CASES] + wide + chain_requests(arch)
 
 
 def chain_requests(arch: str = ARCH) -> list:
@@ -124,6 +147,30 @@ def test_gemv_matches_reference(case) -> None:
     print(f"\n[fp8_gemv] {shape} tokens={m} ue8m0={ue8m0} limit={limit} rel_l2={err:.3e}{clipped}")
     assert not torch.isnan(out).any(), "unwritten (NaN-poisoned) or NaN outputs"
     assert torch.isfinite(out).all()
+    assert err < TOL
+
+
+@pytest.mark.parametrize(
+    "case",
+    WIDE_CASES,
+    ids=[
+        f"{s}-t{m}-t{c.tiles}r{c.in_regs}c{c.ctas_per_sm}s{c.slices_per_warp}"
+        for s, m, c in WIDE_CASES
+    ],
+)
+def test_wide_warps_match_reference(case) -> None:
+    shape, m, config = case
+    rows, k, swiglu = SHAPES[shape]
+    w, w_scale = _weights(rows, k, seed=rows + k, out_std=2.0)
+    x = _x(m, k, seed=m)
+    cols = rows // 2 if swiglu else rows
+    out = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _launch(_request(shape, m, True, None, config=config), out, x, w, w_scale)
+    torch.cuda.synchronize()
+    want = ref.gemv_reference(x, w, w_scale, swiglu=swiglu, ue8m0=True)
+    err = _rel_l2(out, want)
+    print(f"\n[fp8_gemv wide] {shape} tokens={m} {config} rel_l2={err:.3e}")
+    assert not torch.isnan(out).any(), "unwritten (NaN-poisoned) or NaN outputs"
     assert err < TOL
 
 
