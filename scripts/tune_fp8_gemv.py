@@ -69,6 +69,7 @@ def variants(
     swiglu: bool,
     cap: int = MAX_VARIANTS,
     spws: Sequence[int] = (),
+    spw_tiles: Sequence[int] = (1,),
 ) -> list[plan.GemvConfig]:
     """Valid configs of one shape, choose_config's default first, at most ``cap`` of them.
 
@@ -79,8 +80,8 @@ def variants(
     trigger after the wait: where to trigger depends on the next kernel, so it is swept per
     layer (scripts/pair_sweep.py), not in a chain of one kernel type.
 
-    ``spws``: slices_per_warp values > 1 to add beyond the cap: one 16-row tile per CTA,
-    ctas_per_sm 1 and 2, in_regs SPW_IN_REGS where the config fits.
+    ``spws``: slices_per_warp values > 1 to add beyond the cap: ``spw_tiles`` tiles per CTA,
+    ctas_per_sm 1, 2 and 4, in_regs SPW_IN_REGS where the config fits.
     """
     default = default_config(rows, k, tokens, swiglu)
     pairs = sorted((score, c) for score, c in plan._candidates(rows, k, tokens) if c.tiles in TILES)
@@ -102,23 +103,28 @@ def variants(
             ordered.append(c)
     ordered = ordered[:cap]
     for spw in spws:
-        for cps in (1, 2):
-            for r in SPW_IN_REGS:
-                c = plan.GemvConfig(1, r, cps, slices_per_warp=spw)
-                if spw > 1 and plan._fits(rows, k, tokens, c) and c not in ordered:
-                    ordered.append(c)
+        for tiles in spw_tiles:
+            for cps in (1, 2, 4):
+                for r in SPW_IN_REGS:
+                    c = plan.GemvConfig(tiles, r, cps, slices_per_warp=spw)
+                    if spw > 1 and plan._fits(rows, k, tokens, c) and c not in ordered:
+                        ordered.append(c)
     return ordered
 
 
 def sweep(
-    shapes: Sequence[str], tokens: Sequence[int], spws: Sequence[int] = ()
+    shapes: Sequence[str],
+    tokens: Sequence[int],
+    spws: Sequence[int] = (),
+    spw_tiles: Sequence[int] = (1,),
 ) -> list[tuple[str, int, plan.GemvConfig]]:
     """(shape name, tokens, config) for every variant of the sweep, in run order."""
     out = []
     for name in shapes:
         rows, k, swiglu = SHAPES[name]
         for m in tokens:
-            out += [(name, m, c) for c in variants(rows, k, m, swiglu, spws=spws)]
+            found = variants(rows, k, m, swiglu, spws=spws, spw_tiles=spw_tiles)
+            out += [(name, m, c) for c in found]
     return out
 
 
@@ -135,9 +141,11 @@ def kernel_requests(
     shapes: Sequence[str] = tuple(SHAPES),
     tokens: Sequence[int] = DEFAULT_TOKENS,
     spws: Sequence[int] = (),
+    spw_tiles: Sequence[int] = (1,),
 ) -> list:
     """Every variant's compile request (warm a cache with them on a CPU box)."""
-    return [request_of(name, m, c, arch) for name, m, c in sweep(shapes, tokens, spws)]
+    found = sweep(shapes, tokens, spws, spw_tiles)
+    return [request_of(name, m, c, arch) for name, m, c in found]
 
 
 # ---- arguments --------------------------------------------------------------------------------
@@ -157,6 +165,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="",
         help="comma list of slices_per_warp values > 1 to sweep as well (e.g. 2,3,4)",
     )
+    p.add_argument(
+        "--spw-tiles",
+        default="1",
+        help="comma list of tiles per CTA for the --slices-per-warp variants (default 1)",
+    )
     p.add_argument("--replays", type=int, default=100)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
@@ -175,6 +188,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.spw_list = [int(v) for v in args.slices_per_warp.split(",") if v.strip()]
     except ValueError:
         p.error(f"--slices-per-warp must be a comma list of ints, got {args.slices_per_warp!r}")
+    try:
+        spw_tiles = tuple(int(v) for v in args.spw_tiles.split(",") if v.strip())
+    except ValueError:
+        p.error(f"--spw-tiles must be a comma list of ints, got {args.spw_tiles!r}")
+    if not spw_tiles or any(v < 1 for v in spw_tiles):
+        p.error(f"--spw-tiles must be ints >= 1, got {args.spw_tiles!r}")
+    args.spw_tiles_list = spw_tiles
     if any(v < 2 for v in args.spw_list):
         p.error(f"--slices-per-warp values must be >= 2, got {args.slices_per_warp!r}")
     if args.replays < 1 or args.warmup < 0:
@@ -216,7 +236,9 @@ def tune_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) ->
         x = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
         outs = [torch.empty(m, out_cols, dtype=torch.bfloat16, device="cuda") for _ in weights]
         default = default_config(rows, k, m, swiglu)
-        for config in variants(rows, k, m, swiglu, spws=args.spw_list):
+        for config in variants(
+            rows, k, m, swiglu, spws=args.spw_list, spw_tiles=args.spw_tiles_list
+        ):
             entry = manager.get(request_of(name, m, config))
             kernel = load_kernel(entry, device)  # before capture: a load cannot be captured
 
@@ -291,7 +313,9 @@ def markdown_table(rows: list[dict]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.emit is not None:
-        items = kernel_requests(args.arch, args.shape_list, args.token_list, args.spw_list)
+        items = kernel_requests(
+            args.arch, args.shape_list, args.token_list, args.spw_list, args.spw_tiles_list
+        )
         args.emit.parent.mkdir(parents=True, exist_ok=True)
         args.emit.write_text("".join(r.to_json_line() + "\n" for r in items))
         print(f"{len(items)} requests -> {args.emit}", file=sys.stderr)
@@ -301,7 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in args.shape_list:
             rows, k, swiglu = SHAPES[name]
             for m in args.token_list:
-                found = variants(rows, k, m, swiglu, spws=args.spw_list)
+                found = variants(
+                    rows, k, m, swiglu, spws=args.spw_list, spw_tiles=args.spw_tiles_list
+                )
                 total += len(found)
                 default = default_config(rows, k, m, swiglu)
                 cfgs = ", ".join(

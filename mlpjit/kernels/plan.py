@@ -134,11 +134,12 @@ def _c(
 EARLY = True
 TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig], ...]] = {
     # GLM-5 (hidden 6144, intermediate 12288) TP 8, 4, 2, 1
-    (3072, 6144, True): ((2, _c(1, 3, 2)), (4, _c(1, 2, 2, EARLY)), (8, _c(2, 2, 1, EARLY))),
-    # TP8 and GLM-4.5 down: from layer-level pair sweeps (gate_up and down alternating;
-    # bench/results/pair_sweep_h200.txt, then pair_sweep_down_h200.txt with gate_up's
-    # trigger as tuned: 2-4 tokens 0.4-0.6 us faster with t2/r2/c2 than before).
-    (6144, 1536, False): ((1, _c(4, 3, 2)), (8, _c(2, 2, 2))),
+    # TP8 and GLM-4.5: from layer-level pair sweeps (gate_up and down alternating;
+    # bench/results/pair_sweep_h200.txt, pair_sweep_down_h200.txt, then with slices per
+    # warp pair_sweep_wide_tp8_h200.txt: 2-8 tokens 0.2-0.5 us faster per layer with a
+    # persistent gate_up (t1/r3/c1) and down at 3 slices per warp).
+    (3072, 6144, True): ((1, _c(1, 3, 2)), (8, _c(1, 3, 1))),
+    (6144, 1536, False): ((1, _c(4, 3, 2)), (8, _c(4, 1, 2, spw=3))),
     # TP 4, 2 and 1: persistent grids (one resident wave looping over row tiles), most with
     # 2-3 slices per warp (spw), from the wide-warp sweeps of 2026-11-29 and a layer-level
     # pair sweep against the previous picks (KERNEL_NOTES variant 12;
@@ -150,7 +151,12 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig], ...]] = {
         (4, _c(1, 2, 2, spw=3)),
         (8, _c(1, 3, 1)),
     ),
-    (6144, 3072, False): ((2, _c(1, 3, 4)), (4, _c(2, 2, 2)), (8, _c(2, 3, 2))),
+    (6144, 3072, False): (
+        (1, _c(4, 0, 1, spw=2)),
+        (2, _c(1, 3, 4)),
+        (4, _c(2, 2, 2)),
+        (8, _c(4, 0, 1, spw=2)),
+    ),
     (12288, 6144, True): (
         (1, _c(1, 2, 2, spw=3)),
         (2, _c(1, 0, 2, spw=3)),
@@ -178,10 +184,10 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig], ...]] = {
     (3072, 5120, True): (
         (1, _c(1, 3, 2)),
         (2, _c(1, 2, 2)),
-        (4, _c(2, 2, 1)),
+        (4, _c(1, 3, 1)),
         (8, _c(2, 2, 1, EARLY)),
     ),
-    (5120, 1536, False): ((8, _c(2, 2, 2)),),
+    (5120, 1536, False): ((1, _c(2, 2, 2)), (4, _c(4, 0, 2, spw=3)), (8, _c(2, 2, 2))),
 }
 # The sweep's lesson for other shapes: 2-3 steps in registers beat more (more registers
 # cost occupancy, and ptxas may sink register loads below the PDL wait).
