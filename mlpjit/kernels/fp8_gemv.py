@@ -251,18 +251,7 @@ class Fp8Gemv:
                 ptx.cp_async_cg_16(s_slot, g_a0 + (s * SLICE + st * 64))
                 ptx.cp_async_cg_16(s_slot + 512, g_a1 + (s * SLICE + st * 64))
                 cute.arch.cp_async_commit_group()
-        r_ws0 = []
-        r_ws1 = []
-        for s in cutlass.range_constexpr(SPW):
-            r_ws0.append(
-                ptx.ld_global_nc_v4_f32(g_ws + Int64(((row0 >> 7) * G + (slc0 + s) * 4) * 4))
-            )
-            if cutlass.const_expr(self.swiglu):
-                r_ws1.append(
-                    ptx.ld_global_nc_v4_f32(g_ws + Int64(((row1 >> 7) * G + (slc0 + s) * 4) * 4))
-                )
-            else:
-                r_ws1.append(r_ws0[s])
+        r_ws0, r_ws1 = self.weight_scales(g_ws, row0, row1, slc0)
 
         cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(not self.early_launch):
@@ -342,19 +331,23 @@ class Fp8Gemv:
                         r_a1[s].append(ptx.ld_global_nc_v4_hint_if(g_n1 + off, policy, more))
                 # Past the last tile: a valid re-read, never used.
                 w_row0, w_row1 = self.tile_rows(cutlass.min(nxt, self.row_tiles - 1), tile, g)
-                r_ws0 = []
-                r_ws1 = []
-                for s in cutlass.range_constexpr(SPW):
-                    sc = (slc0 + s) * 4
-                    r_ws0.append(
-                        ptx.ld_global_nc_v4_f32(g_ws + Int64(((w_row0 >> 7) * G + sc) * 4))
-                    )
-                    if cutlass.const_expr(self.swiglu):
-                        r_ws1.append(
-                            ptx.ld_global_nc_v4_f32(g_ws + Int64(((w_row1 >> 7) * G + sc) * 4))
-                        )
-                    else:
-                        r_ws1.append(r_ws0[s])
+                r_ws0, r_ws1 = self.weight_scales(g_ws, w_row0, w_row1, slc0)
+
+    @cute.jit
+    def weight_scales(self, g_ws: Int64, row0: Int32, row1: Int32, slc0: Int32):
+        """Per slice of the warp, the 4 float32 block scales of rows row0 and row1 (the same
+        block unless SwiGLU pairs a gate row with its up row)."""
+        G = self.groups
+        r_ws0 = []
+        r_ws1 = []
+        for s in cutlass.range_constexpr(self.spw):
+            sc = (slc0 + s) * 4
+            r_ws0.append(ptx.ld_global_nc_v4_f32(g_ws + Int64(((row0 >> 7) * G + sc) * 4)))
+            if cutlass.const_expr(self.swiglu):
+                r_ws1.append(ptx.ld_global_nc_v4_f32(g_ws + Int64(((row1 >> 7) * G + sc) * 4)))
+            else:
+                r_ws1.append(r_ws0[s])
+        return r_ws0, r_ws1
 
     @cute.jit
     def warp_sums(
