@@ -147,13 +147,12 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig], ...]] = {
     # trigger won >= 0.25 us on gate_up there.
     (6144, 6144, True): (
         (1, _c(1, 0, 2, spw=2)),
-        (2, _c(1, 3, 2)),
+        (2, _c(1, 0, 2, spw=3)),
         (4, _c(1, 2, 2, spw=3)),
         (8, _c(1, 3, 1)),
     ),
     (6144, 3072, False): (
-        (1, _c(4, 0, 1, spw=2)),
-        (2, _c(1, 3, 4)),
+        (2, _c(4, 0, 1, spw=2)),
         (4, _c(2, 2, 2)),
         (8, _c(4, 0, 1, spw=2)),
     ),
