@@ -39,6 +39,9 @@ SHAPES = {  # name -> (hidden, intermediate per rank)
     "glm5-tp2": (6144, 6144),
     "glm5-tp1": (6144, 12288),
     "glm4.5-tp8": (5120, 1536),
+    "glm4.5-tp4": (5120, 3072),
+    "glm4.5-tp2": (5120, 6144),
+    "glm4.5-tp1": (5120, 12288),
 }
 L2_BYTES = 60 * 2**20
 

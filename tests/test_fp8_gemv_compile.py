@@ -227,6 +227,21 @@ def test_wide_warps_compile_clean(changes) -> None:
     assert facts["regs"] * binary.block[0] * p["ctas_per_sm"] <= plan.REGS_PER_SM
 
 
+@pytest.mark.parametrize(
+    ("rows", "k", "tokens", "swiglu"),
+    [(24576, 5120, 1, True), (5120, 12288, 5, False), (5120, 6144, 8, False)],
+    ids=["glm4.5-tp1-gate_up-t1", "glm4.5-tp1-down-t5", "glm4.5-tp2-down-t8"],
+)
+def test_untuned_wide_defaults_compile_clean(rows, k, tokens, swiglu) -> None:
+    """plan's wide persistent heuristic (GLM-4.5 at TP1/TP2 has no measured entry) must not
+    spill: its register estimate is what keeps it from doing so."""
+    assert (rows, k, swiglu) not in plan.TUNED_H200
+    request = plan.gemv_request(rows, k, tokens, swiglu=swiglu, limit=None, ue8m0=True, arch=ARCH)
+    assert request.params["slices_per_warp"] > 1
+    facts = _facts(_freeze(request.params))
+    assert facts["stack"] == 0 and facts["local"] == 0, facts
+
+
 def test_variants_change_code() -> None:
     """ue8m0 and limit are in the key because they change the code."""
     base = _compiled(_freeze(_variant())).cubin

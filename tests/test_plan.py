@@ -221,3 +221,24 @@ def test_heuristic_keeps_few_steps_in_registers():
         config = plan.choose_config(4096, 2048, tokens, False)
         assert (4096, 2048, False) not in plan.TUNED_H200
         assert config.in_regs <= plan.HEURISTIC_MAX_IN_REGS
+
+
+def test_wide_persistent_heuristic_follows_the_measured_picks(monkeypatch) -> None:
+    """Untuned shapes with two or more waves of row tiles and large k get a persistent grid
+    with several slices per warp, as measured best for GLM-5 TP1/TP2/TP4 (variant 12)."""
+    monkeypatch.setattr(plan, "TUNED_H200", {})
+    # GLM-5 TP1 gate_up: 2 CTAs per SM at 1-2 tokens, one when x no longer fits beside them.
+    assert plan.choose_config(24576, 6144, 1, True) == GemvConfig(1, 0, 2, slices_per_warp=3)
+    assert plan.choose_config(24576, 6144, 8, True) == GemvConfig(1, 0, 1, slices_per_warp=2)
+    # GLM-5 TP1 down at 8 tokens: register steps where shared memory runs out, 3 slices per
+    # warp there (2 spilled with ptxas 13.0).
+    assert plan.choose_config(6144, 12288, 8, False) == GemvConfig(1, 3, 1, slices_per_warp=3)
+    # Fewer than two waves of row tiles (GLM-5 TP8 gate_up) or small k keep the old heuristic.
+    assert plan.choose_config(3072, 6144, 1, True).slices_per_warp == 1
+    assert plan.choose_config(6144, 3072, 1, False).slices_per_warp == 1
+    for rows, k, m in ((24576, 5120, 1), (5120, 12288, 5), (5120, 6144, 8)):
+        config = plan.choose_config(rows, k, m, rows > k)
+        spw = config.slices_per_warp
+        assert spw > 1 and (k // plan.SLICE) % spw == 0
+        grid = plan.grid_ctas(rows, k, 1, config.in_regs, config.ctas_per_sm, spw)
+        assert grid == plan.SMS * config.ctas_per_sm < rows // 16  # persistent

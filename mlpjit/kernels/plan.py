@@ -250,8 +250,9 @@ def kernel_supports(rows: int, k: int, tokens: int) -> bool:
 
 
 def choose_config(rows: int, k: int, tokens: int, swiglu: bool) -> GemvConfig:
-    """Default (tiles, in_regs, ctas_per_sm) for a shape: the H200-measured best for the
-    GLM shapes (TUNED_H200); elsewhere about one wave of resident CTAs over all SMs, at most
+    """Default config for a shape: the H200-measured best for the GLM shapes (TUNED_H200);
+    elsewhere a persistent grid with several slices per warp for many rows and large k
+    (_wide_persistent), else about one wave of resident CTAs over all SMs, at most
     HEURISTIC_MAX_IN_REGS steps in registers, no register spills.
 
     ``swiglu`` takes the same tiling (a CTA's 16-row tile is 8 gate + 8 up rows).
@@ -270,8 +271,42 @@ def choose_config(rows: int, k: int, tokens: int, swiglu: bool) -> GemvConfig:
     tuned = _tuned(rows, k, tokens, swiglu)
     if tuned is not None:
         return tuned
+    wide = _wide_persistent(rows, k, tokens)
+    if wide is not None:
+        return wide
     best = min(_candidates(rows, k, tokens), key=lambda c: c[0])[1]
     return GemvConfig(best.tiles, min(best.in_regs, HEURISTIC_MAX_IN_REGS), best.ctas_per_sm)
+
+
+# Heuristic for shapes with at least two waves of 16-row tiles and k >= WIDE_MIN_K: the
+# measured GLM picks at TP1/TP2/TP4 (KERNEL_NOTES variant 12) were persistent grids with 2-3
+# slices per warp and as little as possible in registers. Fewest register steps first,
+# then (ctas_per_sm, slices_per_warp) in WIDE_ORDER. A persistent thread needs about
+# WIDE_BASE_REGS registers besides its register steps: ptxas 13.0 spilled 2 slices per warp
+# at 168 registers with 2 steps each.
+WIDE_MIN_K = 4096
+WIDE_ORDER = ((2, 3), (1, 2), (1, 3), (2, 2))
+WIDE_MAX_IN_REGS = 3
+WIDE_BASE_REGS = 140
+
+
+def _wide_persistent(rows: int, k: int, tokens: int) -> GemvConfig | None:
+    slices = k // SLICE
+    tiles_total = rows // 16
+    if k < WIDE_MIN_K or k % SLICE or tiles_total < 2 * SMS:
+        return None
+    for in_regs in range(WIDE_MAX_IN_REGS + 1):
+        for cps, spw in WIDE_ORDER:
+            if slices % spw or grid_ctas(rows, k, 1, in_regs, cps, spw) >= tiles_total:
+                continue  # this launch bound leaves too few registers for the persistent form
+            threads = 32 * slices // spw
+            if threads * cps > THREADS_PER_SM or threads > 32 * MAX_WARPS:
+                continue
+            regs = _reg_budget(threads, cps)
+            fits_regs = WIDE_BASE_REGS + 8 * in_regs * spw <= regs
+            if fits_regs and smem_bytes(k, tokens, 1, in_regs, spw) <= smem_budget(cps):
+                return GemvConfig(1, in_regs, cps, slices_per_warp=spw)
+    return None
 
 
 def gemv_request(
