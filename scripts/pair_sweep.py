@@ -86,6 +86,8 @@ def parse_config(text: str) -> plan.GemvConfig:
         tiles, in_regs, cps, spw = (int(x[1:]) for x in parts)
     except ValueError:
         raise ValueError(f"config must look like t4/r3/c2 or t1/r0/c2/s3, got {text!r}") from None
+    if min(tiles, cps, spw) < 1 or in_regs < 0:
+        raise ValueError(f"config needs tiles, ctas_per_sm, slices >= 1 and in_regs >= 0: {text!r}")
     return plan.GemvConfig(tiles, in_regs, cps, slices_per_warp=spw)
 
 
@@ -179,7 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {list(SHAPES)}")
     p.add_argument("--tokens", default="1,2,4,8", help="comma list")
-    p.add_argument("--down-configs", default="", help="extra down configs, e.g. t4/r3/c2,t2/r2/c2")
+    p.add_argument(
+        "--down-configs", default="", help="extra down configs, e.g. t4/r3/c2,t4/r1/c2/s3"
+    )
     p.add_argument("--gate-up-configs", default="", help="extra gate_up configs, same form")
     p.add_argument("--replays", type=int, default=100)
     p.add_argument("--emit", type=Path, help="write the compile requests as JSON lines, exit")

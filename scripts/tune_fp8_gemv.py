@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Sweep fp8_gemv configs (tiles, in_regs, ctas_per_sm) per GLM-5 shape and token count.
+"""Sweep fp8_gemv configs (tiles, in_regs, ctas_per_sm[, slices_per_warp]) per GLM shape and
+token count.
 
 The GPU machine has no compiler, so the variants are compiled here into a cache first:
 
@@ -291,7 +292,7 @@ def markdown_table(rows: list[dict]) -> str:
         if key not in best or r["us"] < best[key]["us"]:
             best[key] = r
     lines = [
-        "| shape | tokens | config (tiles/in_regs/ctas_per_sm) | us | x floor | |",
+        "| shape | tokens | config (tiles/in_regs/ctas_per_sm[/slices]) | us | x floor | |",
         "|---|---|---|---|---|---|",
     ]
     for r in rows:

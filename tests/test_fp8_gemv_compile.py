@@ -29,6 +29,7 @@ ARCH = "sm_90a"
 MAX_REGS = 255
 _SASS_OP = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 _RES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+_DEPBAR = re.compile(r"DEPBAR\.LE SB0, 0x([0-9a-f]+)")
 
 
 def _glm5_requests() -> list:
@@ -80,6 +81,7 @@ def _facts(frozen: tuple) -> dict:
         "static_smem": static_smem,
         "local": local,
         "ops": ops,
+        "sass": sass.stdout,
         "count": Counter(ops),
     }
 
@@ -199,18 +201,22 @@ def test_variants_compile_clean(changes) -> None:
 
 
 @pytest.mark.parametrize(
-    "changes",
+    ("changes", "persistent"),
     [
-        {"rows": 6144, "k": 12288, "tokens": 1, "in_regs": 1, "ctas_per_sm": 1, "swiglu": False,
-         "slices_per_warp": 3},
-        {"rows": 24576, "tokens": 2, "in_regs": 2, "ctas_per_sm": 1, "slices_per_warp": 2},
-        {"tokens": 1, "slices_per_warp": 2},
-        {"rows": 6144, "k": 1536, "tiles": 2, "in_regs": 8, "swiglu": False, "tokens": 2,
-         "slices_per_warp": 3},
+        ({"rows": 6144, "k": 12288, "tokens": 1, "in_regs": 1, "ctas_per_sm": 1, "swiglu": False,
+          "slices_per_warp": 3}, True),
+        ({"rows": 24576, "tokens": 2, "in_regs": 2, "ctas_per_sm": 1, "slices_per_warp": 2}, True),
+        ({"rows": 24576, "tokens": 2, "tiles": 2, "in_regs": 0, "ctas_per_sm": 1,
+          "slices_per_warp": 3}, True),
+        ({"tokens": 1, "slices_per_warp": 2}, False),
+        ({"tokens": 3, "slices_per_warp": 3, "early_launch": True}, False),
+        ({"rows": 6144, "k": 1536, "tiles": 2, "in_regs": 8, "swiglu": False, "tokens": 2,
+          "slices_per_warp": 3}, False),
     ],
-    ids=["tp1-down-s3-persistent", "tp1-gate_up-s2-persistent", "tp8-gate_up-s2", "all-regs-s3"],
+    ids=["tp1-down-s3-persistent", "tp1-gate_up-s2-persistent", "tp1-gate_up-t2-s3-persistent",
+         "tp8-gate_up-s2", "tp8-gate_up-s3-early", "all-regs-s3"],
 )  # fmt: skip
-def test_wide_warps_compile_clean(changes) -> None:
+def test_wide_warps_compile_clean(changes, persistent) -> None:
     """slices_per_warp > 1: a warp runs the mma work of several 512-K slices, so there are
     fewer threads per tile; geometry and shared memory follow plan's formulas."""
     p = _variant(**changes)
@@ -220,6 +226,17 @@ def test_wide_warps_compile_clean(changes) -> None:
     spw = p["slices_per_warp"]
     assert facts["stack"] == 0 and facts["local"] == 0, facts
     assert facts["count"]["HMMA.16816.F32"] == 32 * spw
+    assert (binary.grid[0] < p["rows"] // (16 * p["tiles"])) == persistent
+    # cp.async waits: groups commit in (slice, step) order, one per staged step. Without a
+    # row-tile loop the waits count down from N-1 to 0 (N = spw * staged); the persistent
+    # loop keeps N groups in flight (a refill per consumed slot), so every wait is N-1.
+    n = spw * (plan.STEPS - p["in_regs"])
+    waits = [int(m, 16) for m in _DEPBAR.findall(facts["sass"])]
+    assert waits == ([n - 1] * n if persistent else list(range(n - 1, -1, -1))), waits
+    if p.get("early_launch"):  # the PDL trigger before any weight load
+        ops = facts["ops"]
+        first_load = min(i for i, op in enumerate(ops) if op.startswith(("LDGSTS", "LDG.E.NA")))
+        assert ops.index("PREEXIT") < first_load
     assert binary.block == (32 * p["tiles"] * p["k"] // 512 // spw, 1, 1)
     assert binary.smem_bytes == plan.smem_bytes(p["k"], p["tokens"], p["tiles"], p["in_regs"], spw)
     grid = plan.grid_ctas(p["rows"], p["k"], p["tiles"], p["in_regs"], p["ctas_per_sm"], spw)

@@ -84,6 +84,8 @@ def test_parse_config_slices_per_warp(sweep) -> None:
     assert sweep.label(sweep.parse_config("t1/r0/c2/s3")) == "t1/r0/c2/s3"
     with pytest.raises(ValueError, match="t1/r0/c2/s3"):
         sweep.parse_config("t1/r0/c2/x3")
+    with pytest.raises(ValueError, match="slices >= 1"):
+        sweep.parse_config("t4/r1/c2/s0")
 
 
 def test_extra_gate_up_configs_cross_with_every_down(sweep) -> None:

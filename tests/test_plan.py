@@ -242,3 +242,9 @@ def test_wide_persistent_heuristic_follows_the_measured_picks(monkeypatch) -> No
         assert spw > 1 and (k // plan.SLICE) % spw == 0
         grid = plan.grid_ctas(rows, k, 1, config.in_regs, config.ctas_per_sm, spw)
         assert grid == plan.SMS * config.ctas_per_sm < rows // 16  # persistent
+
+
+def test_glm45_tp4_gate_up_keeps_the_measured_one_token_pick() -> None:
+    """The wide heuristic lost there (pair_sweep_heuristic_glm45_h200.txt); 2+ tokens use it."""
+    assert plan.choose_config(6144, 5120, 1, True) == GemvConfig(2, 3, 1)
+    assert plan.choose_config(6144, 5120, 2, True).slices_per_warp == 2

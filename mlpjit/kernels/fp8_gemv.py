@@ -6,10 +6,10 @@ stock rule. With ``swiglu`` the CTA pairs gate row j with up row rows/2 + j and 
 act[tokens, rows/2] = bf16(silu(bf16 gate) * bf16 up) directly.
 
 Shape of the work: a CTA owns ``tiles`` tiles of 16 weight rows over the whole K; one warp
-per (tile, 512-K slice) issues one m16n8k32 e4m3 mma per 32 K with the tokens as the 8 B
-columns. Weights are loaded before griddepcontrol.wait (PDL): the first ``in_regs`` 64-K
-steps into registers (L2 evict-first hint), the rest by cp.async into shared memory (no
-hint: see ptx.cp_async_cg_16).
+per (tile, ``slices_per_warp`` consecutive 512-K slices) issues one m16n8k32 e4m3 mma per
+32 K with the tokens as the 8 B columns. Weights are loaded before griddepcontrol.wait
+(PDL): per slice, the first ``in_regs`` 64-K steps into registers (L2 evict-first hint),
+the rest by cp.async into shared memory (no hint: see ptx.cp_async_cg_16).
 
 Nothing here is imported by ``import mlpjit``; the compile manager imports this module on
 a cache miss and calls :func:`compile_cubin`.
@@ -42,6 +42,7 @@ LOG2E = 1.4426950408889634
 LN2_HI = 0.693145751953125  # ln 2 split for an accurate exp (Cody-Waite)
 LN2_LO = 1.428606765330187e-06
 MAX_THREADS = 32 * plan.MAX_WARPS
+MAX_PENDING_GROUPS = plan.MAX_PENDING_GROUPS
 
 PARAM_NAMES = ("out", "x", "w", "w_scale")
 
@@ -134,14 +135,20 @@ class Fp8Gemv:
             raise ValueError(
                 f"slices_per_warp must divide k/{SLICE} = {self.slices}, got {slices_per_warp}"
             )
-        self.warp_slices = self.slices // self.spw  # warps per row tile
-        self.warps = tiles * self.warp_slices
+        self.warps_per_tile = self.slices // self.spw
+        self.warps = tiles * self.warps_per_tile
         if 32 * self.warps > MAX_THREADS:
             raise ValueError(
                 f"tiles * k/{SLICE} / slices_per_warp = {self.warps} warps exceeds "
                 f"{MAX_THREADS // 32}; use fewer tiles or more slices_per_warp (k={k})"
             )
         self.staged = STEPS - in_regs  # per slice
+        if self.spw * self.staged > MAX_PENDING_GROUPS:
+            raise ValueError(
+                f"slices_per_warp * (8 - in_regs) = {self.spw * self.staged} cp.async groups "
+                f"in flight per thread; at most {MAX_PENDING_GROUPS} (the wait_group count "
+                "ptxas encodes): raise in_regs or lower slices_per_warp"
+            )
         self.threads = 32 * self.warps
         self.row_tiles = rows // (16 * tiles)  # CTA-sized row tiles
         self.ctas = plan.grid_ctas(rows, k, tiles, in_regs, ctas_per_sm, self.spw)
@@ -373,10 +380,10 @@ class Fp8Gemv:
         SPW = self.spw
         total = None
         for s in cutlass.range_constexpr(SPW):
-            step = None
+            slice_refill = None
             if cutlass.const_expr(refill is not None):
                 g_n0, g_n1, more = refill
-                step = (g_n0 + s * SLICE, g_n1 + s * SLICE, more)
+                slice_refill = (g_n0 + s * SLICE, g_n1 + s * SLICE, more)
             newer = (SPW - 1) * self.staged if refill is not None else (SPW - 1 - s) * self.staged
             total = self.tile_sums(
                 r_a0[s],
@@ -388,7 +395,7 @@ class Fp8Gemv:
                 sw_b,
                 s_xs0 + s * 16,
                 s_xs1 + s * 16,
-                step,
+                slice_refill,
                 newer_groups=newer,
                 hold_last=s == SPW - 1,
                 total=total,
@@ -433,7 +440,8 @@ class Fp8Gemv:
                     a1 = r_a1[st]
                 else:
                     # Groups commit in step order; a persistent kernel commits one refill
-                    # group per consumed step, so staged-1 newer groups are always pending.
+                    # group per consumed step, so staged-1 newer groups are always pending
+                    # (plus newer_groups of the warp's later slices).
                     newer = self.staged - 1 if refill is not None else self.staged - 1 - j
                     newer += newer_groups
                     cute.arch.cp_async_wait_group(newer)
@@ -543,9 +551,11 @@ class Fp8Gemv:
 
     @cute.jit
     def reduce_and_store(self, g_out: Int64, s_part: Int32, blk: Int32):
-        """Sum the tile's k/512 partials; lane (g, q) holds rows g, g+8 x tokens 2q, 2q+1.
+        """Sum the tile's k/512/spw partials (one per warp); lane (g, q) holds rows g, g+8 x
+        tokens 2q, 2q+1.
 
-        s_part: this lane's partials in slice 0; slice s is s * tiles warps further on.
+        s_part: this lane's partials in the tile's first warp; warp w of the tile is w * tiles
+        warps further on.
         blk: the row tile (the CTA index unless persistent).
         """
         T = self.tokens
@@ -558,7 +568,7 @@ class Fp8Gemv:
         # Bytes per warp of the partials: its staged weights, or 32 lanes x 16 B of s_act.
         warp_stride = self.spw * self.staged * 1024 if self.staged else 32 * 16
         acc = list(ptx.ld_shared_v4_f32(s_part))
-        for s in cutlass.range_constexpr(1, self.warp_slices):
+        for s in cutlass.range_constexpr(1, self.warps_per_tile):
             part = ptx.ld_shared_v4_f32(s_part + s * self.tiles * warp_stride)
             acc = [acc[i] + part[i] for i in range(4)]
         if cutlass.const_expr(self.swiglu):

@@ -33,6 +33,9 @@ STEPS = 8  # 64-K steps per slice
 GROUP = 128
 MAX_TOKENS = 8
 MAX_WARPS = 32  # 1024 threads per CTA
+# cp.async groups one thread may have in flight: ptxas 13.0 encodes the wait count in 6 bits
+# (DEPBAR.LE SB0, 0x3f), so slices_per_warp * (STEPS - in_regs) must stay within it.
+MAX_PENDING_GROUPS = 63
 
 # sm_90 resources (H100 / H200).
 SMS = 132
@@ -46,8 +49,9 @@ THREADS_PER_SM = 2048
 # SM) without spilling for every GLM-5 shape and token count.
 BASE_REGS = 56
 # Registers a thread needs for the persistent (row-tile loop) form of the kernel: at 80 it
-# spilled, at 168 (384 threads per SM) no GLM-5 config did (ptxas 13.0, 2026-11-30).
-PERSISTENT_MIN_REGS = 128
+# spilled, at 168 (384 threads per SM) no GLM-5 config did (ptxas 13.0, 2026-11-30); at
+# exactly 128 (512 threads, e.g. k 8192 with 3 register steps) it spilled 16-48 B.
+PERSISTENT_MIN_REGS = 136
 
 
 @dataclass(frozen=True)
@@ -122,8 +126,9 @@ def _c(
     return GemvConfig(tiles, in_regs, ctas_per_sm, early_launch, spw)
 
 
-# The fastest config per known shape, measured on one H200 with scripts/tune_fp8_gemv.py
-# (2026-11-29, tokens 1, 2, 4 and 8; docs/KERNEL_NOTES.md, variant 4). (rows, k, swiglu) ->
+# The fastest config per known shape, measured on one H200 with scripts/tune_fp8_gemv.py and
+# scripts/pair_sweep.py (2026-11-29, tokens 1, 2, 4 and 8; docs/KERNEL_NOTES.md, variants 4,
+# 6-9 and 12). (rows, k, swiglu) ->
 # ((up to tokens, config), ...): a token count takes the first entry whose bound covers it.
 # Shapes not listed, or an entry that does not fit a token count, use the heuristic.
 # EARLY marks gate_up configs whose PDL trigger at kernel entry (early_launch) made the layer
@@ -187,6 +192,10 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig], ...]] = {
         (8, _c(2, 2, 1, EARLY)),
     ),
     (5120, 1536, False): ((1, _c(2, 2, 2)), (4, _c(4, 0, 2, spw=3)), (8, _c(2, 2, 2))),
+    # GLM-4.5 TP4 gate_up: at 1 token the previous heuristic's pick beat the wide persistent
+    # one (16.54 vs 17.57 us per layer), at 2-8 tokens the wide one won by 1.08-1.15x
+    # (pair_sweep_heuristic_glm45_h200.txt).
+    (6144, 5120, True): ((1, _c(2, 3, 1)), (8, _c(1, 0, 1, spw=2))),
 }
 # The sweep's lesson for other shapes: 2-3 steps in registers beat more (more registers
 # cost occupancy, and ptxas may sink register loads below the PDL wait).
@@ -195,7 +204,7 @@ HEURISTIC_MAX_IN_REGS = 3
 
 def _fits(rows: int, k: int, tokens: int, config: GemvConfig) -> bool:
     spw = config.slices_per_warp
-    if (k // SLICE) % spw:
+    if spw < 1 or (k // SLICE) % spw or spw * (STEPS - config.in_regs) > MAX_PENDING_GROUPS:
         return False
     fit = _fit(k, tokens, config.tiles, config.ctas_per_sm, spw)
     return (
@@ -298,9 +307,9 @@ def _wide_persistent(rows: int, k: int, tokens: int) -> GemvConfig | None:
     for in_regs in range(WIDE_MAX_IN_REGS + 1):
         for cps, spw in WIDE_ORDER:
             if slices % spw or grid_ctas(rows, k, 1, in_regs, cps, spw) >= tiles_total:
-                continue  # this launch bound leaves too few registers for the persistent form
+                continue  # not persistent: too few registers at this bound, or too few tiles
             threads = 32 * slices // spw
-            if threads * cps > THREADS_PER_SM or threads > 32 * MAX_WARPS:
+            if threads * cps > THREADS_PER_SM:
                 continue
             regs = _reg_budget(threads, cps)
             fits_regs = WIDE_BASE_REGS + 8 * in_regs * spw <= regs

@@ -34,6 +34,8 @@ SHAPES = {
     "glm5-tp1-gate_up": (24576, 6144, True),
     "glm5-tp1-down": (6144, 12288, False),
     "glm4.5-tp8-gate_up": (3072, 5120, True),
+    "glm4.5-tp1-gate_up": (24576, 5120, True),
+    "glm4.5-tp2-down": (5120, 6144, False),
 }
 
 CASES = (
@@ -55,6 +57,11 @@ WIDE_CASES = (
     ("glm5-tp8-gate_up", 1, plan.GemvConfig(1, 3, 2, slices_per_warp=2)),
     ("glm5-tp8-down", 5, plan.GemvConfig(2, 2, 2, slices_per_warp=3)),
     ("glm5-tp8-down", 2, plan.GemvConfig(2, 8, 2, slices_per_warp=3)),
+    # persistent with two tiles per CTA
+    ("glm5-tp1-gate_up", 2, plan.GemvConfig(2, 0, 1, slices_per_warp=3)),
+    # plan's heuristic picks for untuned shapes (k 5120: 10 slices, 5 warps per tile)
+    ("glm4.5-tp1-gate_up", 3, None),
+    ("glm4.5-tp2-down", 1, None),
 )
 
 
@@ -75,6 +82,7 @@ def _request(
 def kernel_requests(arch: str = ARCH) -> list:
     """Every compile request of these tests (for warming a cache on a machine without GPU)."""
     wide = [_request(s, m, True, None, arch, config) for s, m, config in WIDE_CASES]
+    # (config None: plan's choice, which _request also makes)
     return [_request(*case, arch=arch) for case in CASES] + wide + chain_requests(arch)
 
 
@@ -154,13 +162,17 @@ def test_gemv_matches_reference(case) -> None:
     "case",
     WIDE_CASES,
     ids=[
-        f"{s}-t{m}-t{c.tiles}r{c.in_regs}c{c.ctas_per_sm}s{c.slices_per_warp}"
+        f"{s}-t{m}-"
+        + (f"t{c.tiles}r{c.in_regs}c{c.ctas_per_sm}s{c.slices_per_warp}" if c else "plan")
         for s, m, c in WIDE_CASES
     ],
 )
 def test_wide_warps_match_reference(case) -> None:
     shape, m, config = case
     rows, k, swiglu = SHAPES[shape]
+    if config is None:
+        config = plan.choose_config(rows, k, m, swiglu)
+        assert config.slices_per_warp > 1, config
     w, w_scale = _weights(rows, k, seed=rows + k, out_std=2.0)
     x = _x(m, k, seed=m)
     cols = rows // 2 if swiglu else rows
