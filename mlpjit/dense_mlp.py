@@ -33,7 +33,12 @@ from torch import Tensor
 
 from mlpjit import reference
 from mlpjit.errors import CaptureError, MlpjitError
-from mlpjit.kernels.plan import MAX_TOKENS, dense_mlp_requests, kernel_supports
+from mlpjit.kernels.plan import (
+    GEMV_PARAM_NAMES,
+    MAX_TOKENS,
+    dense_mlp_requests,
+    kernel_supports,
+)
 from mlpjit.scales import BLOCK, to_float32_scale
 
 if TYPE_CHECKING:
@@ -44,8 +49,8 @@ __all__ = ["DenseMlp", "MAX_TOKENS", "kernel_arch", "kernel_requests", "kernel_s
 
 
 _KERNEL_ARCHS = {(9, 0): "sm_90a"}
-# The fp8_gemv parameter list DenseMlp._launch fills: (output, input, weight, weight scale).
-_KERNEL_PARAMS = [("out", "ptr"), ("x", "ptr"), ("w", "ptr"), ("w_scale", "ptr")]
+# The fp8_gemv parameter list DenseMlp._launch fills with raw pointers, in order.
+_KERNEL_PARAMS = [(name, "ptr") for name in GEMV_PARAM_NAMES]
 
 
 def kernel_arch(device: torch.device) -> str | None:
@@ -127,8 +132,9 @@ class _ActBuffers:
                         (m, inter), dtype=torch.bfloat16, device=self._device
                     )
 
-    def get(self, x: Tensor, m: int) -> Tensor:
-        stream = self._stream_of(self._index)
+    def get(self, x: Tensor, m: int, stream: int) -> Tensor:
+        """The kept buffer for m tokens on raw stream handle ``stream`` (the caller's current
+        stream), or a fresh one (not kept, or the stream is capturing)."""
         act = _KEPT_ACT.get((self._index, threading.get_ident(), stream, m, self._intermediate))
         if act is None or self._capturing(stream):
             return x.new_empty((m, self._intermediate))
@@ -333,6 +339,9 @@ class DenseMlp:
             for r, e in zip(requests, entries, strict=True)
         }
         if self._act_buffers is None:  # before any count is marked loaded below
+            from mlpjit.jit.launcher import stream_handle_getter
+
+            self._stream_of = stream_handle_getter()
             self._act_buffers = _ActBuffers(self.device, self._index, self.intermediate)
         for m in todo:
             gate_up = load_kernel(by_role[(m, True)], self.device)
@@ -397,11 +406,12 @@ class DenseMlp:
         kernels = self._kernels.get(m)
         if kernels is None:
             return self._slow_call(x, m, None, out)
-        act = self._act_buffers.get(x, m)
+        stream = self._stream_of(self._index)
+        act = self._act_buffers.get(x, m, stream)
         if out is None:
             # new_empty: x's dtype and device are already checked; the cheapest call
             out = x.new_empty((m, self.hidden))
-        self._launch(kernels, x, act, out)
+        self._launch(kernels, x, act, out, stream)
         return out
 
     def forward_into(self, x: Tensor, act: Tensor, out: Tensor) -> Tensor:
@@ -413,20 +423,30 @@ class DenseMlp:
         kernels = self._kernels.get(m)
         if kernels is None:
             return self._slow_call(x, m, act, out)
-        self._launch(kernels, x, act, out)
+        self._launch(kernels, x, act, out, self._stream_of(self._index))
         return out
 
     def _launch(
-        self, kernels: tuple[LoadedKernel, LoadedKernel], x: Tensor, act: Tensor, out: Tensor
+        self,
+        kernels: tuple[LoadedKernel, LoadedKernel],
+        x: Tensor,
+        act: Tensor,
+        out: Tensor,
+        stream: int,
     ) -> None:
-        """gate_up then down on the current stream; x, act and out are checked by the caller,
-        the weights at construction (their addresses are read here: see the properties)."""
+        """gate_up then down on ``stream`` (the current stream's raw handle, read once per
+        call); x, act and out are checked by the caller, the weights at construction (their
+        addresses are read here: see the properties)."""
         act_ptr = act.data_ptr()
         kernels[0].launch_unchecked(
-            (act_ptr, x.data_ptr(), self._w13.data_ptr(), self._w13_scale.data_ptr()), self.pdl
+            (act_ptr, x.data_ptr(), self._w13.data_ptr(), self._w13_scale.data_ptr()),
+            self.pdl,
+            stream,
         )
         kernels[1].launch_unchecked(
-            (out.data_ptr(), act_ptr, self._w2.data_ptr(), self._w2_scale.data_ptr()), self.pdl
+            (out.data_ptr(), act_ptr, self._w2.data_ptr(), self._w2_scale.data_ptr()),
+            self.pdl,
+            stream,
         )
 
     def _slow_call(self, x: Tensor, m: int, act: Tensor | None, out: Tensor | None) -> Tensor:

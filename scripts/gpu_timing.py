@@ -1,9 +1,11 @@
-"""GPU timing helpers shared by the benchmark scripts (CUDA-graph replays, copy bandwidth)."""
+"""Helpers shared by the benchmark scripts: CUDA-graph replay times, copy bandwidth, random
+FP8 weights, config labels."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from typing import Any
 
 
 def graph_times(fn: Callable[[], object], replays: int, warmup: int) -> list[float]:
@@ -52,3 +54,21 @@ def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 20) -> float:
         times.append(start.elapsed_time(end) * 1e-3)
     del src, dst
     return 2 * nbytes / statistics.median(times)
+
+
+def random_fp8_matrix(rows: int, k: int, gen: Any) -> tuple[Any, Any]:
+    """Random e4m3 weights [rows, k] over the FP8 range and float32 128x128 block scales
+    around 1/4096 (so GEMV outputs stay near 1), on CUDA from generator ``gen``."""
+    import torch
+
+    w = torch.randn(rows, k, generator=gen, device="cuda").mul_(64).clamp_(-448, 448)
+    scale = torch.rand(rows // 128, k // 128, generator=gen, device="cuda").add_(0.5) / 4096
+    return w.to(torch.float8_e4m3fn), scale
+
+
+def config_label(
+    tiles: int, in_regs: int, ctas_per_sm: int, slices_per_warp: int = 1, early: bool = False
+) -> str:
+    """'t4/r3/c2', with '/s3' for several slices per warp and '/early' for the early trigger."""
+    spw = f"/s{slices_per_warp}" if slices_per_warp != 1 else ""
+    return f"t{tiles}/r{in_regs}/c{ctas_per_sm}{spw}{'/early' if early else ''}"

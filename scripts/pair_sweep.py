@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mlpjit.kernels import plan  # noqa: E402
-from scripts.gpu_timing import graph_times  # noqa: E402
+from scripts.gpu_timing import config_label, graph_times, random_fp8_matrix  # noqa: E402
 
 SHAPES = {  # name -> (hidden, intermediate per rank)
     "glm5-tp8": (6144, 1536),
@@ -116,9 +116,8 @@ def requests(
 
 
 def label(config: plan.GemvConfig) -> str:
-    early = "/early" if config.early_launch else ""
-    spw = f"/s{config.slices_per_warp}" if config.slices_per_warp != 1 else ""
-    return f"t{config.tiles}/r{config.in_regs}/c{config.ctas_per_sm}{spw}{early}"
+    c = config
+    return config_label(c.tiles, c.in_regs, c.ctas_per_sm, c.slices_per_warp, c.early_launch)
 
 
 def sweep_shape(
@@ -139,12 +138,10 @@ def sweep_shape(
     n_layers = max(2, math.ceil(4 * L2_BYTES / layer_bytes))
     gen = torch.Generator(device="cuda").manual_seed(0)
 
-    def matrix(rows: int, k: int) -> tuple:
-        w = torch.randn(rows, k, generator=gen, device="cuda").mul_(64).clamp_(-448, 448)
-        scale = torch.rand(rows // 128, k // 128, generator=gen, device="cuda").add_(0.5) / 4096
-        return w.to(torch.float8_e4m3fn), scale
-
-    layers = [(matrix(2 * inter, hidden), matrix(hidden, inter)) for _ in range(n_layers)]
+    layers = [
+        (random_fp8_matrix(2 * inter, hidden, gen), random_fp8_matrix(hidden, inter, gen))
+        for _ in range(n_layers)
+    ]
     rows = []
     for m in tokens:
         x = torch.randn(m, hidden, generator=gen, device="cuda").to(torch.bfloat16)

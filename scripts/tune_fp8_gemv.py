@@ -34,7 +34,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from mlpjit.kernels import plan  # noqa: E402  (no cutlass import; cheap)
-from scripts.gpu_timing import copy_bandwidth, graph_times  # noqa: E402
+from scripts.gpu_timing import (  # noqa: E402
+    config_label,
+    copy_bandwidth,
+    graph_times,
+    random_fp8_matrix,
+)
 
 # name -> (rows, k, swiglu): GLM-5 (hidden 6144, intermediate 12288) per TP shard, and
 # GLM-4.5 (hidden 5120) at TP 8.
@@ -223,12 +228,7 @@ def tune_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) ->
     layers = max(2, math.ceil(args.l2_multiple * l2_bytes / nbytes))
     floor_us = nbytes / bw * 1e6
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
-    weights = []
-    for _ in range(layers):
-        w = (torch.randn(rows, k, generator=gen, device="cuda") * 64).clamp_(-448, 448)
-        s = (torch.rand(rows // 128, k // 128, generator=gen, device="cuda") + 0.5) / 4096
-        weights.append((w.to(torch.float8_e4m3fn), s))
-        del w
+    weights = [random_fp8_matrix(rows, k, gen) for _ in range(layers)]
     out_cols = rows // 2 if swiglu else rows
     manager = default_manager()
     device = torch.device("cuda", torch.cuda.current_device())
@@ -279,9 +279,9 @@ def tune_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) ->
 
 
 def _cfg(row: dict) -> str:
-    spw = row.get("slices_per_warp", 1)
-    extra = f"/s{spw}" if spw != 1 else ""
-    return f"t{row['tiles']}/r{row['in_regs']}/c{row['ctas_per_sm']}{extra}"
+    return config_label(
+        row["tiles"], row["in_regs"], row["ctas_per_sm"], row.get("slices_per_warp", 1)
+    )
 
 
 def markdown_table(rows: list[dict]) -> str:

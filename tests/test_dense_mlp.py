@@ -272,7 +272,7 @@ class _FakeKernel:
         self.request = request_params
         self.log = log
 
-    def launch_unchecked(self, slots, pdl=None) -> None:
+    def launch_unchecked(self, slots, pdl=None, stream=None) -> None:
         p = self.request
         rows, k, m = p["rows"], p["k"], p["tokens"]
         out_ptr, x_ptr, w_ptr, ws_ptr = slots

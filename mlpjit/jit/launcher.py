@@ -255,13 +255,17 @@ class LoadedKernel:
             handle = getattr(stream, "cuda_stream", stream)
         self._launch(buffers, handle, self.pdl if pdl is None else bool(pdl))
 
-    def launch_unchecked(self, slots: Sequence[int], pdl: bool | None = None) -> None:
-        """Launch on torch's current stream with raw parameter slots and no argument checks.
+    def launch_unchecked(
+        self, slots: Sequence[int], pdl: bool | None = None, stream: int | None = None
+    ) -> None:
+        """Launch with raw parameter slots and no argument checks, on the raw stream handle
+        ``stream`` (default: torch's current stream of this device).
 
         ``slots`` are the values ``pack`` would return (pointers as ints). For callers that
         validated their tensors themselves: DenseMlp checks its weights once and x per call,
-        and this skips ``launch``'s per-argument checks (about 2 us per launch on the H200
-        test host). Nothing catches a wrong pointer here: it faults inside the kernel.
+        reads the current stream once for both of its launches, and this skips ``launch``'s
+        per-argument checks (about 2 us per launch on the H200 test host). Nothing catches a
+        wrong pointer here: it faults inside the kernel.
         """
         count = len(self._kinds)
         if len(slots) != count:
@@ -270,7 +274,9 @@ class LoadedKernel:
             )
         buffers = self._buffers
         buffers.slots[:count] = slots
-        self._launch(buffers, self._stream_of(self._index), self.pdl if pdl is None else bool(pdl))
+        if stream is None:
+            stream = self._stream_of(self._index)
+        self._launch(buffers, stream, self.pdl if pdl is None else bool(pdl))
 
     def _launch(self, buffers: _Buffers, handle: int, use_pdl: bool) -> None:
         config = self._configs.get((handle, use_pdl))

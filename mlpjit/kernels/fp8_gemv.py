@@ -29,6 +29,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from mlpjit.kernels import plan, ptx
+from mlpjit.kernels.registry import kernel_def
 
 __all__ = ["Fp8Gemv", "compile_cubin", "SLICE", "STEPS", "GROUP", "MAX_TOKENS"]
 
@@ -44,7 +45,7 @@ LN2_LO = 1.428606765330187e-06
 MAX_THREADS = 32 * plan.MAX_WARPS
 MAX_PENDING_GROUPS = plan.MAX_PENDING_GROUPS
 
-PARAM_NAMES = ("out", "x", "w", "w_scale")
+PARAM_NAMES = plan.GEMV_PARAM_NAMES
 
 
 def _f32(value: float) -> float:
@@ -371,21 +372,22 @@ class Fp8Gemv:
         s_xs1: Int32,
         refill: tuple | None = None,
     ):
-        """The warp's share of one row tile: tile_sums over each of its slices, added up.
+        """The warp's share of one row tile: slice_sums over each of its slices, added up.
 
         cp.async groups were committed in (slice, step) order, so slice s waits past the
         later slices' groups; a persistent kernel's refills keep SPW*staged-1 groups newer
         than any slot's. Only the warp's last slot is held back for the partial sums.
         """
         SPW = self.spw
-        total = None
+        total = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
         for s in cutlass.range_constexpr(SPW):
             slice_refill = None
             if cutlass.const_expr(refill is not None):
                 g_n0, g_n1, more = refill
                 slice_refill = (g_n0 + s * SLICE, g_n1 + s * SLICE, more)
             newer = (SPW - 1) * self.staged if refill is not None else (SPW - 1 - s) * self.staged
-            total = self.tile_sums(
+            total = self.slice_sums(
+                total,
                 r_a0[s],
                 r_a1[s],
                 (r_ws0[s], r_ws1[s]),
@@ -396,15 +398,15 @@ class Fp8Gemv:
                 s_xs0 + s * 16,
                 s_xs1 + s * 16,
                 slice_refill,
-                newer_groups=newer,
-                hold_last=s == SPW - 1,
-                total=total,
+                newer,
+                s == SPW - 1,
             )
         return total
 
     @cute.jit
-    def tile_sums(
+    def slice_sums(
         self,
+        total: list,
         r_a0: list,
         r_a1: list,
         r_ws: tuple,
@@ -414,13 +416,12 @@ class Fp8Gemv:
         sw_b: Int32,
         s_xs0: Int32,
         s_xs1: Int32,
-        refill: tuple | None = None,
-        newer_groups: int = 0,
-        hold_last: bool = True,
-        total: list | None = None,
+        refill: tuple | None,
+        newer_groups: int,
+        hold_last: bool,
     ):
         """One 512-K slice of a row tile: 4 groups x (2 steps x 2 mmas), fp32 group sums,
-        then the scales, added to ``total`` (zeros if None).
+        then the scales, added to ``total``.
 
         With ``refill`` = (next row-0 address, next row-1 address, predicate), each staged
         slot is reloaded with the next tile's step right after use, except the last one when
@@ -428,8 +429,6 @@ class Fp8Gemv:
         committed after this slice's, which the waits must not wait for.
         """
         r_ws0, r_ws1 = r_ws
-        if cutlass.const_expr(total is None):
-            total = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
         for grp in cutlass.range_constexpr(SLICE // GROUP):
             acc = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
             for sub in cutlass.range_constexpr(2):
@@ -609,20 +608,17 @@ class Fp8Gemv:
         return silu * up
 
 
-_REQUIRED = ("rows", "k", "tokens", "tiles", "in_regs", "ctas_per_sm", "swiglu", "limit", "ue8m0")
-_OPTIONAL = ("early_launch", "slices_per_warp")  # defaults False, 1 (registry param_defaults)
-
-
 def _params(params: Mapping[str, Any]) -> dict[str, Any]:
-    missing = [name for name in _REQUIRED if name not in params]
+    """The registry's parameter names: the optional ones (param_defaults) may be left out."""
+    kdef = kernel_def("fp8_gemv")
+    required = sorted(kdef.param_names - set(kdef.param_defaults))
+    missing = [name for name in required if name not in params]
     if missing:
-        raise ValueError(f"params is missing {missing}; required: {list(_REQUIRED)}")
-    extra = sorted(set(params) - set(_REQUIRED) - set(_OPTIONAL))
+        raise ValueError(f"params is missing {missing}; required: {required}")
+    extra = sorted(set(params) - kdef.param_names)
     if extra:
-        raise ValueError(
-            f"params has unknown names {extra}; allowed: {list(_REQUIRED + _OPTIONAL)}"
-        )
-    return {name: params[name] for name in _REQUIRED + _OPTIONAL if name in params}
+        raise ValueError(f"params has unknown names {extra}; allowed: {sorted(kdef.param_names)}")
+    return dict(params)
 
 
 def build(params: Mapping[str, Any]) -> Fp8Gemv:

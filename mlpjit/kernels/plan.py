@@ -36,6 +36,8 @@ MAX_WARPS = 32  # 1024 threads per CTA
 # cp.async groups one thread may have in flight: ptxas 13.0 encodes the wait count in 6 bits
 # (DEPBAR.LE SB0, 0x3f), so slices_per_warp * (STEPS - in_regs) must stay within it.
 MAX_PENDING_GROUPS = 63
+# fp8_gemv's kernel parameters, in order (all device pointers): output, input, weight, scales.
+GEMV_PARAM_NAMES = ("out", "x", "w", "w_scale")
 
 # sm_90 resources (H100 / H200).
 SMS = 132
@@ -331,6 +333,7 @@ def gemv_request(
 ) -> KernelRequest:
     """The compile request of one fp8_gemv launch (config defaults to choose_config)."""
     from mlpjit.jit.manager import KernelRequest
+    from mlpjit.kernels.registry import kernel_def
 
     if not isinstance(ue8m0, bool):
         raise ValueError(f"ue8m0 must be a bool, got {ue8m0!r}")
@@ -356,10 +359,11 @@ def gemv_request(
         "limit": float(limit) if (swiglu and limit is not None) else None,
         "ue8m0": ue8m0,
     }
-    if config.early_launch:  # only what differs from the kernel's defaults
-        params["early_launch"] = True
-    if config.slices_per_warp != 1:
-        params["slices_per_warp"] = config.slices_per_warp
+    # The optional knobs only where they differ from the kernel's defaults (one key per
+    # compile either way: the key drops defaults too, but requests stay short).
+    for name, default in kernel_def("fp8_gemv").param_defaults.items():
+        if getattr(config, name) != default:
+            params[name] = getattr(config, name)
     return KernelRequest(kernel="fp8_gemv", params=params, arch=arch)
 
 

@@ -380,11 +380,12 @@ def test_back_to_back_eager_calls_reusing_act() -> None:
     # mlp_for prepared on this thread's default stream: those calls reuse one kept act.
     device = torch.cuda.current_device()
     kept = dense_mlp._KEPT_ACT[(device, threading.get_ident(), 0, 4, inter)]
-    assert mlp._act_buffers.get(xs[0], 4) is kept
+    assert mlp._act_buffers.get(xs[0], 4, torch.cuda.current_stream().cuda_stream) is kept
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        assert mlp._act_buffers.get(xs[0], 4) is not kept  # another stream: allocated
+        # another stream: allocated
+        assert mlp._act_buffers.get(xs[0], 4, side.cuda_stream) is not kept
     outs, side_outs = [], []
     for i in range(30):
         outs.append(mlp(xs[i % 3]))
