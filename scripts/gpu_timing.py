@@ -67,8 +67,15 @@ def random_fp8_matrix(rows: int, k: int, gen: Any) -> tuple[Any, Any]:
 
 
 def config_label(
-    tiles: int, in_regs: int, ctas_per_sm: int, slices_per_warp: int = 1, early: bool = False
+    tiles: int,
+    in_regs: int,
+    ctas_per_sm: int,
+    slices_per_warp: int = 1,
+    early: bool = False,
+    cluster: int = 1,
 ) -> str:
-    """'t4/r3/c2', with '/s3' for several slices per warp and '/early' for the early trigger."""
+    """'t4/r3/c2', with '/s3' for several slices per warp, '/n2' for a cluster of 2 CTAs and
+    '/early' for the early trigger."""
     spw = f"/s{slices_per_warp}" if slices_per_warp != 1 else ""
-    return f"t{tiles}/r{in_regs}/c{ctas_per_sm}{spw}{'/early' if early else ''}"
+    clu = f"/n{cluster}" if cluster != 1 else ""
+    return f"t{tiles}/r{in_regs}/c{ctas_per_sm}{spw}{clu}{'/early' if early else ''}"

@@ -52,10 +52,13 @@ def pairs(
     m: int,
     extra_down: Sequence[plan.GemvConfig] = (),
     extra_gate_up: Sequence[plan.GemvConfig] = (),
+    clusters: Sequence[int] = (),
 ) -> list[tuple[plan.GemvConfig, plan.GemvConfig]]:
     """plan's default (gate_up, down) configs with each early_launch combination, then every
     (gate_up, down) of the defaults and the extra configs that fit, with gate_up's trigger
-    at entry and after the wait (down's after the wait)."""
+    at entry and after the wait (down's after the wait); then, per cluster size in
+    ``clusters``, the default pair with gate_up, down and both set to that cluster size
+    (where it fits)."""
     gate_up = plan.choose_config(2 * inter, hidden, m, True)
     down = plan.choose_config(hidden, inter, m, False)
     found = [
@@ -71,24 +74,37 @@ def pairs(
         )
         if pair not in found:
             found.append(pair)
+    for n in clusters:
+        g = dataclasses.replace(gate_up, cluster=n)
+        d = dataclasses.replace(down, cluster=n)
+        g_fits = plan._fits(2 * inter, hidden, m, g)
+        d_fits = plan._fits(hidden, inter, m, d)
+        for pair, ok in (((g, down), g_fits), ((gate_up, d), d_fits), ((g, d), g_fits and d_fits)):
+            if ok and pair not in found:
+                found.append(pair)
     return found
 
 
 def parse_config(text: str) -> plan.GemvConfig:
-    """'t4/r3/c2' (tiles, in_regs, ctas_per_sm), optionally '/s2' (slices_per_warp) ->
-    GemvConfig, trigger after the wait."""
+    """'t4/r3/c2' (tiles, in_regs, ctas_per_sm), optionally '/s2' (slices_per_warp) and
+    '/n2' (CTAs per cluster) -> GemvConfig, trigger after the wait."""
+    form = "t4/r3/c2, t1/r0/c2/s3 or t1/r3/c1/s2/n4"
     parts = text.split("/")
-    if len(parts) == 3:
-        parts.append("s1")
-    if len(parts) != 4 or [x[:1] for x in parts] != ["t", "r", "c", "s"]:
-        raise ValueError(f"config must look like t4/r3/c2 or t1/r0/c2/s3, got {text!r}")
+    if len(parts) >= 3 and (len(parts) == 3 or parts[3][:1] != "s"):
+        parts.insert(3, "s1")
+    if len(parts) == 4:
+        parts.append("n1")
+    if len(parts) != 5 or [x[:1] for x in parts] != ["t", "r", "c", "s", "n"]:
+        raise ValueError(f"config must look like {form}, got {text!r}")
     try:
-        tiles, in_regs, cps, spw = (int(x[1:]) for x in parts)
+        tiles, in_regs, cps, spw, cluster = (int(x[1:]) for x in parts)
     except ValueError:
-        raise ValueError(f"config must look like t4/r3/c2 or t1/r0/c2/s3, got {text!r}") from None
+        raise ValueError(f"config must look like {form}, got {text!r}") from None
     if min(tiles, cps, spw) < 1 or in_regs < 0:
         raise ValueError(f"config needs tiles, ctas_per_sm, slices >= 1 and in_regs >= 0: {text!r}")
-    return plan.GemvConfig(tiles, in_regs, cps, slices_per_warp=spw)
+    if cluster not in plan.CLUSTER_SIZES:
+        raise ValueError(f"config's cluster (/n) must be one of {plan.CLUSTER_SIZES}: {text!r}")
+    return plan.GemvConfig(tiles, in_regs, cps, slices_per_warp=spw, cluster=cluster)
 
 
 def requests(
@@ -97,12 +113,13 @@ def requests(
     extra_down: Sequence[plan.GemvConfig] = (),
     extra_gate_up: Sequence[plan.GemvConfig] = (),
     arch: str = "sm_90a",
+    clusters: Sequence[int] = (),
 ) -> list:
     out = []
     for name in shapes:
         hidden, inter = SHAPES[name]
         for m in tokens:
-            for g, d in pairs(hidden, inter, m, extra_down, extra_gate_up):
+            for g, d in pairs(hidden, inter, m, extra_down, extra_gate_up, clusters):
                 for rows, k, swiglu, config in (
                     (2 * inter, hidden, True, g),
                     (hidden, inter, False, d),
@@ -117,7 +134,9 @@ def requests(
 
 def label(config: plan.GemvConfig) -> str:
     c = config
-    return config_label(c.tiles, c.in_regs, c.ctas_per_sm, c.slices_per_warp, c.early_launch)
+    return config_label(
+        c.tiles, c.in_regs, c.ctas_per_sm, c.slices_per_warp, c.early_launch, c.cluster
+    )
 
 
 def sweep_shape(
@@ -126,6 +145,7 @@ def sweep_shape(
     replays: int,
     extra_down: Sequence[plan.GemvConfig] = (),
     extra_gate_up: Sequence[plan.GemvConfig] = (),
+    clusters: Sequence[int] = (),
 ) -> list[dict]:
     import torch
 
@@ -147,7 +167,7 @@ def sweep_shape(
         x = torch.randn(m, hidden, generator=gen, device="cuda").to(torch.bfloat16)
         acts = [torch.empty(m, inter, dtype=torch.bfloat16, device="cuda") for _ in layers]
         outs = [torch.empty(m, hidden, dtype=torch.bfloat16, device="cuda") for _ in layers]
-        for g, d in pairs(hidden, inter, m, extra_down, extra_gate_up):
+        for g, d in pairs(hidden, inter, m, extra_down, extra_gate_up, clusters):
             kg, kd = (
                 load_kernel(manager.get(r), device)
                 for r in (
@@ -182,6 +202,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--down-configs", default="", help="extra down configs, e.g. t4/r3/c2,t4/r1/c2/s3"
     )
     p.add_argument("--gate-up-configs", default="", help="extra gate_up configs, same form")
+    p.add_argument(
+        "--clusters",
+        default="",
+        help="cluster sizes to try on the default pair, e.g. 1,2,4 (1: without a cluster)",
+    )
     p.add_argument("--replays", type=int, default=100)
     p.add_argument("--emit", type=Path, help="write the compile requests as JSON lines, exit")
     p.add_argument("--json", type=Path, help="write the results as JSON")
@@ -201,8 +226,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra_gate_up = [parse_config(c) for c in args.gate_up_configs.split(",") if c]
     except ValueError as exc:
         p.error(f"--down-configs / --gate-up-configs: {exc}")
+    try:
+        clusters = [int(n) for n in args.clusters.split(",") if n]
+    except ValueError:
+        p.error(f"--clusters must be a comma list of ints, got {args.clusters!r}")
+    if any(n not in plan.CLUSTER_SIZES for n in clusters):
+        p.error(f"--clusters values must be in {plan.CLUSTER_SIZES}, got {args.clusters!r}")
     if args.emit is not None:
-        lines = [r.to_json_line() for r in requests(shapes, tokens, extra_down, extra_gate_up)]
+        lines = [
+            r.to_json_line()
+            for r in requests(shapes, tokens, extra_down, extra_gate_up, clusters=clusters)
+        ]
         args.emit.write_text("\n".join(lines) + "\n")
         print(f"{len(lines)} requests -> {args.emit}")
         return 0
@@ -214,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [
         row
         for name in shapes
-        for row in sweep_shape(name, tokens, args.replays, extra_down, extra_gate_up)
+        for row in sweep_shape(name, tokens, args.replays, extra_down, extra_gate_up, clusters)
     ]
     if args.json is not None:
         args.json.write_text(

@@ -259,6 +259,7 @@ def tune_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) ->
                 "in_regs": config.in_regs,
                 "ctas_per_sm": config.ctas_per_sm,
                 "slices_per_warp": config.slices_per_warp,
+                "cluster": config.cluster,
                 "default": config == default,
                 "us": us,
                 "p10_us": sorted(per_launch)[len(per_launch) // 10],
@@ -280,7 +281,11 @@ def tune_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) ->
 
 def _cfg(row: dict) -> str:
     return config_label(
-        row["tiles"], row["in_regs"], row["ctas_per_sm"], row.get("slices_per_warp", 1)
+        row["tiles"],
+        row["in_regs"],
+        row["ctas_per_sm"],
+        row.get("slices_per_warp", 1),
+        cluster=row.get("cluster", 1),
     )
 
 

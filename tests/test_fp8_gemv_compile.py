@@ -10,6 +10,7 @@ subset (TP 8 and TP 1, tokens 1 and 8).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 import subprocess
@@ -150,6 +151,18 @@ def test_glm5_kernel_sass(request_) -> None:
     assert all(i > wait for i, op in enumerate(ops) if op == "LDG.E.128")
     assert count["LDG.E.128"] >= 2
 
+    # Clusters: the launch carries the shape; the CTAs meet at entry and after x's shared
+    # quantization (cluster barrier arrive/wait pairs), and write it with DSMEM stores.
+    cluster = p.get("cluster", 1)
+    assert binary.cluster == (cluster, 1, 1) and grid % cluster == 0
+    if cluster > 1:
+        assert not persistent or cluster <= plan.MAX_PERSISTENT_CLUSTER
+        assert count["UCGABAR_ARV"] == 2 and count["UCGABAR_WAIT"] == 2
+        assert ops.index("UCGABAR_ARV") < wait
+        assert count["ST.E.128"] > 0
+    else:
+        assert "UCGABAR_ARV" not in count and "ST.E.128" not in count
+
 
 @pytest.mark.xfail(
     reason="ptxas 13.0 sinks the .nc register weight loads below griddepcontrol.wait "
@@ -245,6 +258,45 @@ def test_wide_warps_compile_clean(changes, persistent) -> None:
 
 
 @pytest.mark.parametrize(
+    "changes",
+    [
+        {"tokens": 8, "ctas_per_sm": 1, "cluster": 2},
+        {"tokens": 8, "ctas_per_sm": 1, "cluster": 4},
+        {"tokens": 1, "cluster": 8},
+        {"rows": 6144, "k": 1536, "tiles": 4, "in_regs": 1, "swiglu": False, "tokens": 3,
+         "slices_per_warp": 3, "cluster": 2},
+        {"rows": 6144, "k": 12288, "tokens": 7, "in_regs": 3, "ctas_per_sm": 1, "swiglu": False,
+         "slices_per_warp": 3, "cluster": 2},
+    ],
+    ids=["persistent-n2", "persistent-n4", "t1-n8", "down-3-chunks-per-2", "tp1-down-n2"],
+)  # fmt: skip
+def test_clusters_compile_clean(changes) -> None:
+    """Each CTA quantizes every cluster-th (token, 512-K) chunk of x and stores it into all
+    of the cluster's CTAs: cluster DSMEM stores (ST.E.128, which the plain kernel has none
+    of), no spills; grid and shared memory as without the cluster."""
+    p = _variant(**changes)
+    binary = _compiled(_freeze(p))
+    facts = _facts(_freeze(p))
+    plain = _compiled(_freeze({**p, "cluster": 1}))
+    n = p["cluster"]
+    assert facts["stack"] == 0 and facts["local"] == 0, facts
+    assert binary.cluster == (n, 1, 1)
+    assert (binary.grid, binary.block, binary.smem_bytes) == (
+        plain.grid,
+        plain.block,
+        plain.smem_bytes,
+    )
+    # Per warp: ceil(chunks / cluster / warps) chunks, each stored to every CTA of the cluster.
+    warps = binary.block[0] // 32
+    chunks = p["tokens"] * p["k"] // 512
+    per_warp = math.ceil(math.ceil(chunks / n) / warps)
+    assert facts["count"]["ST.E.128"] == n * per_warp
+    assert "ST.E.128" not in _facts(_freeze({**p, "cluster": 1}))["count"]
+    ops = facts["ops"]
+    assert ops.index("UCGABAR_ARV") < ops.index("ACQBULK") < ops.index("UCGABAR_WAIT")
+
+
+@pytest.mark.parametrize(
     ("rows", "k", "tokens", "swiglu"),
     [(24576, 5120, 1, True), (5120, 12288, 5, False), (5120, 6144, 8, False)],
     ids=["glm4.5-tp1-gate_up-t1", "glm4.5-tp1-down-t5", "glm4.5-tp2-down-t8"],
@@ -301,6 +353,9 @@ def test_deterministic_across_processes() -> None:
         ({"swiglu": 1}, "swiglu must be"),
         ({"slices_per_warp": 5}, "slices_per_warp must divide"),
         ({"slices_per_warp": 0}, "slices_per_warp must be"),
+        ({"cluster": 3}, "cluster must be one of"),
+        ({"cluster": True}, "cluster must be one of"),
+        ({"rows": 144, "cluster": 2}, "cluster must divide the grid of 9 CTAs"),
     ],
 )
 def test_bad_params(changes, match) -> None:

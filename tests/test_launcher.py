@@ -192,6 +192,30 @@ def test_launch_builds_the_config_and_parameter_array(monkeypatch: pytest.Monkey
     assert c3 is c1  # configs are built once per (stream, pdl)
 
 
+def test_cluster_launch_sets_the_cluster_dimension(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster kernel launches with CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, with or without
+    PDL; a plain kernel never gets the attribute."""
+    from mlpjit.jit import launcher
+
+    fake = _RecordingDriver()
+    monkeypatch.setattr(launcher, "_driver_module", fake)
+    params = (KernelParam("n", "i32"), KernelParam("a", "f32"))
+    binary = replace(fake_binary(*params), grid=(132, 1, 1), cluster=(2, 1, 1))
+    k = LoadedKernel("cc" * 32, binary, device_index=0, function="FUNC")
+    k.launch([1, 1.0], stream=99)
+    k.launch([2, 1.0], stream=99, pdl=False)
+    (c1, _, _, _), (c2, _, _, _) = fake.calls
+    ids = fake.CUlaunchAttributeID
+    assert [a.id for a in c1.attrs] == [
+        ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+    ]
+    assert c1.numAttrs == 2 and c2.numAttrs == 1
+    dim = c2.attrs[0].value.clusterDim
+    assert c2.attrs[0].id == ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    assert (dim.x, dim.y, dim.z) == (2, 1, 1)
+
+
 def test_launch_unchecked_passes_raw_slots(monkeypatch: pytest.MonkeyPatch) -> None:
     """The DenseMlp hot path: raw values go to the parameter array as given, same configs."""
     from mlpjit.jit import launcher

@@ -97,3 +97,35 @@ def test_extra_gate_up_configs_cross_with_every_down(sweep) -> None:
     for early in (False, True):
         assert (2, 2, 1, early, d2) in crossed
     assert all(not d.early_launch for g, d in found[4:])
+
+
+def test_parse_config_cluster(sweep) -> None:
+    both = sweep.parse_config("t1/r3/c1/s2/n4")
+    assert (both.slices_per_warp, both.cluster) == (2, 4)
+    alone = sweep.parse_config("t1/r3/c1/n2")
+    assert (alone.slices_per_warp, alone.cluster) == (1, 2)
+    assert sweep.label(both) == "t1/r3/c1/s2/n4" and sweep.label(alone) == "t1/r3/c1/n2"
+    with pytest.raises(ValueError, match="cluster"):
+        sweep.parse_config("t1/r3/c1/n3")
+    with pytest.raises(ValueError, match="t1/r3/c1/s2/n4"):
+        sweep.parse_config("t1/r3/c1/n2/s2")
+
+
+def test_cluster_pairs_set_each_kernel_and_both(sweep) -> None:
+    """GLM-5 TP8 at 8 tokens: plan's pair uses clusters of 2; --clusters 1 adds the
+    unclustered kernels, 4 only where the grid allows it (not gate_up's persistent grid)."""
+    hidden, inter = sweep.SHAPES["glm5-tp8"]
+    found = sweep.pairs(hidden, inter, 8, clusters=[1, 4])
+    assert len(found) == len(set(found))
+    labels = {(sweep.label(g), sweep.label(d)) for g, d in found}
+    assert ("t1/r3/c1/n2", "t4/r1/c2/s3") in labels
+    assert ("t1/r3/c1", "t4/r1/c2/s3/n2") in labels
+    assert ("t1/r3/c1", "t4/r1/c2/s3") in labels
+    assert ("t1/r3/c1/n2", "t4/r1/c2/s3/n4") in labels
+    assert not any(g.cluster == 4 for g, _ in found)
+
+
+def test_bad_clusters_argument(sweep, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        sweep.main(["--clusters", "3", "--emit", "/dev/null"])
+    assert exc.value.code == 2 and "--clusters" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -125,6 +126,7 @@ def test_gemv_request_params() -> None:
     assert kernel_def("fp8_gemv").param_names - set(req.params) == {
         "early_launch",
         "slices_per_warp",
+        "cluster",
     }
 
 
@@ -248,3 +250,40 @@ def test_glm45_tp4_gate_up_keeps_the_measured_one_token_pick() -> None:
     """The wide heuristic lost there (pair_sweep_heuristic_glm45_h200.txt); 2+ tokens use it."""
     assert plan.choose_config(6144, 5120, 1, True) == GemvConfig(2, 3, 1)
     assert plan.choose_config(6144, 5120, 2, True).slices_per_warp == 2
+
+
+def test_cluster_is_in_the_request_only_when_set() -> None:
+    """cluster=1 (no cluster) is the kernel's default: one key for the plain kernel."""
+    kwargs = {"swiglu": True, "limit": None, "ue8m0": True, "arch": ARCH}
+    plain = plan.gemv_request(3072, 6144, 8, **kwargs, config=GemvConfig(1, 3, 1))
+    clustered = plan.gemv_request(3072, 6144, 8, **kwargs, config=GemvConfig(1, 3, 1, cluster=2))
+    assert "cluster" not in plain.params and clustered.params["cluster"] == 2
+    assert {**plain.params, "cluster": 2} == dict(clustered.params)
+
+
+def test_fits_checks_cluster_sizes_and_residency() -> None:
+    # GLM-5 TP8 gate_up at 8 tokens: a persistent grid of 132 CTAs (one per SM).
+    persistent = GemvConfig(1, 3, 1)
+    assert plan.grid_ctas(3072, 6144, 1, 3, 1) == plan.SMS < 3072 // 16
+    assert plan._fits(3072, 6144, 8, replace(persistent, cluster=2))
+    # Clusters of 4 would not all be resident at once (30 x 4 CTAs on the H200).
+    assert not plan._fits(3072, 6144, 8, replace(persistent, cluster=4))
+    assert not plan._fits(3072, 6144, 8, replace(persistent, cluster=3))
+    # One CTA per row tile (192 CTAs at 2 per SM): any size dividing the grid, none that
+    # does not (rows 6160: 385 tiles).
+    one_per_tile = GemvConfig(1, 3, 2, cluster=8)
+    assert plan._fits(3072, 6144, 1, one_per_tile)
+    assert not plan._fits(6160, 6144, 1, replace(one_per_tile, cluster=2))
+
+
+def test_tuned_clusters_only_where_the_pair_sweep_measured_them() -> None:
+    """Clusters of 2 from 3 tokens on at GLM-5 TP8/TP4/TP1 (variant 14); never at 1-2
+    tokens, where the shared quantization saves less than the cluster barriers cost."""
+    for rows, k, swiglu in plan.TUNED_H200:
+        for tokens in range(1, plan.MAX_TOKENS + 1):
+            config = plan.choose_config(rows, k, tokens, swiglu)
+            assert config.cluster in (1, 2)
+            if tokens <= 2:
+                assert config.cluster == 1, (rows, k, tokens)
+    assert plan.choose_config(3072, 6144, 8, True).cluster == 2
+    assert plan.choose_config(6144, 1536, 8, False).cluster == 2

@@ -41,11 +41,17 @@ class KernelBinary:
     smem_bytes: int
     pdl: bool
     params: tuple[KernelParam, ...]
+    # Thread block cluster shape (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION); (1, 1, 1): none.
+    cluster: tuple[int, int, int] = (1, 1, 1)
 
 
 def launch_fields(binary: KernelBinary) -> dict[str, Any]:
-    """The launch facts of ``binary`` as a plain-JSON dict (everything except the cubin)."""
-    return {
+    """The launch facts of ``binary`` as a plain-JSON dict (everything except the cubin).
+
+    "cluster" is written only for a cluster launch, so the manifests of other kernels stay
+    as they were (and readable by versions that predate clusters).
+    """
+    fields = {
         "symbol": binary.symbol,
         "grid": list(binary.grid),
         "block": list(binary.block),
@@ -53,6 +59,9 @@ def launch_fields(binary: KernelBinary) -> dict[str, Any]:
         "pdl": binary.pdl,
         "params": [{"name": p.name, "kind": p.kind} for p in binary.params],
     }
+    if tuple(binary.cluster) != (1, 1, 1):
+        fields["cluster"] = list(binary.cluster)
+    return fields
 
 
 def _dim3(fields: Mapping[str, Any], name: str) -> tuple[int, int, int]:
@@ -83,12 +92,17 @@ def binary_from_fields(fields: Mapping[str, Any], cubin: bytes) -> KernelBinary:
     if not isinstance(raw_params, list) or not all(isinstance(p, dict) for p in raw_params):
         raise ValueError(f"manifest field 'params' must be a list of objects, got {raw_params!r}")
     params = tuple(KernelParam(p.get("name"), p.get("kind")) for p in raw_params)
+    cluster = _dim3(fields, "cluster") if "cluster" in fields else (1, 1, 1)
+    grid = _dim3(fields, "grid")
+    if any(g % c for g, c in zip(grid, cluster, strict=True)):
+        raise ValueError(f"manifest field 'cluster' {list(cluster)} must divide grid {list(grid)}")
     return KernelBinary(
         cubin=bytes(cubin),
         symbol=symbol,
-        grid=_dim3(fields, "grid"),
+        grid=grid,
         block=_dim3(fields, "block"),
         smem_bytes=smem,
         pdl=pdl,
         params=params,
+        cluster=cluster,
     )

@@ -126,6 +126,7 @@ class LoadedKernel:
         self.block = tuple(binary.block)
         self.smem_bytes = binary.smem_bytes
         self.pdl = binary.pdl
+        self.cluster = tuple(binary.cluster)
         self.params: tuple[KernelParam, ...] = tuple(binary.params)
         self.device = torch.device("cuda", device_index)
         self._index = device_index
@@ -220,16 +221,22 @@ class LoadedKernel:
         config.blockDimX, config.blockDimY, config.blockDimZ = self.block
         config.sharedMemBytes = self.smem_bytes
         config.hStream = stream
+        attrs = []
         if pdl:
             attr = driver.CUlaunchAttribute()
             attr.id = (
                 driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
             )
             attr.value.programmaticStreamSerializationAllowed = 1
-            config.attrs = [attr]
-            config.numAttrs = 1
-        else:
-            config.numAttrs = 0
+            attrs.append(attr)
+        if self.cluster != (1, 1, 1):
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            dim = attr.value.clusterDim
+            dim.x, dim.y, dim.z = self.cluster
+            attrs.append(attr)
+        config.attrs = attrs
+        config.numAttrs = len(attrs)
         if len(self._configs) >= _MAX_CONFIGS:
             self._configs.clear()
         self._configs[(stream, pdl)] = config

@@ -101,6 +101,7 @@ class Fp8Gemv:
         ue8m0: bool,
         early_launch: bool = False,
         slices_per_warp: int = 1,
+        cluster: int = 1,
     ) -> None:
         self.rows = _check_int("rows", rows, 16)
         self.k = _check_int("k", k, SLICE)
@@ -153,6 +154,14 @@ class Fp8Gemv:
         self.threads = 32 * self.warps
         self.row_tiles = rows // (16 * tiles)  # CTA-sized row tiles
         self.ctas = plan.grid_ctas(rows, k, tiles, in_regs, ctas_per_sm, self.spw)
+        if isinstance(cluster, bool) or cluster not in plan.CLUSTER_SIZES:
+            raise ValueError(f"cluster must be one of {plan.CLUSTER_SIZES}, got {cluster!r}")
+        if self.ctas % cluster:
+            raise ValueError(
+                f"cluster must divide the grid of {self.ctas} CTAs, got {cluster}; "
+                "pick another cluster size or tiles"
+            )
+        self.cluster = cluster
         self.persistent = self.ctas < self.row_tiles
         self.out_cols = rows // 2 if swiglu else rows
         # Shared memory: staged weights | activations (reused for partial sums) | x scales.
@@ -191,6 +200,8 @@ class Fp8Gemv:
         if cutlass.const_expr(self.ctas_per_sm > 1):
             # Without an explicit carveout the DSL queries the device for min_blocks > 1.
             extra["preferred_smem_carveout"] = 100
+        if cutlass.const_expr(self.cluster > 1):
+            extra["cluster"] = [self.cluster, 1, 1]
         self.kernel(m_out, m_x, m_w, m_ws).launch(
             grid=[self.ctas, 1, 1],
             block=[self.threads, 1, 1],
@@ -241,6 +252,8 @@ class Fp8Gemv:
         # weights while this one still does; otherwise after the wait, as usual.
         if cutlass.const_expr(self.early_launch):
             cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(self.cluster > 1):
+            ptx.cluster_arrive_relaxed()  # "started": others may write our smem after the wait
         # ---- weights in flight before the dependency wait (they never depend on it)
         policy = ptx.createpolicy_evict_first()
         # Per slice s of the warp: register steps r_a*[s], staged slots from
@@ -265,20 +278,23 @@ class Fp8Gemv:
         if cutlass.const_expr(not self.early_launch):
             cute.arch.griddepcontrol_launch_dependents()
 
-        # ---- quantize x once per CTA: warp (tile i, slice s) takes tokens i, i+tiles, ...
-        # All of a warp's x loads are issued before the first is consumed, so the global
-        # round trips overlap (ptxas still sinks some of them when registers run short).
-        per_warp = (T + TL - 1) // TL
-        words = [
-            self.load_chunk(g_x, self.token_of(tile, j), slc0 + s, lane)
-            for s in range(SPW)
-            for j in range(per_warp)
-        ]
-        for s in cutlass.range_constexpr(SPW):
-            for j in cutlass.range_constexpr(per_warp):
-                word = words[s * per_warp + j]
-                self.quantize_if_valid(word, s_act, s_xsc, tile + j * TL, slc0 + s, lane)
-        cute.arch.sync_threads()
+        if cutlass.const_expr(self.cluster == 1):
+            # ---- quantize x once per CTA: warp (tile i, slice s) takes tokens i, i+tiles, ...
+            # All of a warp's x loads are issued before the first is consumed, so the global
+            # round trips overlap (ptxas still sinks some of them when registers run short).
+            per_warp = (T + TL - 1) // TL
+            words = [
+                self.load_chunk(g_x, self.token_of(tile, j), slc0 + s, lane)
+                for s in range(SPW)
+                for j in range(per_warp)
+            ]
+            for s in cutlass.range_constexpr(SPW):
+                for j in cutlass.range_constexpr(per_warp):
+                    word = words[s * per_warp + j]
+                    self.quantize_if_valid(word, s_act, s_xsc, tile + j * TL, slc0 + s, lane)
+            cute.arch.sync_threads()
+        else:
+            self.quantize_across_cluster(g_x, s_act, s_xsc, warp, lane)
 
         # ---- main loop per row tile, partial sums, epilogue
         t_b = cutlass.min(g, T - 1)  # B columns >= tokens repeat the last token
@@ -488,8 +504,44 @@ class Fp8Gemv:
             self.quantize_chunk(words, s_act, s_xsc, t, slc, lane)
 
     @cute.jit
+    def quantize_across_cluster(self, g_x: Int64, s_act: Int32, s_xsc: Int32, warp, lane):
+        """Quantize x once per cluster instead of once per CTA: the (token, 512-K) chunks are
+        dealt round robin to the cluster's CTAs, and each quantized chunk and its scales are
+        written into the shared memory of every CTA of the cluster (DSMEM).
+
+        Each CTA then reads 1/cluster of x from L2, where all CTAs reading all of x at
+        several tokens was what made the kernel slower with more tokens.
+        """
+        N = self.cluster
+        T = self.tokens
+        chunks = T * self.slices
+        per_cta = (chunks + N - 1) // N
+        per_warp = (per_cta + self.warps - 1) // self.warps
+        always_valid = per_cta * N == chunks and per_warp * self.warps == per_cta
+        rank = ptx.cluster_ctarank()
+        # Every CTA of the cluster has started (its entry arrive): its smem may be written.
+        # Waited for before the x loads: after them, ptxas keeps every chunk live across the
+        # barrier instead of quantizing while the later ones arrive (and spills).
+        ptx.cluster_wait()
+        todo = []
+        for j in cutlass.range_constexpr(per_warp):
+            c = (warp + j * self.warps) * N + rank
+            if cutlass.const_expr(not always_valid):
+                c = cutlass.min(c, chunks - 1)  # past the end: a valid re-read, not quantized
+            todo.append((c, self.load_chunk(g_x, c % T, c // T, lane)))
+        for j in cutlass.range_constexpr(per_warp):
+            c, words = todo[j]
+            if cutlass.const_expr(always_valid):  # noqa: SIM114 (static branch, see above)
+                self.quantize_chunk(words, s_act, s_xsc, c % T, c // T, lane)
+            elif (warp + j * self.warps) * N + rank < chunks:
+                self.quantize_chunk(words, s_act, s_xsc, c % T, c // T, lane)
+        # Release our remote writes, acquire everyone's: the whole x is then in our smem.
+        ptx.cluster_sync_acq_rel()
+
+    @cute.jit
     def quantize_chunk(self, words: list, s_act: Int32, s_xsc: Int32, t: Int32, slc: Int32, lane):
         """Lane l quantizes K = slc*512 + 16l .. +15 of token t; 8 lanes share a 128-group.
+        With a cluster, the result goes to the same place in every CTA's shared memory.
 
         The amax runs on the packed BF16 pairs with max.xorsign.abs: each step takes |.| of
         its inputs, so only the final sign is junk (dropped by the last fabs); |x| and max
@@ -533,9 +585,18 @@ class Fp8Gemv:
         ]
         chunk = lane ^ ((t & 1) << 2)  # swizzle odd tokens: conflict-free B reads
         s_dst = s_act + (slc * self.tokens + t) * SLICE + chunk * 16
-        ptx.st_shared_v4(s_dst, packed[0], packed[1], packed[2], packed[3])
-        if lane & 7 == 0:
-            ptx.st_shared_f32(s_xsc + (t * self.groups + slc * 4 + (lane >> 3)) * 4, scale)
+        if cutlass.const_expr(self.cluster == 1):
+            ptx.st_shared_v4(s_dst, packed[0], packed[1], packed[2], packed[3])
+            if lane & 7 == 0:
+                ptx.st_shared_f32(s_xsc + (t * self.groups + slc * 4 + (lane >> 3)) * 4, scale)
+        else:
+            s_scale = s_xsc + (t * self.groups + slc * 4 + (lane >> 3)) * 4
+            for rank in cutlass.range_constexpr(self.cluster):
+                dst = ptx.mapa_shared(s_dst, Int32(rank))
+                ptx.st_cluster_v4(dst, packed[0], packed[1], packed[2], packed[3])
+            if lane & 7 == 0:
+                for rank in cutlass.range_constexpr(self.cluster):
+                    ptx.st_cluster_f32(ptx.mapa_shared(s_scale, Int32(rank)), scale)
 
     @cute.jit
     def tile_rows(self, cta: Int32, tile: Int32, g: Int32):
@@ -665,6 +726,7 @@ def compile_cubin(params: Mapping[str, Any], arch: str):
         smem_bytes=gemv.smem_bytes,
         pdl=True,
         params=tuple(KernelParam(name, "ptr") for name in PARAM_NAMES),
+        cluster=(gemv.cluster, 1, 1),
     )
 
 

@@ -36,6 +36,13 @@ MAX_WARPS = 32  # 1024 threads per CTA
 # cp.async groups one thread may have in flight: ptxas 13.0 encodes the wait count in 6 bits
 # (DEPBAR.LE SB0, 0x3f), so slices_per_warp * (STEPS - in_regs) must stay within it.
 MAX_PENDING_GROUPS = 63
+# CTAs per thread block cluster that share one quantization of x (1: none). At most 8, the
+# portable cluster size.
+CLUSTER_SIZES = (1, 2, 4, 8)
+# A persistent grid (one CTA per SM and ctas_per_sm) must be resident at once. Clusters of
+# 2 are (H200: 66 of 2 at one CTA per SM); of 4 only 30 fit (120 CTAs, cuOccupancyMax-
+# ActiveClusters), so the last clusters of a 132-CTA grid would run as a second wave.
+MAX_PERSISTENT_CLUSTER = 2
 # fp8_gemv's kernel parameters, in order (all device pointers): output, input, weight, scales.
 GEMV_PARAM_NAMES = ("out", "x", "w", "w_scale")
 
@@ -67,6 +74,9 @@ class GemvConfig:
     # 512-K slices per warp: more means fewer threads (and registers) per row tile, so a
     # persistent grid fits where one warp per slice would spill (large k).
     slices_per_warp: int = 1
+    # CTAs per cluster: each quantizes 1/cluster of x and writes it into every CTA's shared
+    # memory, so x is read from L2 once per cluster instead of once per CTA.
+    cluster: int = 1
 
 
 def smem_bytes(k: int, tokens: int, tiles: int, in_regs: int, slices_per_warp: int = 1) -> int:
@@ -123,9 +133,14 @@ def _fit(k: int, tokens: int, tiles: int, ctas_per_sm: int, slices_per_warp: int
 
 
 def _c(
-    tiles: int, in_regs: int, ctas_per_sm: int, early_launch: bool = False, spw: int = 1
+    tiles: int,
+    in_regs: int,
+    ctas_per_sm: int,
+    early_launch: bool = False,
+    spw: int = 1,
+    cluster: int = 1,
 ) -> GemvConfig:
-    return GemvConfig(tiles, in_regs, ctas_per_sm, early_launch, spw)
+    return GemvConfig(tiles, in_regs, ctas_per_sm, early_launch, spw, cluster)
 
 
 # The fastest config per known shape, measured on one H200 with scripts/tune_fp8_gemv.py and
@@ -145,22 +160,33 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig], ...]] = {
     # bench/results/pair_sweep_h200.txt, pair_sweep_down_h200.txt, then with slices per
     # warp pair_sweep_wide_tp8_h200.txt: 2-8 tokens 0.2-0.5 us faster per layer with a
     # persistent gate_up (t1/r3/c1) and down at 3 slices per warp).
-    (3072, 6144, True): ((1, _c(1, 3, 2)), (8, _c(1, 3, 1))),
-    (6144, 1536, False): ((1, _c(4, 3, 2)), (8, _c(4, 1, 2, spw=3))),
+    # 5-8 tokens: clusters of 2 CTAs sharing x's quantization (variant 14, pair sweeps of
+    # bench/results/pair_sweep_cluster_h200.txt): 0.5-1.8 us per layer.
+    (3072, 6144, True): ((1, _c(1, 3, 2)), (4, _c(1, 3, 1)), (8, _c(1, 3, 1, cluster=2))),
+    (6144, 1536, False): (
+        (1, _c(4, 3, 2)),
+        (4, _c(4, 1, 2, spw=3)),
+        (8, _c(4, 1, 2, spw=3, cluster=2)),
+    ),
     # TP 4, 2 and 1: persistent grids (one resident wave looping over row tiles), most with
     # 2-3 slices per warp (spw), from the wide-warp sweeps of 2026-11-29 and a layer-level
     # pair sweep against the previous picks (KERNEL_NOTES variant 12;
     # bench/results/tune_fp8_gemv_h200_wide_*.md, pair_sweep_wide_h200.txt). No early
-    # trigger won >= 0.25 us on gate_up there.
+    # trigger won >= 0.25 us on gate_up there. TP4 and TP1: clusters of 2 (cluster=2) where
+    # they won >= 0.2 us per layer in two runs of the cluster pair sweep (variant 14).
     (6144, 6144, True): (
         (1, _c(1, 0, 2, spw=2)),
         (2, _c(1, 0, 2, spw=3)),
-        (4, _c(1, 2, 2, spw=3)),
-        (8, _c(1, 3, 1)),
+        (3, _c(1, 2, 2, spw=3)),
+        (4, _c(1, 2, 2, spw=3, cluster=2)),
+        (5, _c(1, 3, 1)),
+        (8, _c(1, 3, 1, cluster=2)),
     ),
     (6144, 3072, False): (
         (2, _c(4, 0, 1, spw=2)),
         (4, _c(2, 2, 2)),
+        (5, _c(4, 0, 1, spw=2)),
+        (7, _c(4, 0, 1, spw=2, cluster=2)),
         (8, _c(4, 0, 1, spw=2)),
     ),
     (12288, 6144, True): (
@@ -176,14 +202,15 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig], ...]] = {
     ),
     (24576, 6144, True): (
         (2, _c(1, 0, 2, spw=3)),
-        (4, _c(1, 0, 1, spw=3)),
-        (8, _c(1, 3, 1)),
+        (3, _c(1, 0, 1, spw=3)),
+        (4, _c(1, 0, 1, spw=3, cluster=2)),
+        (8, _c(1, 3, 1, cluster=2)),
     ),
     (6144, 12288, False): (
         (1, _c(1, 0, 1, spw=3)),
         (2, _c(1, 0, 1, spw=2)),
-        (6, _c(1, 2, 1, spw=3)),
-        (7, _c(1, 3, 1, spw=3)),  # spw 2 spills at 5-7 tokens (ptxas 13.0)
+        (6, _c(1, 2, 1, spw=3, cluster=2)),
+        (7, _c(1, 3, 1, spw=3, cluster=2)),  # spw 2 spills at 5-7 tokens (ptxas 13.0)
         (8, _c(1, 3, 1, spw=2)),
     ),
     # GLM-4.5 (hidden 5120) TP 8
@@ -208,6 +235,13 @@ def _fits(rows: int, k: int, tokens: int, config: GemvConfig) -> bool:
     spw = config.slices_per_warp
     if spw < 1 or (k // SLICE) % spw or spw * (STEPS - config.in_regs) > MAX_PENDING_GROUPS:
         return False
+    if config.cluster not in CLUSTER_SIZES or rows % (16 * config.tiles):
+        return False
+    grid = grid_ctas(rows, k, config.tiles, config.in_regs, config.ctas_per_sm, spw)
+    if grid % config.cluster:
+        return False
+    if config.cluster > MAX_PERSISTENT_CLUSTER and grid < rows // (16 * config.tiles):
+        return False  # a persistent grid that would not be resident at once
     fit = _fit(k, tokens, config.tiles, config.ctas_per_sm, spw)
     return (
         rows % (16 * config.tiles) == 0

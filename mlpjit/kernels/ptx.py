@@ -22,6 +22,10 @@ __all__ = [
     "absmax_bf16x2",
     "bf16x2_to_f32x2",
     "bf16_round",
+    "cluster_arrive_relaxed",
+    "cluster_ctarank",
+    "cluster_sync_acq_rel",
+    "cluster_wait",
     "cp_async_cg_16",
     "cp_async_cg_16_if",
     "createpolicy_evict_first",
@@ -35,6 +39,7 @@ __all__ = [
     "fmin",
     "fresh_ctaid_x",
     "fresh_tid_x",
+    "mapa_shared",
     "i32_as_f32",
     "ld_global_nc_v4_f32",
     "ld_global_nc_v4_hint",
@@ -49,6 +54,8 @@ __all__ = [
     "rcp_approx",
     "rint",
     "st_global_b16",
+    "st_cluster_f32",
+    "st_cluster_v4",
     "st_shared_f32",
     "st_shared_v4",
     "st_shared_v4_f32",
@@ -336,6 +343,95 @@ def st_shared_f32(addr: Int32, value: Float32, *, loc=None, ip=None) -> None:
         [],
         [(_I32, addr), (_F32, value)],
         "st.shared.f32 [$0], $1;",
+        "r,f,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+# ---------------------------------------------------------------- thread block clusters
+# A cluster's CTAs write into each other's shared memory (DSMEM). barrier.cluster counts
+# every thread of every CTA in the cluster; .aligned: all threads of a warp execute it.
+
+
+@dsl_user_op
+def cluster_ctarank(*, loc=None, ip=None) -> Int32:
+    """mov.u32 r, %cluster_ctarank;"""
+    return _asm(
+        [_I32], [], "mov.u32 $0, %cluster_ctarank;", "=r", side_effects=False, loc=loc, ip=ip
+    )
+
+
+@dsl_user_op
+def cluster_arrive_relaxed(*, loc=None, ip=None) -> None:
+    """barrier.cluster.arrive.relaxed.aligned; (no memory ordering: "this CTA has started")"""
+    _asm(
+        [],
+        [],
+        "barrier.cluster.arrive.relaxed.aligned;",
+        "~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def cluster_wait(*, loc=None, ip=None) -> None:
+    """barrier.cluster.wait.aligned; (acquire at cluster scope)"""
+    _asm([], [], "barrier.cluster.wait.aligned;", "~{memory}", side_effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def cluster_sync_acq_rel(*, loc=None, ip=None) -> None:
+    """barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;"""
+    _asm(
+        [],
+        [],
+        "barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;",
+        "~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def mapa_shared(addr: Int32, rank: Int32, *, loc=None, ip=None) -> Int32:
+    """mapa.shared::cluster.u32 r, addr, rank; (this CTA's smem offset -> rank's, cluster window)"""
+    return _asm(
+        [_I32],
+        [(_I32, addr), (_I32, rank)],
+        "mapa.shared::cluster.u32 $0, $1, $2;",
+        "=r,r,r",
+        side_effects=False,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def st_cluster_v4(addr: Int32, a: Int32, b: Int32, c: Int32, d: Int32, *, loc=None, ip=None):
+    """st.shared::cluster.v4.u32 [addr], {a, b, c, d}; (addr from mapa_shared)"""
+    _asm(
+        [],
+        [(_I32, addr), (_I32, a), (_I32, b), (_I32, c), (_I32, d)],
+        "st.shared::cluster.v4.u32 [$0], {$1, $2, $3, $4};",
+        "r,r,r,r,r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def st_cluster_f32(addr: Int32, value: Float32, *, loc=None, ip=None) -> None:
+    """st.shared::cluster.f32 [addr], f; (addr from mapa_shared)"""
+    _asm(
+        [],
+        [(_I32, addr), (_F32, value)],
+        "st.shared::cluster.f32 [$0], $1;",
         "r,f,~{memory}",
         side_effects=True,
         loc=loc,

@@ -48,9 +48,12 @@ _KERNELS: dict[str, KernelDef] = {
                     "ue8m0",
                     "early_launch",
                     "slices_per_warp",
+                    "cluster",
                 }
             ),
-            param_defaults=MappingProxyType({"early_launch": False, "slices_per_warp": 1}),
+            param_defaults=MappingProxyType(
+                {"early_launch": False, "slices_per_warp": 1, "cluster": 1}
+            ),
         ),
         KernelDef(
             name="smoke",

@@ -10,6 +10,7 @@ before each launch, so "no NaN" also means every element was written.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -65,6 +66,21 @@ WIDE_CASES = (
 )
 
 
+# Thread block clusters sharing one quantization of x (plan.GemvConfig.cluster): persistent
+# and not, chunk counts the cluster does not divide (9 chunks over 2 CTAs, 3 over 4, 12 over
+# 8), both scale rules. Each must equal the same config without a cluster bit for bit.
+C = plan.GemvConfig
+CLUSTER_CASES = (
+    ("glm5-tp1-down", 8, C(1, 3, 1, slices_per_warp=2, cluster=2), True),
+    ("glm5-tp1-down", 8, C(1, 3, 1, slices_per_warp=2, cluster=4), True),
+    ("glm5-tp8-gate_up", 8, C(1, 3, 1, cluster=4), True),
+    ("glm5-tp8-gate_up", 4, C(1, 3, 1, cluster=2), False),
+    ("glm5-tp8-gate_up", 1, C(1, 3, 2, cluster=8), True),
+    ("glm5-tp8-down", 3, C(4, 1, 2, slices_per_warp=3, cluster=2), True),
+    ("glm5-tp8-down", 1, C(4, 3, 2, cluster=4), True),
+)
+
+
 def _request(
     shape: str,
     m: int,
@@ -82,13 +98,39 @@ def _request(
 def kernel_requests(arch: str = ARCH) -> list:
     """Every compile request of these tests (for warming a cache on a machine without GPU)."""
     wide = [_request(s, m, True, None, arch, config) for s, m, config in WIDE_CASES]
+    clustered = [
+        _request(s, m, u, None, arch, c)
+        for s, m, config, u in CLUSTER_CASES
+        for c in (config, dataclasses.replace(config, cluster=1))
+    ]
     # (config None: plan's choice, which _request also makes)
-    return [_request(*case, arch=arch) for case in CASES] + wide + chain_requests(arch)
+    return (
+        [_request(*case, arch=arch) for case in CASES]
+        + wide
+        + clustered
+        + chain_requests(arch)
+        + cluster_chain_requests(arch)
+    )
 
 
 def chain_requests(arch: str = ARCH) -> list:
     """The PDL chain test: GLM-5 TP8 gate_up then down, 4 tokens."""
     return plan.dense_mlp_requests(6144, 12288, 8, [4], arch, ue8m0=True)
+
+
+CHAIN_CLUSTERS = (C(1, 3, 1, cluster=4), C(4, 1, 2, slices_per_warp=3, cluster=2))
+
+
+def cluster_chain_requests(arch: str = ARCH) -> list:
+    """The PDL chain test with clusters: GLM-5 TP8, 8 tokens, gate_up in clusters of 4, down
+    in clusters of 2."""
+    gate_up, down = CHAIN_CLUSTERS
+    return [
+        plan.gemv_request(3072, 6144, 8, swiglu=True, limit=None, ue8m0=True, arch=arch,
+                          config=gate_up),
+        plan.gemv_request(6144, 1536, 8, swiglu=False, limit=None, ue8m0=True, arch=arch,
+                          config=down),
+    ]  # fmt: skip
 
 
 def warm() -> None:  # pragma: no cover - run on the CPU machine before a GPU session
@@ -111,6 +153,13 @@ def _x(m: int, k: int, seed: int) -> torch.Tensor:
     x[:, 5::301] *= 16  # outlier channels: groups with very different scales
     x = torch.where(x == 0, torch.full_like(x, 0.25), x)
     return x.to(torch.bfloat16)
+
+
+def _inputs(shape: str, m: int) -> tuple[bool, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """(swiglu, w, w_scale, x, output columns) of one shape's case at m tokens."""
+    rows, k, swiglu = SHAPES[shape]
+    w, w_scale = _weights(rows, k, seed=rows + k, out_std=2.0)
+    return swiglu, w, w_scale, _x(m, k, seed=m), rows // 2 if swiglu else rows
 
 
 def _rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -139,10 +188,7 @@ def exact_fp32_matmul():
 )
 def test_gemv_matches_reference(case) -> None:
     shape, m, ue8m0, limit = case
-    rows, k, swiglu = SHAPES[shape]
-    w, w_scale = _weights(rows, k, seed=rows + k, out_std=2.0)
-    x = _x(m, k, seed=m)
-    cols = rows // 2 if swiglu else rows
+    swiglu, w, w_scale, x, cols = _inputs(shape, m)
     out = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
     _launch(_request(shape, m, ue8m0, limit), out, x, w, w_scale)
     torch.cuda.synchronize()
@@ -173,9 +219,7 @@ def test_wide_warps_match_reference(case) -> None:
     if config is None:
         config = plan.choose_config(rows, k, m, swiglu)
         assert config.slices_per_warp > 1, config
-    w, w_scale = _weights(rows, k, seed=rows + k, out_std=2.0)
-    x = _x(m, k, seed=m)
-    cols = rows // 2 if swiglu else rows
+    _, w, w_scale, x, cols = _inputs(shape, m)
     out = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
     _launch(_request(shape, m, True, None, config=config), out, x, w, w_scale)
     torch.cuda.synchronize()
@@ -186,10 +230,63 @@ def test_wide_warps_match_reference(case) -> None:
     assert err < TOL
 
 
-def test_pdl_chain_gate_up_then_down() -> None:
+@pytest.mark.parametrize(
+    "case",
+    CLUSTER_CASES,
+    ids=[
+        f"{s}-t{m}-t{c.tiles}r{c.in_regs}c{c.ctas_per_sm}s{c.slices_per_warp}n{c.cluster}-"
+        + ("ue8m0" if u else "f32")
+        for s, m, c, u in CLUSTER_CASES
+    ],
+)
+def test_clusters_match_unclustered_bit_for_bit(case) -> None:
+    shape, m, config, ue8m0 = case
+    swiglu, w, w_scale, x, cols = _inputs(shape, m)
+    outs = []
+    for c in (config, dataclasses.replace(config, cluster=1)):
+        out = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
+        _launch(_request(shape, m, ue8m0, None, config=c), out, x, w, w_scale)
+        outs.append(out)
+    torch.cuda.synchronize()
+    want = ref.gemv_reference(x, w, w_scale, swiglu=swiglu, ue8m0=ue8m0)
+    err = _rel_l2(outs[0], want)
+    same = torch.equal(outs[0], outs[1])
+    print(f"\n[fp8_gemv cluster] {shape} tokens={m} {config} rel_l2={err:.3e} identical={same}")
+    assert not torch.isnan(outs[0]).any(), "unwritten (NaN-poisoned) or NaN outputs"
+    assert same, "a cluster must not change a single output bit"
+    assert err < TOL
+
+
+def test_cluster_grids_fit_one_wave() -> None:
+    """Every one-wave cluster grid that plan accepts is resident at once (cuOccupancyMax-
+    ActiveClusters): a cluster that waited for a second wave would double the kernel's time.
+    plan refuses persistent grids in clusters of 4 (plan.MAX_PERSISTENT_CLUSTER) because
+    they are not."""
+    from cuda.bindings import driver
+
+    from mlpjit.jit.launcher import load_kernel
+    from mlpjit.jit.manager import default_manager
+
+    for shape, m, config, ue8m0 in CLUSTER_CASES:
+        kernel = load_kernel(default_manager().get(_request(shape, m, ue8m0, None, config=config)),
+                             torch.device("cuda", 0))  # fmt: skip
+        launch_config = kernel._config(torch.cuda.current_stream().cuda_stream, True)
+        err, clusters = driver.cuOccupancyMaxActiveClusters(kernel._function, launch_config)
+        assert int(err) == 0, err
+        grid = kernel.grid[0]
+        resident = clusters * config.cluster
+        print(f"\n[fp8_gemv cluster] {shape} tokens={m} {config} grid={grid} "
+              f"max active clusters={clusters} ({resident} CTAs)")  # fmt: skip
+        rows, k, _ = SHAPES[shape]
+        if grid <= plan.SMS * config.ctas_per_sm:  # meant as one wave
+            assert (resident >= grid) == plan._fits(rows, k, m, config), (resident, grid)
+
+
+@pytest.mark.parametrize("clustered", [False, True], ids=["plain", "clusters"])
+def test_pdl_chain_gate_up_then_down(clustered: bool) -> None:
     """gate_up then down back to back with PDL: down reads act only after its wait."""
-    m = 4
-    gate_up, down = chain_requests()
+    m = 8 if clustered else 4
+    gate_up, down = cluster_chain_requests() if clustered else chain_requests()
     w13, s13 = _weights(3072, 6144, seed=11, out_std=2.0)
     w2, s2 = _weights(6144, 1536, seed=12, out_std=1.0)
     x = _x(m, 6144, seed=13)
@@ -204,6 +301,7 @@ def test_pdl_chain_gate_up_then_down() -> None:
     want_act = ref.gemv_reference(x, w13, s13, swiglu=True, limit=None, ue8m0=True)
     want = ref.gemv_reference(want_act, w2, s2, swiglu=False, limit=None, ue8m0=True)
     err_act, err_out = _rel_l2(act, want_act), _rel_l2(out, want)
-    print(f"\n[fp8_gemv] pdl chain glm5-tp8 tokens={m} act rel_l2={err_act:.3e} out={err_out:.3e}")
+    print(f"\n[fp8_gemv] pdl chain glm5-tp8 tokens={m} clusters={clustered} "
+          f"act rel_l2={err_act:.3e} out={err_out:.3e}")  # fmt: skip
     assert not torch.isnan(out).any() and not torch.isnan(act).any()
     assert err_act < TOL and err_out < TOL
