@@ -76,6 +76,7 @@ def variants(
     cap: int = MAX_VARIANTS,
     spws: Sequence[int] = (),
     spw_tiles: Sequence[int] = (1,),
+    clusters: Sequence[int] = (),
 ) -> list[plan.GemvConfig]:
     """Valid configs of one shape, choose_config's default first, at most ``cap`` of them.
 
@@ -88,6 +89,8 @@ def variants(
 
     ``spws``: slices_per_warp values > 1 to add beyond the cap: ``spw_tiles`` tiles per CTA,
     ctas_per_sm 1, 2 and 4, in_regs SPW_IN_REGS where the config fits.
+
+    ``clusters``: cluster sizes to add, each applied to every config above where it fits.
     """
     default = default_config(rows, k, tokens, swiglu)
     pairs = sorted((score, c) for score, c in plan._candidates(rows, k, tokens) if c.tiles in TILES)
@@ -115,6 +118,11 @@ def variants(
                     c = plan.GemvConfig(tiles, r, cps, slices_per_warp=spw)
                     if spw > 1 and plan._fits(rows, k, tokens, c) and c not in ordered:
                         ordered.append(c)
+    for c in list(ordered):
+        for n in clusters:
+            clustered = dataclasses.replace(c, cluster=n)
+            if plan._fits(rows, k, tokens, clustered) and clustered not in ordered:
+                ordered.append(clustered)
     return ordered
 
 
@@ -123,13 +131,14 @@ def sweep(
     tokens: Sequence[int],
     spws: Sequence[int] = (),
     spw_tiles: Sequence[int] = (1,),
+    clusters: Sequence[int] = (),
 ) -> list[tuple[str, int, plan.GemvConfig]]:
     """(shape name, tokens, config) for every variant of the sweep, in run order."""
     out = []
     for name in shapes:
         rows, k, swiglu = SHAPES[name]
         for m in tokens:
-            found = variants(rows, k, m, swiglu, spws=spws, spw_tiles=spw_tiles)
+            found = variants(rows, k, m, swiglu, spws=spws, spw_tiles=spw_tiles, clusters=clusters)
             out += [(name, m, c) for c in found]
     return out
 
@@ -148,9 +157,10 @@ def kernel_requests(
     tokens: Sequence[int] = DEFAULT_TOKENS,
     spws: Sequence[int] = (),
     spw_tiles: Sequence[int] = (1,),
+    clusters: Sequence[int] = (),
 ) -> list:
     """Every variant's compile request (warm a cache with them on a CPU box)."""
-    found = sweep(shapes, tokens, spws, spw_tiles)
+    found = sweep(shapes, tokens, spws, spw_tiles, clusters)
     return [request_of(name, m, c, arch) for name, m, c in found]
 
 
@@ -175,6 +185,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--spw-tiles",
         default="1",
         help="comma list of tiles per CTA for the --slices-per-warp variants (default 1)",
+    )
+    p.add_argument(
+        "--clusters",
+        default="",
+        help="comma list of cluster sizes (2, 4, 8) to add to every variant where they fit",
     )
     p.add_argument("--replays", type=int, default=100)
     p.add_argument("--warmup", type=int, default=10)
@@ -201,6 +216,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if not spw_tiles or any(v < 1 for v in spw_tiles):
         p.error(f"--spw-tiles must be ints >= 1, got {args.spw_tiles!r}")
     args.spw_tiles_list = spw_tiles
+    try:
+        args.cluster_list = [int(v) for v in args.clusters.split(",") if v.strip()]
+    except ValueError:
+        p.error(f"--clusters must be a comma list of ints, got {args.clusters!r}")
+    if any(v not in plan.CLUSTER_SIZES[1:] for v in args.cluster_list):
+        p.error(f"--clusters values must be in {plan.CLUSTER_SIZES[1:]}, got {args.clusters!r}")
     if any(v < 2 for v in args.spw_list):
         p.error(f"--slices-per-warp values must be >= 2, got {args.slices_per_warp!r}")
     if args.replays < 1 or args.warmup < 0:
@@ -238,7 +259,13 @@ def tune_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) ->
         outs = [torch.empty(m, out_cols, dtype=torch.bfloat16, device="cuda") for _ in weights]
         default = default_config(rows, k, m, swiglu)
         for config in variants(
-            rows, k, m, swiglu, spws=args.spw_list, spw_tiles=args.spw_tiles_list
+            rows,
+            k,
+            m,
+            swiglu,
+            spws=args.spw_list,
+            spw_tiles=args.spw_tiles_list,
+            clusters=args.cluster_list,
         ):
             entry = manager.get(request_of(name, m, config))
             kernel = load_kernel(entry, device)  # before capture: a load cannot be captured
@@ -297,7 +324,8 @@ def markdown_table(rows: list[dict]) -> str:
         if key not in best or r["us"] < best[key]["us"]:
             best[key] = r
     lines = [
-        "| shape | tokens | config (tiles/in_regs/ctas_per_sm[/slices]) | us | x floor | |",
+        "| shape | tokens | config (tiles/in_regs/ctas_per_sm[/sN slices][/nN cluster]) "
+        "| us | x floor | |",
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -320,7 +348,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.emit is not None:
         items = kernel_requests(
-            args.arch, args.shape_list, args.token_list, args.spw_list, args.spw_tiles_list
+            args.arch,
+            args.shape_list,
+            args.token_list,
+            args.spw_list,
+            args.spw_tiles_list,
+            args.cluster_list,
         )
         args.emit.parent.mkdir(parents=True, exist_ok=True)
         args.emit.write_text("".join(r.to_json_line() + "\n" for r in items))
@@ -332,7 +365,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows, k, swiglu = SHAPES[name]
             for m in args.token_list:
                 found = variants(
-                    rows, k, m, swiglu, spws=args.spw_list, spw_tiles=args.spw_tiles_list
+                    rows,
+                    k,
+                    m,
+                    swiglu,
+                    spws=args.spw_list,
+                    spw_tiles=args.spw_tiles_list,
+                    clusters=args.cluster_list,
                 )
                 total += len(found)
                 default = default_config(rows, k, m, swiglu)

@@ -298,6 +298,24 @@ def test_clusters_compile_clean(changes) -> None:
 
 @pytest.mark.parametrize(
     ("rows", "k", "tokens", "swiglu"),
+    [(5120, 3072, 8, False), (7168, 4608, 6, False), (4096, 7168, 8, False)],
+    ids=["glm4.5-tp4-down-t8", "dsv3-tp4-down-t6", "k7168-down-t8"],
+)
+def test_untuned_cluster_defaults_compile_clean(rows, k, tokens, swiglu) -> None:
+    """From 5 tokens on, plan's heuristic picks run in clusters of 2; they must not spill,
+    including a 14-warp CTA whose launch bound leaves 128 registers (plan._reg_budget)."""
+    assert (rows, k, swiglu) not in plan.TUNED_H200
+    request = plan.gemv_request(rows, k, tokens, swiglu=swiglu, limit=None, ue8m0=True, arch=ARCH)
+    assert request.params["cluster"] == 2
+    binary = _compiled(_freeze(request.params))
+    facts = _facts(_freeze(request.params))
+    assert facts["stack"] == 0 and facts["local"] == 0, facts
+    threads, cps = binary.block[0], request.params["ctas_per_sm"]
+    assert facts["regs"] <= plan._reg_budget(threads, cps)
+
+
+@pytest.mark.parametrize(
+    ("rows", "k", "tokens", "swiglu"),
     [(24576, 5120, 1, True), (5120, 12288, 5, False), (5120, 6144, 8, False)],
     ids=["glm4.5-tp1-gate_up-t1", "glm4.5-tp1-down-t5", "glm4.5-tp2-down-t8"],
 )

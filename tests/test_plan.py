@@ -231,10 +231,15 @@ def test_wide_persistent_heuristic_follows_the_measured_picks(monkeypatch) -> No
     monkeypatch.setattr(plan, "TUNED_H200", {})
     # GLM-5 TP1 gate_up: 2 CTAs per SM at 1-2 tokens, one when x no longer fits beside them.
     assert plan.choose_config(24576, 6144, 1, True) == GemvConfig(1, 0, 2, slices_per_warp=3)
-    assert plan.choose_config(24576, 6144, 8, True) == GemvConfig(1, 0, 1, slices_per_warp=2)
+    # From 5 tokens on in clusters of 2 (HEURISTIC_CLUSTER_MIN_TOKENS).
+    assert plan.choose_config(24576, 6144, 8, True) == GemvConfig(
+        1, 0, 1, slices_per_warp=2, cluster=2
+    )
     # GLM-5 TP1 down at 8 tokens: register steps where shared memory runs out, 3 slices per
     # warp there (2 spilled with ptxas 13.0).
-    assert plan.choose_config(6144, 12288, 8, False) == GemvConfig(1, 3, 1, slices_per_warp=3)
+    assert plan.choose_config(6144, 12288, 8, False) == GemvConfig(
+        1, 3, 1, slices_per_warp=3, cluster=2
+    )
     # Fewer than two waves of row tiles (GLM-5 TP8 gate_up) or small k keep the old heuristic.
     assert plan.choose_config(3072, 6144, 1, True).slices_per_warp == 1
     assert plan.choose_config(6144, 3072, 1, False).slices_per_warp == 1
@@ -287,3 +292,28 @@ def test_tuned_clusters_only_where_the_pair_sweep_measured_them() -> None:
                 assert config.cluster == 1, (rows, k, tokens)
     assert plan.choose_config(3072, 6144, 8, True).cluster == 2
     assert plan.choose_config(6144, 1536, 8, False).cluster == 2
+
+
+def test_heuristic_clusters_from_five_tokens_where_the_grid_allows() -> None:
+    """Untuned shapes: clusters of 2 from HEURISTIC_CLUSTER_MIN_TOKENS tokens on (GLM-4.5
+    TP1/TP2/TP4 measured 0.4-2.3 us faster per layer at 8 tokens), never below, never where
+    the grid is odd."""
+    for rows, k, swiglu in ((24576, 5120, True), (5120, 6144, False), (5120, 3072, False)):
+        assert (rows, k, swiglu) not in plan.TUNED_H200
+        for tokens in range(1, plan.MAX_TOKENS + 1):
+            config = plan.choose_config(rows, k, tokens, swiglu)
+            want = 2 if tokens >= plan.HEURISTIC_CLUSTER_MIN_TOKENS else 1
+            assert config.cluster == want, (rows, k, tokens, config)
+            assert plan._fits(rows, k, tokens, config)
+    # 9 row tiles of 16 (one CTA each): an odd grid stays unclustered.
+    assert plan.choose_config(144, 4096, 8, False).cluster == 1
+
+
+def test_register_budget_follows_the_scheduler_split() -> None:
+    """The register file is split over 4 schedulers: 14 warps per SM (k 7168, 448 threads)
+    get 128 registers under the launch bound (ptxas 13.0), too few for the persistent form
+    (which then spilled), so that grid stays one CTA per row tile."""
+    assert plan._reg_budget(448, 1) == 128
+    assert plan._reg_budget(384, 1) == 168 and plan._reg_budget(768, 1) == 80
+    assert plan._reg_budget(448, 2) == 72 and plan._reg_budget(256, 1) == 255
+    assert plan.grid_ctas(4096, 7168, 1, 3, 1) == 4096 // 16

@@ -8,7 +8,7 @@ the sm_90 (H100/H200) resources; see docs/KERNEL_NOTES.md for the reasoning per 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -52,6 +52,7 @@ SMEM_PER_SM = 228 * 1024
 SMEM_PER_CTA_MAX = 227 * 1024  # dynamic + static
 SMEM_CTA_OVERHEAD = 2 * 1024  # 1 KB reserved by the system + 1 KB static (1024-aligned base)
 REGS_PER_SM = 65536
+SCHEDULERS = 4  # warp schedulers per SM, each with a quarter of the register file
 THREADS_PER_SM = 2048
 # Registers the kernel needs besides the in-register weights (8 per in_regs step), measured
 # with ptxas 13.0 under launch bounds: in_regs=3 fits the 80-register bound (768 threads per
@@ -107,7 +108,11 @@ def grid_ctas(
 
 
 def _reg_budget(threads: int, ctas_per_sm: int) -> int:
-    return min(255, REGS_PER_SM // (threads * ctas_per_sm) // 8 * 8)
+    """Registers per thread under the launch bound: the register file is split over the SM's
+    SCHEDULERS warp schedulers, so the scheduler with the most resident warps sets the bound
+    (ptxas 13.0: 14 warps per SM get 128 registers, not 65536 / 448 = 146)."""
+    warps_per_scheduler = math.ceil(math.ceil(threads / 32) * ctas_per_sm / SCHEDULERS)
+    return min(255, REGS_PER_SM // SCHEDULERS // (32 * warps_per_scheduler) // 8 * 8)
 
 
 def smem_budget(ctas_per_sm: int) -> int:
@@ -193,7 +198,8 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig], ...]] = {
         (1, _c(1, 2, 2, spw=3)),
         (2, _c(1, 0, 2, spw=3)),
         (4, _c(1, 2, 2, spw=3)),
-        (8, _c(1, 3, 1)),
+        (7, _c(1, 3, 1)),
+        (8, _c(1, 3, 1, cluster=2)),
     ),
     (6144, 6144, False): (
         (2, _c(1, 0, 2, spw=2)),
@@ -206,12 +212,13 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig], ...]] = {
         (4, _c(1, 0, 1, spw=3, cluster=2)),
         (8, _c(1, 3, 1, cluster=2)),
     ),
+    # TP1 down at 8 tokens: spw 3 in clusters of 2 beat the unclustered spw 2 pick by 1.3 us
+    # per layer (spw 2 in clusters spills; spw 2 unclustered spills at 5-7 tokens).
     (6144, 12288, False): (
         (1, _c(1, 0, 1, spw=3)),
         (2, _c(1, 0, 1, spw=2)),
         (6, _c(1, 2, 1, spw=3, cluster=2)),
-        (7, _c(1, 3, 1, spw=3, cluster=2)),  # spw 2 spills at 5-7 tokens (ptxas 13.0)
-        (8, _c(1, 3, 1, spw=2)),
+        (8, _c(1, 3, 1, spw=3, cluster=2)),
     ),
     # GLM-4.5 (hidden 5120) TP 8
     (3072, 5120, True): (
@@ -223,12 +230,21 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig], ...]] = {
     (5120, 1536, False): ((1, _c(2, 2, 2)), (4, _c(4, 0, 2, spw=3)), (8, _c(2, 2, 2))),
     # GLM-4.5 TP4 gate_up: at 1 token the previous heuristic's pick beat the wide persistent
     # one (16.54 vs 17.57 us per layer), at 2-8 tokens the wide one won by 1.08-1.15x
-    # (pair_sweep_heuristic_glm45_h200.txt).
-    (6144, 5120, True): ((1, _c(2, 3, 1)), (8, _c(1, 0, 1, spw=2))),
+    # (pair_sweep_heuristic_glm45_h200.txt); at 8 tokens clusters of 2 by 0.2-0.6 us
+    # (pair_sweep_cluster_more_h200.txt).
+    (6144, 5120, True): (
+        (1, _c(2, 3, 1)),
+        (7, _c(1, 0, 1, spw=2)),
+        (8, _c(1, 0, 1, spw=2, cluster=2)),
+    ),
 }
 # The sweep's lesson for other shapes: 2-3 steps in registers beat more (more registers
 # cost occupancy, and ptxas may sink register loads below the PDL wait).
 HEURISTIC_MAX_IN_REGS = 3
+# From this many tokens on, heuristic picks run in clusters of 2 (where the grid allows):
+# at 8 tokens that won 0.4-2.3 us per layer on every untuned GLM-4.5 shape (TP4/TP2/TP1),
+# at 4 tokens it won at TP1 only and lost up to 0.4 us elsewhere (variant 14).
+HEURISTIC_CLUSTER_MIN_TOKENS = 5
 
 
 def _fits(rows: int, k: int, tokens: int, config: GemvConfig) -> bool:
@@ -298,7 +314,8 @@ def choose_config(rows: int, k: int, tokens: int, swiglu: bool) -> GemvConfig:
     """Default config for a shape: the H200-measured best for the GLM shapes (TUNED_H200);
     elsewhere a persistent grid with several slices per warp for many rows and large k
     (_wide_persistent), else about one wave of resident CTAs over all SMs, at most
-    HEURISTIC_MAX_IN_REGS steps in registers, no register spills.
+    HEURISTIC_MAX_IN_REGS steps in registers, no register spills; in clusters of 2 from
+    HEURISTIC_CLUSTER_MIN_TOKENS tokens on.
 
     ``swiglu`` takes the same tiling (a CTA's 16-row tile is 8 gate + 8 up rows).
     ValueError if the kernel cannot take the shape (see kernel_supports).
@@ -316,11 +333,15 @@ def choose_config(rows: int, k: int, tokens: int, swiglu: bool) -> GemvConfig:
     tuned = _tuned(rows, k, tokens, swiglu)
     if tuned is not None:
         return tuned
-    wide = _wide_persistent(rows, k, tokens)
-    if wide is not None:
-        return wide
-    best = min(_candidates(rows, k, tokens), key=lambda c: c[0])[1]
-    return GemvConfig(best.tiles, min(best.in_regs, HEURISTIC_MAX_IN_REGS), best.ctas_per_sm)
+    pick = _wide_persistent(rows, k, tokens)
+    if pick is None:
+        best = min(_candidates(rows, k, tokens), key=lambda c: c[0])[1]
+        pick = GemvConfig(best.tiles, min(best.in_regs, HEURISTIC_MAX_IN_REGS), best.ctas_per_sm)
+    if tokens >= HEURISTIC_CLUSTER_MIN_TOKENS:
+        clustered = replace(pick, cluster=2)
+        if _fits(rows, k, tokens, clustered):
+            return clustered
+    return pick
 
 
 # Heuristic for shapes with at least two waves of 16-row tiles and k >= WIDE_MIN_K: the

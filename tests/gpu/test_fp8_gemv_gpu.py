@@ -63,6 +63,7 @@ WIDE_CASES = (
     # plan's heuristic picks for untuned shapes (k 5120: 10 slices, 5 warps per tile)
     ("glm4.5-tp1-gate_up", 3, None),
     ("glm4.5-tp2-down", 1, None),
+    ("glm4.5-tp2-down", 8, None),  # from 5 tokens on in clusters of 2
 )
 
 
