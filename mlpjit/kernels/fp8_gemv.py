@@ -9,7 +9,9 @@ Shape of the work: a CTA owns ``tiles`` tiles of 16 weight rows over the whole K
 per (tile, ``slices_per_warp`` consecutive 512-K slices) issues one m16n8k32 e4m3 mma per
 32 K with the tokens as the 8 B columns. Weights are loaded before griddepcontrol.wait
 (PDL): per slice, the first ``in_regs`` 64-K steps into registers (L2 evict-first hint),
-the rest by cp.async into shared memory (no hint: see ptx.cp_async_cg_16).
+the rest by cp.async into shared memory (no hint: see ptx.cp_async_cg_16). With
+``cluster`` > 1 the CTAs of a thread block cluster quantize x together (each a share,
+written to all of them through distributed shared memory).
 
 Nothing here is imported by ``import mlpjit``; the compile manager imports this module on
 a cache miss and calls :func:`compile_cubin`.
@@ -509,8 +511,8 @@ class Fp8Gemv:
         dealt round robin to the cluster's CTAs, and each quantized chunk and its scales are
         written into the shared memory of every CTA of the cluster (DSMEM).
 
-        Each CTA then reads 1/cluster of x from L2, where all CTAs reading all of x at
-        several tokens was what made the kernel slower with more tokens.
+        Each CTA then reads and quantizes 1/cluster of x, part of what makes the kernel
+        slower with more tokens (docs/KERNEL_NOTES.md, variant 14).
         """
         N = self.cluster
         T = self.tokens
@@ -536,6 +538,9 @@ class Fp8Gemv:
             elif (warp + j * self.warps) * N + rank < chunks:
                 self.quantize_chunk(words, s_act, s_xsc, c % T, c // T, lane)
         # Release our remote writes, acquire everyone's: the whole x is then in our smem.
+        # (The release costs a MEMBAR.ALL.GPU, about 0.5 us per layer; st.async stores
+        # counted on each CTA's mbarrier avoid it but were slower from 4 tokens on:
+        # docs/KERNEL_NOTES.md, variant 17.)
         ptx.cluster_sync_acq_rel()
 
     @cute.jit

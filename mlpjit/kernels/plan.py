@@ -177,8 +177,10 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig], ...]] = {
     # 2-3 slices per warp (spw), from the wide-warp sweeps of 2026-11-29 and a layer-level
     # pair sweep against the previous picks (KERNEL_NOTES variant 12;
     # bench/results/tune_fp8_gemv_h200_wide_*.md, pair_sweep_wide_h200.txt). No early
-    # trigger won >= 0.25 us on gate_up there. TP4 and TP1: clusters of 2 (cluster=2) where
-    # they won >= 0.2 us per layer in two runs of the cluster pair sweep (variant 14).
+    # trigger won >= 0.25 us on gate_up there. Clusters of 2 (cluster=2) where they won
+    # >= 0.2 us per layer in both sessions of the cluster pair sweep (TP4, TP1; variant 14)
+    # or in both sweeps of the follow-up (TP2 gate_up and TP1 down at 8 tokens; variant 16,
+    # bench/results/pair_sweep_cluster_more_h200.txt).
     (6144, 6144, True): (
         (1, _c(1, 0, 2, spw=2)),
         (2, _c(1, 0, 2, spw=3)),
