@@ -538,9 +538,9 @@ class Fp8Gemv:
             elif (warp + j * self.warps) * N + rank < chunks:
                 self.quantize_chunk(words, s_act, s_xsc, c % T, c // T, lane)
         # Release our remote writes, acquire everyone's: the whole x is then in our smem.
-        # (The release costs a MEMBAR.ALL.GPU, about 0.5 us per layer; st.async stores
-        # counted on each CTA's mbarrier avoid it but were slower from 4 tokens on:
-        # docs/KERNEL_NOTES.md, variant 17.)
+        # (The release costs a MEMBAR.ALL.GPU, about 0.5 us per layer. Counting the bytes on
+        # each CTA's mbarrier instead avoids it, but both ways tried were slower from 4
+        # tokens on: st.async stores and bulk copies, docs/KERNEL_NOTES.md variants 17-18.)
         ptx.cluster_sync_acq_rel()
 
     @cute.jit

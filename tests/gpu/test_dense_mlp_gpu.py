@@ -271,21 +271,26 @@ def test_fallback_k_not_multiple_of_512(m: int, ue8m0: bool, limit: float | None
 # ---- CUDA graphs ------------------------------------------------------------------------------
 
 
-def test_graph_of_a_chain_replays_like_eager() -> None:
+@pytest.mark.parametrize("tokens", [GRAPH_TOKENS, 8], ids=["plain", "clusters"])
+def test_graph_of_a_chain_replays_like_eager(tokens: int) -> None:
+    """Captured launches replay like eager ones, including cluster launches (GLM-5 TP8 runs
+    both kernels in clusters of 2 at 8 tokens)."""
     hidden, inter = SHAPES[GRAPH_SHAPE]
     layers = [
         DenseMlp(**make_layer(hidden, inter, seed=300 + i), ue8m0=True) for i in range(GRAPH_LAYERS)
     ]
     for mlp in layers:
         mlp.prepare(TOKENS)
-        assert mlp.path(GRAPH_TOKENS) == "kernel"
+        assert mlp.path(tokens) == "kernel"
+    clusters = {kernel.cluster for kernel in layers[0]._kernels[tokens]}
+    assert clusters == ({(2, 1, 1)} if tokens == 8 else {(1, 1, 1)})
 
     def chain(x: torch.Tensor) -> torch.Tensor:
         for mlp in layers:
             x = mlp(x)
         return x
 
-    static_x = make_x(GRAPH_TOKENS, hidden, seed=400)
+    static_x = make_x(tokens, hidden, seed=400)
     eager = chain(static_x)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -295,7 +300,7 @@ def test_graph_of_a_chain_replays_like_eager() -> None:
     assert torch.isfinite(static_out).all()
     assert torch.equal(static_out, eager)
     # new input, same graph
-    x2 = make_x(GRAPH_TOKENS, hidden, seed=401)
+    x2 = make_x(tokens, hidden, seed=401)
     static_x.copy_(x2)
     graph.replay()
     torch.cuda.synchronize()
