@@ -357,6 +357,21 @@ def _local_arch() -> str | None:
     return kernel_arch(torch.device("cuda", torch.cuda.current_device()))
 
 
+def _resolve_sms(args: argparse.Namespace) -> int:
+    """--sms, else the current GPU's SM count when the kernels run on it, else plan.SMS."""
+    from mlpjit.kernels.plan import SMS
+
+    if args.sms is not None:
+        return args.sms
+    if _local_arch() is None:
+        return SMS
+    import torch
+
+    from mlpjit.dense_mlp import device_sms
+
+    return device_sms(torch.device("cuda", torch.cuda.current_device()))
+
+
 def _resolve_arch(args: argparse.Namespace) -> str:
     from mlpjit.jit.config import arch_override
 
@@ -395,7 +410,14 @@ def _warm_requests(args: argparse.Namespace, arch: str) -> list[KernelRequest]:
             raise ValueError("--hidden needs --intermediate")
         hidden, intermediate = args.hidden, args.intermediate
     return dense_mlp_requests(
-        hidden, intermediate, args.tp, args.tokens, arch, ue8m0=args.ue8m0, limit=args.limit
+        hidden,
+        intermediate,
+        args.tp,
+        args.tokens,
+        arch,
+        ue8m0=args.ue8m0,
+        limit=args.limit,
+        sms=_resolve_sms(args),
     )
 
 
@@ -475,6 +497,7 @@ def _worker_command(args: argparse.Namespace, arch: str, worker: int) -> list[st
             else ["--hidden", str(args.hidden), "--intermediate", str(args.intermediate)]
         )
         cmd += ["--tp", str(args.tp), "--tokens", ",".join(map(str, args.tokens))]
+        cmd += ["--sms", str(_resolve_sms(args))]
         cmd += ["--ue8m0" if args.ue8m0 else "--no-ue8m0"]
         if args.limit is not None:
             cmd += ["--limit", repr(args.limit)]
@@ -585,6 +608,12 @@ def _cmd_warm(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------- parser and main
 
 
+def _sm_count(text: str) -> int:
+    from mlpjit.kernels.plan import check_sms
+
+    return check_sms(int(text))
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -646,6 +675,13 @@ def _build_parser() -> argparse.ArgumentParser:
         "--arch",
         type=_typed(_arch),
         help="target, e.g. sm_90a (default: MLPJIT_ARCH, else the GPU's)",
+    )
+    warm.add_argument(
+        "--sms",
+        type=_typed(_sm_count),
+        default=None,
+        help="SM count of the target GPU, which sizes persistent grids (default: the GPU's "
+        "here, else 132 as on the H200 and H100 SXM; H100/H800 PCIe 114, H20 78)",
     )
     warm.add_argument(
         "--ue8m0",

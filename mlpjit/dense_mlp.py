@@ -36,6 +36,7 @@ from mlpjit.errors import CaptureError, MlpjitError
 from mlpjit.kernels.plan import (
     GEMV_PARAM_NAMES,
     MAX_TOKENS,
+    SMS,
     dense_mlp_requests,
     kernel_supports,
 )
@@ -60,6 +61,13 @@ def kernel_arch(device: torch.device) -> str | None:
     return _KERNEL_ARCHS.get(tuple(torch.cuda.get_device_capability(device)))
 
 
+def device_sms(device: torch.device) -> int:
+    """The SM count of a CUDA ``device`` (plans the persistent grids; SMS off CUDA)."""
+    if device.type != "cuda":
+        return SMS
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
 def kernel_supported(hidden: int, intermediate: int, m: int) -> bool:
     """True when both fp8_gemv kernels of a layer take m tokens (else: the stock path)."""
     if not 1 <= m <= MAX_TOKENS:
@@ -75,15 +83,17 @@ def kernel_requests(
     *,
     limit: float | None,
     ue8m0: bool,
+    sms: int = SMS,
 ) -> list[KernelRequest]:
-    """The compile requests (gate_up then down per supported token count) of one layer.
+    """The compile requests (gate_up then down per supported token count) of one layer, for
+    a GPU of ``sms`` SMs.
 
     The same requests as ``mlpjit warm`` for that shard (kernels.plan.dense_mlp_requests with
     tp=1), so a cache warmed by the CLI serves prepare() without compiling. No GPU needed:
     e.g. ``kernel_requests(6144, 1536, range(1, 9), "sm_90a", limit=None, ue8m0=True)``.
     """
     return dense_mlp_requests(
-        hidden, intermediate, 1, _token_counts(tokens), arch, ue8m0=ue8m0, limit=limit
+        hidden, intermediate, 1, _token_counts(tokens), arch, ue8m0=ue8m0, limit=limit, sms=sms
     )
 
 
@@ -241,6 +251,7 @@ class DenseMlp:
         self._w13_scale = to_float32_scale(w13_scale, rows13, hidden, name="w13_scale")
         self._w2_scale = to_float32_scale(w2_scale, hidden, inter, name="w2_scale")
         self.arch = kernel_arch(self.device)
+        self.sms = device_sms(self.device)  # sizes the persistent grids of its kernels
         # -1 off CUDA; get_device() is the cheapest per-call device check (cpu and meta
         # tensors both say -1, so off CUDA the device itself is compared as well).
         self._index = w13.get_device()
@@ -331,7 +342,13 @@ class DenseMlp:
         from mlpjit.jit.manager import default_manager
 
         requests = kernel_requests(
-            self.hidden, self.intermediate, todo, self.arch, limit=self.limit, ue8m0=self.ue8m0
+            self.hidden,
+            self.intermediate,
+            todo,
+            self.arch,
+            limit=self.limit,
+            ue8m0=self.ue8m0,
+            sms=self.sms,
         )
         entries = default_manager().warm(requests)
         by_role = {

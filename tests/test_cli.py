@@ -162,6 +162,19 @@ def test_warm_model_plans_fp8_kernels(tmp_path: Path) -> None:
     assert {e["params"]["swiglu"] for e in summary["entries"]} == {True, False}
 
 
+def test_warm_sms_plans_for_the_target_gpu(tmp_path: Path) -> None:
+    """--sms sizes the persistent grids (an H20 has 78 SMs): the requests say so, the
+    132-SM default leaves the parameter out, a bad count is a usage error."""
+    h20 = ok_json(tmp_path / "c", "warm", "--model", "glm5", "--tp", "1", "--tokens", "1,8",
+                  "--arch", "sm_90a", "--sms", "78", "--dry-run")  # fmt: skip
+    assert {e["params"]["sms"] for e in h20["entries"]} == {78}
+    default = ok_json(tmp_path / "c", "warm", "--model", "glm5", "--tp", "1", "--tokens", "1,8",
+                      "--arch", "sm_90a", "--sms", "132", "--dry-run")  # fmt: skip
+    assert all("sms" not in e["params"] for e in default["entries"])
+    run = mlpjit(tmp_path / "c", "warm", "--model", "glm5", "--arch", "sm_90a", "--sms", "0")
+    assert run.returncode == 2 and "sms must be an int in [1, 1024]" in run.stderr
+
+
 def test_warm_requests_file_with_jobs(tmp_path: Path) -> None:
     """MLPJIT_RECORD-style JSON lines; each line carries its arch, duplicates collapse."""
     lines = [

@@ -469,6 +469,10 @@ def test_kernel_requests_match_the_cli_plan() -> None:
     mine = kernel_requests(6144, 1536, range(1, 9), "sm_90a", limit=None, ue8m0=True)
     cli = dense_mlp_requests(6144, 12288, 8, range(1, 9), "sm_90a", ue8m0=True)
     assert mine == cli and len(mine) == 16
+    # prepare() plans for its device's SM count (an H20: 78), as `mlpjit warm --sms` does
+    h20 = kernel_requests(6144, 1536, [1, 8], "sm_90a", limit=None, ue8m0=True, sms=78)
+    assert h20 == dense_mlp_requests(6144, 12288, 8, [1, 8], "sm_90a", ue8m0=True, sms=78)
+    assert {r.params["sms"] for r in h20} == {78}
     assert kernel_supported(6144, 1536, 8)
     assert not kernel_supported(6144, 1536, 9)
     assert not kernel_supported(7168, 2304, 1)  # 2304 % 512 != 0: stock path

@@ -329,6 +329,18 @@ def test_untuned_wide_defaults_compile_clean(rows, k, tokens, swiglu) -> None:
     assert facts["stack"] == 0 and facts["local"] == 0, facts
 
 
+def test_sms_sizes_the_persistent_grid() -> None:
+    """A kernel planned for 78 SMs (H20) launches 78 * ctas_per_sm CTAs over the same row
+    tiles; 132 (the default) is the H200's grid."""
+    p = _variant(rows=24576, tokens=2, in_regs=0, ctas_per_sm=1, slices_per_warp=3)
+    h200 = _compiled(_freeze(p))
+    h20 = _compiled(_freeze({**p, "sms": 78}))
+    assert h200.grid == (plan.SMS, 1, 1) and h20.grid == (78, 1, 1)
+    assert (h20.block, h20.smem_bytes) == (h200.block, h200.smem_bytes)
+    assert _facts(_freeze({**p, "sms": 78}))["stack"] == 0
+    assert _compiled(_freeze({**p, "sms": 132})).cubin == h200.cubin
+
+
 def test_variants_change_code() -> None:
     """ue8m0 and limit are in the key because they change the code."""
     base = _compiled(_freeze(_variant())).cubin
@@ -374,6 +386,7 @@ def test_deterministic_across_processes() -> None:
         ({"cluster": 3}, "cluster must be one of"),
         ({"cluster": True}, "cluster must be one of"),
         ({"rows": 144, "cluster": 2}, "cluster must divide the grid of 9 CTAs"),
+        ({"sms": 0}, "sms must be an int"),
     ],
 )
 def test_bad_params(changes, match) -> None:

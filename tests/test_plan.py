@@ -127,6 +127,7 @@ def test_gemv_request_params() -> None:
         "early_launch",
         "slices_per_warp",
         "cluster",
+        "sms",
     }
 
 
@@ -317,3 +318,31 @@ def test_register_budget_follows_the_scheduler_split() -> None:
     assert plan._reg_budget(384, 1) == 168 and plan._reg_budget(768, 1) == 80
     assert plan._reg_budget(448, 2) == 72 and plan._reg_budget(256, 1) == 255
     assert plan.grid_ctas(4096, 7168, 1, 3, 1) == 4096 // 16
+
+
+def test_sms_sizes_the_persistent_grids() -> None:
+    """A GPU with fewer SMs (H20: 78) gets persistent grids of 78 * ctas_per_sm CTAs and the
+    heuristic instead of the 132-SM table; 132 keeps the table and the key."""
+    h20 = 78
+    for tokens in (1, 8):
+        for rows, k, swiglu in ((24576, 6144, True), (6144, 12288, False)):  # GLM-5 TP1
+            config = plan.choose_config(rows, k, tokens, swiglu, sms=h20)
+            assert plan._fits(rows, k, tokens, config, sms=h20)
+            grid = plan.grid_ctas(rows, k, config.tiles, config.in_regs, config.ctas_per_sm,
+                                  config.slices_per_warp, sms=h20)  # fmt: skip
+            assert grid <= h20 * config.ctas_per_sm < rows // (16 * config.tiles)
+    tuned = plan.choose_config(3072, 6144, 1, True)
+    assert plan.choose_config(3072, 6144, 1, True, sms=plan.SMS) == tuned
+    kwargs = {"swiglu": True, "limit": None, "ue8m0": True, "arch": ARCH}
+    assert "sms" not in plan.gemv_request(3072, 6144, 1, **kwargs).params
+    assert plan.gemv_request(3072, 6144, 1, **kwargs, sms=h20).params["sms"] == h20
+    requests = plan.dense_mlp_requests(6144, 12288, 8, [1, 8], ARCH, sms=114)
+    assert len(requests) == 4 and all(r.params["sms"] == 114 for r in requests)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1025, 1.5, True, "78"])
+def test_bad_sms(bad) -> None:
+    with pytest.raises(ValueError, match="sms must be an int"):
+        plan.choose_config(3072, 6144, 1, True, sms=bad)
+    with pytest.raises(ValueError, match="sms must be an int"):
+        plan.dense_mlp_requests(6144, 12288, 8, [1], ARCH, sms=bad)

@@ -84,10 +84,11 @@ def test_emit_writes_valid_requests(tune, tmp_path):
         assert set(item) == {"kernel", "params", "arch"}
         assert item["kernel"] == "fp8_gemv" and item["arch"] == "sm_90a"
         params = item["params"]
-        # early_launch is never set in a per-kernel sweep; slices_per_warp and cluster only
-        # when not 1 (plan's default for TP8 down at 8 tokens has clusters of 2)
+        # early_launch is never set in a per-kernel sweep, sms stays the H200's (132);
+        # slices_per_warp and cluster only when not 1 (plan's default for TP8 down at 8
+        # tokens has clusters of 2)
         optional = {"slices_per_warp", "cluster"}
-        assert set(params) - optional == allowed - {"early_launch"} - optional
+        assert set(params) - optional == allowed - {"early_launch", "sms"} - optional
         assert params["tokens"] == 8 and params["ue8m0"] is True and params["limit"] is None
         assert (params["rows"], params["k"], params["swiglu"]) in tune.SHAPES.values()
         assert _valid(params), params

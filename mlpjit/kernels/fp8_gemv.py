@@ -104,6 +104,7 @@ class Fp8Gemv:
         early_launch: bool = False,
         slices_per_warp: int = 1,
         cluster: int = 1,
+        sms: int = plan.SMS,
     ) -> None:
         self.rows = _check_int("rows", rows, 16)
         self.k = _check_int("k", k, SLICE)
@@ -155,7 +156,9 @@ class Fp8Gemv:
             )
         self.threads = 32 * self.warps
         self.row_tiles = rows // (16 * tiles)  # CTA-sized row tiles
-        self.ctas = plan.grid_ctas(rows, k, tiles, in_regs, ctas_per_sm, self.spw)
+        # The SM count of the target GPU sizes a persistent grid (one resident wave).
+        self.sms = plan.check_sms(sms)
+        self.ctas = plan.grid_ctas(rows, k, tiles, in_regs, ctas_per_sm, self.spw, self.sms)
         if isinstance(cluster, bool) or cluster not in plan.CLUSTER_SIZES:
             raise ValueError(f"cluster must be one of {plan.CLUSTER_SIZES}, got {cluster!r}")
         if self.ctas % cluster:

@@ -24,6 +24,7 @@ __all__ = [
     "dense_mlp_requests",
     "smem_budget",
     "smem_bytes",
+    "check_sms",
 ]
 
 MODELS = {"glm5": (6144, 12288), "glm4.5": (5120, 12288)}  # (hidden, intermediate)
@@ -46,8 +47,12 @@ MAX_PERSISTENT_CLUSTER = 2
 # fp8_gemv's kernel parameters, in order (all device pointers): output, input, weight, scales.
 GEMV_PARAM_NAMES = ("out", "x", "w", "w_scale")
 
-# sm_90 resources (H100 / H200).
+# sm_90 resources (H100 / H200). SMS is the SM count the tuned table and the defaults are
+# for (H200, H100 SXM); other Hopper parts (H100 PCIe and H800 PCIe: 114, H20: 78) pass their
+# own count as ``sms``, which sizes the persistent grids (a grid planned for 132 SMs would
+# run its last CTAs as a second wave on fewer).
 SMS = 132
+MAX_SMS = 1024
 SMEM_PER_SM = 228 * 1024
 SMEM_PER_CTA_MAX = 227 * 1024  # dynamic + static
 SMEM_CTA_OVERHEAD = 2 * 1024  # 1 KB reserved by the system + 1 KB static (1024-aligned base)
@@ -89,11 +94,17 @@ def smem_bytes(k: int, tokens: int, tiles: int, in_regs: int, slices_per_warp: i
 
 
 def grid_ctas(
-    rows: int, k: int, tiles: int, in_regs: int, ctas_per_sm: int, slices_per_warp: int = 1
+    rows: int,
+    k: int,
+    tiles: int,
+    in_regs: int,
+    ctas_per_sm: int,
+    slices_per_warp: int = 1,
+    sms: int = SMS,
 ) -> int:
     """CTAs launched: one per 16*tiles-row tile, or a persistent grid of one resident wave.
 
-    Persistent (SMS*ctas_per_sm CTAs; CTA c takes row tiles c, c + grid, ...) when there
+    Persistent (sms*ctas_per_sm CTAs; CTA c takes row tiles c, c + grid, ...) when there
     are more tiles than that, at least one step is staged (its slot holds the partial sums)
     and the launch bound leaves PERSISTENT_MIN_REGS registers a thread: x is then quantized
     once per CTA instead of once per tile. At the 80-register bound of 768 threads per SM
@@ -104,7 +115,7 @@ def grid_ctas(
     threads = 32 * tiles * (k // SLICE) // slices_per_warp
     if in_regs >= STEPS or _reg_budget(threads, ctas_per_sm) < PERSISTENT_MIN_REGS:
         return tiles_total
-    return min(tiles_total, SMS * ctas_per_sm)
+    return min(tiles_total, sms * ctas_per_sm)
 
 
 def _reg_budget(threads: int, ctas_per_sm: int) -> int:
@@ -249,13 +260,13 @@ HEURISTIC_MAX_IN_REGS = 3
 HEURISTIC_CLUSTER_MIN_TOKENS = 5
 
 
-def _fits(rows: int, k: int, tokens: int, config: GemvConfig) -> bool:
+def _fits(rows: int, k: int, tokens: int, config: GemvConfig, sms: int = SMS) -> bool:
     spw = config.slices_per_warp
     if spw < 1 or (k // SLICE) % spw or spw * (STEPS - config.in_regs) > MAX_PENDING_GROUPS:
         return False
     if config.cluster not in CLUSTER_SIZES or rows % (16 * config.tiles):
         return False
-    grid = grid_ctas(rows, k, config.tiles, config.in_regs, config.ctas_per_sm, spw)
+    grid = grid_ctas(rows, k, config.tiles, config.in_regs, config.ctas_per_sm, spw, sms)
     if grid % config.cluster:
         return False
     if config.cluster > MAX_PERSISTENT_CLUSTER and grid < rows // (16 * config.tiles):
@@ -270,7 +281,9 @@ def _fits(rows: int, k: int, tokens: int, config: GemvConfig) -> bool:
     )
 
 
-def _tuned(rows: int, k: int, tokens: int, swiglu: bool) -> GemvConfig | None:
+def _tuned(rows: int, k: int, tokens: int, swiglu: bool, sms: int) -> GemvConfig | None:
+    if sms != SMS:
+        return None  # measured on 132 SMs: grids and pairings need not carry over
     for bound, config in TUNED_H200.get((rows, k, swiglu), ()):
         if tokens <= bound:
             return config if _fits(rows, k, tokens, config) else None
@@ -283,7 +296,14 @@ def _check_shape(rows: int, k: int, tokens: int) -> None:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
-def _candidates(rows: int, k: int, tokens: int) -> list[tuple[tuple, GemvConfig]]:
+def check_sms(sms: int) -> int:
+    """``sms`` if it is an SM count (an int in 1..MAX_SMS), else ValueError naming it."""
+    if isinstance(sms, bool) or not isinstance(sms, int) or not 1 <= sms <= MAX_SMS:
+        raise ValueError(f"sms must be an int in [1, {MAX_SMS}] (the GPU's SM count), got {sms!r}")
+    return sms
+
+
+def _candidates(rows: int, k: int, tokens: int, sms: int = SMS) -> list[tuple[tuple, GemvConfig]]:
     slices = k // SLICE
     found = []
     tiles = 1
@@ -294,11 +314,11 @@ def _candidates(rows: int, k: int, tokens: int) -> list[tuple[tuple, GemvConfig]
                 in_regs = _fit(k, tokens, tiles, cps)
                 if in_regs is None:
                     continue
-                waves = math.ceil(ctas / (SMS * cps))
+                waves = math.ceil(ctas / (sms * cps))
                 # Fewest waves; then use as many SMs as possible (bandwidth per SM is
                 # limited); then fewer CTAs (each one re-quantizes all of x); then the
                 # lightest launch bound.
-                score = (waves, -min(ctas, SMS), ctas, cps)
+                score = (waves, -min(ctas, sms), ctas, cps)
                 found.append((score, GemvConfig(tiles, in_regs, cps)))
         tiles *= 2
     return found
@@ -312,16 +332,18 @@ def kernel_supports(rows: int, k: int, tokens: int) -> bool:
     return bool(_candidates(rows, k, tokens))
 
 
-def choose_config(rows: int, k: int, tokens: int, swiglu: bool) -> GemvConfig:
+def choose_config(rows: int, k: int, tokens: int, swiglu: bool, sms: int = SMS) -> GemvConfig:
     """Default config for a shape: the H200-measured best for the GLM shapes (TUNED_H200);
     elsewhere a persistent grid with several slices per warp for many rows and large k
     (_wide_persistent), else about one wave of resident CTAs over all SMs, at most
     HEURISTIC_MAX_IN_REGS steps in registers, no register spills; in clusters of 2 from
     HEURISTIC_CLUSTER_MIN_TOKENS tokens on.
 
-    ``swiglu`` takes the same tiling (a CTA's 16-row tile is 8 gate + 8 up rows).
+    ``swiglu`` takes the same tiling (a CTA's 16-row tile is 8 gate + 8 up rows). ``sms``:
+    the target GPU's SM count; TUNED_H200 only applies at SMS (132).
     ValueError if the kernel cannot take the shape (see kernel_supports).
     """
+    check_sms(sms)
     if not isinstance(swiglu, bool):
         raise ValueError(f"swiglu must be a bool, got {swiglu!r}")
     if swiglu and rows % 2:
@@ -332,16 +354,16 @@ def choose_config(rows: int, k: int, tokens: int, swiglu: bool) -> GemvConfig:
             f"rows % 16 == 0, 1 <= tokens <= {MAX_TOKENS} and k <= {SLICE * MAX_WARPS} "
             "within the shared-memory and register limits"
         )
-    tuned = _tuned(rows, k, tokens, swiglu)
+    tuned = _tuned(rows, k, tokens, swiglu, sms)
     if tuned is not None:
         return tuned
-    pick = _wide_persistent(rows, k, tokens)
+    pick = _wide_persistent(rows, k, tokens, sms)
     if pick is None:
-        best = min(_candidates(rows, k, tokens), key=lambda c: c[0])[1]
+        best = min(_candidates(rows, k, tokens, sms), key=lambda c: c[0])[1]
         pick = GemvConfig(best.tiles, min(best.in_regs, HEURISTIC_MAX_IN_REGS), best.ctas_per_sm)
     if tokens >= HEURISTIC_CLUSTER_MIN_TOKENS:
         clustered = replace(pick, cluster=2)
-        if _fits(rows, k, tokens, clustered):
+        if _fits(rows, k, tokens, clustered, sms):
             return clustered
     return pick
 
@@ -358,14 +380,14 @@ WIDE_MAX_IN_REGS = 3
 WIDE_BASE_REGS = 140
 
 
-def _wide_persistent(rows: int, k: int, tokens: int) -> GemvConfig | None:
+def _wide_persistent(rows: int, k: int, tokens: int, sms: int = SMS) -> GemvConfig | None:
     slices = k // SLICE
     tiles_total = rows // 16
-    if k < WIDE_MIN_K or k % SLICE or tiles_total < 2 * SMS:
+    if k < WIDE_MIN_K or k % SLICE or tiles_total < 2 * sms:
         return None
     for in_regs in range(WIDE_MAX_IN_REGS + 1):
         for cps, spw in WIDE_ORDER:
-            if slices % spw or grid_ctas(rows, k, 1, in_regs, cps, spw) >= tiles_total:
+            if slices % spw or grid_ctas(rows, k, 1, in_regs, cps, spw, sms) >= tiles_total:
                 continue  # not persistent: too few registers at this bound, or too few tiles
             threads = 32 * slices // spw
             if threads * cps > THREADS_PER_SM:
@@ -387,8 +409,10 @@ def gemv_request(
     ue8m0: bool,
     arch: str,
     config: GemvConfig | None = None,
+    sms: int = SMS,
 ) -> KernelRequest:
-    """The compile request of one fp8_gemv launch (config defaults to choose_config)."""
+    """The compile request of one fp8_gemv launch (config defaults to choose_config) for a
+    GPU of ``sms`` SMs."""
     from mlpjit.jit.manager import KernelRequest
     from mlpjit.kernels.registry import kernel_def
 
@@ -400,8 +424,9 @@ def gemv_request(
         raise ValueError(f"limit must be None or a positive float, got {limit!r}")
     if not isinstance(arch, str) or not arch.startswith("sm_"):
         raise ValueError(f"arch must be a string like 'sm_90a', got {arch!r}")
+    check_sms(sms)
     if config is None:
-        config = choose_config(rows, k, tokens, swiglu)
+        config = choose_config(rows, k, tokens, swiglu, sms)
     elif not isinstance(config, GemvConfig):
         raise ValueError(f"config must be a GemvConfig or None, got {config!r}")
     params = {
@@ -419,8 +444,9 @@ def gemv_request(
     # The optional knobs only where they differ from the kernel's defaults (one key per
     # compile either way: the key drops defaults too, but requests stay short).
     for name, default in kernel_def("fp8_gemv").param_defaults.items():
-        if getattr(config, name) != default:
-            params[name] = getattr(config, name)
+        value = sms if name == "sms" else getattr(config, name)
+        if value != default:
+            params[name] = value
     return KernelRequest(kernel="fp8_gemv", params=params, arch=arch)
 
 
@@ -432,13 +458,16 @@ def dense_mlp_requests(
     arch: str,
     ue8m0: bool = True,
     limit: float | None = None,
+    sms: int = SMS,
 ) -> list[KernelRequest]:
-    """Both kernels of one TP shard for every token count the kernel takes.
+    """Both kernels of one TP shard for every token count the kernel takes, planned for a
+    GPU of ``sms`` SMs.
 
     gate_up: rows 2*intermediate/tp, k hidden (SwiGLU fused); down: rows hidden,
     k intermediate/tp. Token counts or shapes the kernel cannot take are skipped (they run
     the stock path and need no compile).
     """
+    check_sms(sms)
     for name, value in (("hidden", hidden), ("intermediate", intermediate), ("tp", tp)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -453,10 +482,10 @@ def dense_mlp_requests(
     for m in counts:
         if not (kernel_supports(2 * inter, hidden, m) and kernel_supports(hidden, inter, m)):
             continue
-        requests.append(
-            gemv_request(2 * inter, hidden, m, swiglu=True, limit=limit, ue8m0=ue8m0, arch=arch)
-        )
-        requests.append(
-            gemv_request(hidden, inter, m, swiglu=False, limit=None, ue8m0=ue8m0, arch=arch)
-        )
+        for rows, k, swiglu in ((2 * inter, hidden, True), (hidden, inter, False)):
+            requests.append(
+                gemv_request(
+                    rows, k, m, swiglu=swiglu, limit=limit, ue8m0=ue8m0, arch=arch, sms=sms
+                )
+            )
     return requests

@@ -49,10 +49,16 @@ _KERNELS: dict[str, KernelDef] = {
                     "early_launch",
                     "slices_per_warp",
                     "cluster",
+                    "sms",
                 }
             ),
             param_defaults=MappingProxyType(
-                {"early_launch": False, "slices_per_warp": 1, "cluster": 1}
+                {
+                    "early_launch": False,
+                    "slices_per_warp": 1,
+                    "cluster": 1,
+                    "sms": 132,
+                }  # sms: plan.SMS
             ),
         ),
         KernelDef(

@@ -271,6 +271,11 @@ def test_fallback_k_not_multiple_of_512(m: int, ue8m0: bool, limit: float | None
 # ---- CUDA graphs ------------------------------------------------------------------------------
 
 
+def test_plans_for_the_devices_sm_count() -> None:
+    mlp = DenseMlp(**layer(GRAPH_SHAPE), ue8m0=True)
+    assert mlp.sms == torch.cuda.get_device_properties(mlp.device).multi_processor_count
+
+
 @pytest.mark.parametrize("tokens", [GRAPH_TOKENS, 8], ids=["plain", "clusters"])
 def test_graph_of_a_chain_replays_like_eager(tokens: int) -> None:
     """Captured launches replay like eager ones, including cluster launches (GLM-5 TP8 runs

@@ -104,11 +104,18 @@ def kernel_requests(arch: str = ARCH) -> list:
         for s, m, config, u in CLUSTER_CASES
         for c in (config, dataclasses.replace(config, cluster=1))
     ]
+    fewer_sms = [
+        plan.gemv_request(*SHAPES[s][:2], m, swiglu=SHAPES[s][2], limit=None, ue8m0=True,
+                          arch=arch, config=c, sms=sms)
+        for s, m, c in SMS_CASES
+        for sms in (66, plan.SMS)
+    ]  # fmt: skip
     # (config None: plan's choice, which _request also makes)
     return (
         [_request(*case, arch=arch) for case in CASES]
         + wide
         + clustered
+        + fewer_sms
         + chain_requests(arch)
         + cluster_chain_requests(arch)
     )
@@ -256,6 +263,32 @@ def test_clusters_match_unclustered_bit_for_bit(case) -> None:
     assert not torch.isnan(outs[0]).any(), "unwritten (NaN-poisoned) or NaN outputs"
     assert same, "a cluster must not change a single output bit"
     assert err < TOL
+
+
+# Persistent grids planned for fewer SMs (sms=66: half the H200's): another row-tile to CTA
+# assignment, the same outputs bit for bit.
+SMS_CASES = (
+    ("glm5-tp1-gate_up", 8, C(1, 3, 1, cluster=2)),
+    ("glm5-tp1-down", 1, C(1, 0, 1, slices_per_warp=3)),
+)
+
+
+@pytest.mark.parametrize("case", SMS_CASES, ids=[f"{s}-t{m}" for s, m, _ in SMS_CASES])
+def test_fewer_sms_same_outputs(case) -> None:
+    shape, m, config = case
+    swiglu, w, w_scale, x, cols = _inputs(shape, m)
+    outs = []
+    for sms in (66, plan.SMS):
+        out = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
+        rows, k, _ = SHAPES[shape]
+        request = plan.gemv_request(rows, k, m, swiglu=swiglu, limit=None, ue8m0=True,
+                                    arch=ARCH, config=config, sms=sms)  # fmt: skip
+        _launch(request, out, x, w, w_scale)
+        outs.append(out)
+    torch.cuda.synchronize()
+    print(f"\n[fp8_gemv sms] {shape} tokens={m} {config} identical={torch.equal(*outs)}")
+    assert not torch.isnan(outs[0]).any()
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_cluster_grids_fit_one_wave() -> None:
