@@ -388,6 +388,11 @@ def _warm_requests(args: argparse.Namespace, arch: str) -> list[KernelRequest]:
     """The kernel list of `mlpjit warm` from --kernel/--param, --model/--hidden, or --requests."""
     from mlpjit.jit.manager import KernelRequest
 
+    if args.sms is not None and (args.kernel or args.requests):
+        raise ValueError(
+            "--sms plans --model/--hidden kernels; with --kernel give it as --param sms=N, "
+            "a --requests file carries it in each request"
+        )
     if args.kernel:
         names = [name for name, _ in args.param]
         if len(set(names)) != len(names):

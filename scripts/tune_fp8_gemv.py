@@ -189,7 +189,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--clusters",
         default="",
-        help="comma list of cluster sizes (2, 4, 8) to add to every variant where they fit",
+        help="comma list of cluster sizes (1, 2, 4, 8) to add to every variant where they fit",
     )
     p.add_argument("--replays", type=int, default=100)
     p.add_argument("--warmup", type=int, default=10)
@@ -220,8 +220,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.cluster_list = [int(v) for v in args.clusters.split(",") if v.strip()]
     except ValueError:
         p.error(f"--clusters must be a comma list of ints, got {args.clusters!r}")
-    if any(v not in plan.CLUSTER_SIZES[1:] for v in args.cluster_list):
-        p.error(f"--clusters values must be in {plan.CLUSTER_SIZES[1:]}, got {args.clusters!r}")
+    if any(v not in plan.CLUSTER_SIZES for v in args.cluster_list):
+        p.error(f"--clusters values must be in {plan.CLUSTER_SIZES}, got {args.clusters!r}")
     if any(v < 2 for v in args.spw_list):
         p.error(f"--slices-per-warp values must be >= 2, got {args.slices_per_warp!r}")
     if args.replays < 1 or args.warmup < 0:

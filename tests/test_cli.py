@@ -173,6 +173,8 @@ def test_warm_sms_plans_for_the_target_gpu(tmp_path: Path) -> None:
     assert all("sms" not in e["params"] for e in default["entries"])
     run = mlpjit(tmp_path / "c", "warm", "--model", "glm5", "--arch", "sm_90a", "--sms", "0")
     assert run.returncode == 2 and "sms must be an int in [1, 1024]" in run.stderr
+    run = mlpjit(tmp_path / "c", "warm", *SMOKE, "--sms", "78", "--dry-run")
+    assert run.returncode == 1 and "--sms plans --model/--hidden kernels" in run.stderr
 
 
 def test_warm_requests_file_with_jobs(tmp_path: Path) -> None:

@@ -326,6 +326,16 @@ def fake_kernel_path(monkeypatch, kernel_weights):
     return mlp, fake, log
 
 
+def test_prepare_plans_for_its_sm_count(fake_kernel_path) -> None:
+    """prepare() puts the device's SM count (DenseMlp.sms) into every request: an H20's 78
+    sizes the persistent grids; the H200's 132 is the kernels' default and stays out."""
+    mlp, fake, _ = fake_kernel_path
+    assert mlp.sms == 132  # weights off CUDA: the default
+    mlp.sms = 78
+    mlp.prepare([1, 8])
+    assert {r.params["sms"] for r in fake.warmed[0]} == {78}
+
+
 def test_kernel_path_prepare_and_launch_order(fake_kernel_path, kernel_weights) -> None:
     weights = kernel_weights
     mlp, fake, log = fake_kernel_path

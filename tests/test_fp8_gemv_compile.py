@@ -292,6 +292,9 @@ def test_clusters_compile_clean(changes) -> None:
     per_warp = math.ceil(math.ceil(chunks / n) / warps)
     assert facts["count"]["ST.E.128"] == n * per_warp
     assert "ST.E.128" not in _facts(_freeze({**p, "cluster": 1}))["count"]
+    # a launch without the cluster attribute traps instead of running every CTA as rank 0
+    assert facts["count"]["BPT.TRAP"] == 1
+    assert "BPT.TRAP" not in _facts(_freeze({**p, "cluster": 1}))["count"]
     ops = facts["ops"]
     assert ops.index("UCGABAR_ARV") < ops.index("ACQBULK") < ops.index("UCGABAR_WAIT")
 
@@ -387,6 +390,7 @@ def test_deterministic_across_processes() -> None:
         ({"cluster": True}, "cluster must be one of"),
         ({"rows": 144, "cluster": 2}, "cluster must divide the grid of 9 CTAs"),
         ({"sms": 0}, "sms must be an int"),
+        ({"cluster": 2.0}, "cluster must be one of"),
     ],
 )
 def test_bad_params(changes, match) -> None:

@@ -272,9 +272,14 @@ def test_fits_checks_cluster_sizes_and_residency() -> None:
     persistent = GemvConfig(1, 3, 1)
     assert plan.grid_ctas(3072, 6144, 1, 3, 1) == plan.SMS < 3072 // 16
     assert plan._fits(3072, 6144, 8, replace(persistent, cluster=2))
-    # Clusters of 4 would not all be resident at once (30 x 4 CTAs on the H200).
+    # Clusters of 4 would not all be resident at once (30 x 4 CTAs on the H200), nor in a
+    # one-wave grid of 132 CTAs that is not persistent (2112 rows: 132 tiles).
     assert not plan._fits(3072, 6144, 8, replace(persistent, cluster=4))
-    assert not plan._fits(3072, 6144, 8, replace(persistent, cluster=3))
+    assert plan.grid_ctas(2112, 6144, 1, 3, 1) == plan.SMS
+    assert not plan._fits(2112, 6144, 1, GemvConfig(1, 3, 1, cluster=4))
+    assert plan._fits(2112, 6144, 1, GemvConfig(1, 3, 1, cluster=2))
+    for bad in (3, 2.0, True):
+        assert not plan._fits(3072, 6144, 8, replace(persistent, cluster=bad))
     # One CTA per row tile (192 CTAs at 2 per SM): any size dividing the grid, none that
     # does not (rows 6160: 385 tiles).
     one_per_tile = GemvConfig(1, 3, 2, cluster=8)
@@ -346,3 +351,11 @@ def test_bad_sms(bad) -> None:
         plan.choose_config(3072, 6144, 1, True, sms=bad)
     with pytest.raises(ValueError, match="sms must be an int"):
         plan.dense_mlp_requests(6144, 12288, 8, [1], ARCH, sms=bad)
+
+
+def test_registry_default_sms_is_plans() -> None:
+    """The key drops sms at the registry's default, which must be the SM count plan's
+    defaults and tuned table are for."""
+    from mlpjit.kernels.registry import kernel_def
+
+    assert kernel_def("fp8_gemv").param_defaults["sms"] == plan.SMS

@@ -159,7 +159,7 @@ class Fp8Gemv:
         # The SM count of the target GPU sizes a persistent grid (one resident wave).
         self.sms = plan.check_sms(sms)
         self.ctas = plan.grid_ctas(rows, k, tiles, in_regs, ctas_per_sm, self.spw, self.sms)
-        if isinstance(cluster, bool) or cluster not in plan.CLUSTER_SIZES:
+        if type(cluster) is not int or cluster not in plan.CLUSTER_SIZES:
             raise ValueError(f"cluster must be one of {plan.CLUSTER_SIZES}, got {cluster!r}")
         if self.ctas % cluster:
             raise ValueError(
@@ -514,8 +514,8 @@ class Fp8Gemv:
         dealt round robin to the cluster's CTAs, and each quantized chunk and its scales are
         written into the shared memory of every CTA of the cluster (DSMEM).
 
-        Each CTA then reads and quantizes 1/cluster of x, part of what makes the kernel
-        slower with more tokens (docs/KERNEL_NOTES.md, variant 14).
+        Reading and quantizing x costs more with more tokens; the cluster splits that cost
+        over its CTAs (docs/KERNEL_NOTES.md, variant 14).
         """
         N = self.cluster
         T = self.tokens
@@ -524,6 +524,8 @@ class Fp8Gemv:
         per_warp = (per_cta + self.warps - 1) // self.warps
         always_valid = per_cta * N == chunks and per_warp * self.warps == per_cta
         rank = ptx.cluster_ctarank()
+        # Before any remote store (off the weight loads' path): clusters of the size planned.
+        ptx.trap_unless_cluster_size(N)
         # Every CTA of the cluster has started (its entry arrive): its smem may be written.
         # Waited for before the x loads: after them, ptxas keeps every chunk live across the
         # barrier instead of quantizing while the later ones arrive (and spills).

@@ -40,10 +40,12 @@ MAX_PENDING_GROUPS = 63
 # CTAs per thread block cluster that share one quantization of x (1: none). At most 8, the
 # portable cluster size.
 CLUSTER_SIZES = (1, 2, 4, 8)
-# A persistent grid (one CTA per SM and ctas_per_sm) must be resident at once. Clusters of
-# 2 are (H200: 66 of 2 at one CTA per SM); of 4 only 30 fit (120 CTAs, cuOccupancyMax-
-# ActiveClusters), so the last clusters of a 132-CTA grid would run as a second wave.
+# Grids meant as one wave must be resident at once. Clusters of 2 always are (H200: 66 of
+# 2 at one CTA per SM); of 4 or 8 only 10/11 of the slots fill (30 clusters of 4 = 120
+# CTAs at one CTA per SM, 30 of 8 = 240 at two; cuOccupancyMaxActiveClusters), so a larger
+# grid would run its last clusters as a second wave.
 MAX_PERSISTENT_CLUSTER = 2
+LARGE_CLUSTER_RESIDENCY = 120 / 132
 # fp8_gemv's kernel parameters, in order (all device pointers): output, input, weight, scales.
 GEMV_PARAM_NAMES = ("out", "x", "w", "w_scale")
 
@@ -264,17 +266,19 @@ def _fits(rows: int, k: int, tokens: int, config: GemvConfig, sms: int = SMS) ->
     spw = config.slices_per_warp
     if spw < 1 or (k // SLICE) % spw or spw * (STEPS - config.in_regs) > MAX_PENDING_GROUPS:
         return False
-    if config.cluster not in CLUSTER_SIZES or rows % (16 * config.tiles):
+    if type(config.cluster) is not int or config.cluster not in CLUSTER_SIZES:
+        return False
+    if rows % (16 * config.tiles):
         return False
     grid = grid_ctas(rows, k, config.tiles, config.in_regs, config.ctas_per_sm, spw, sms)
     if grid % config.cluster:
         return False
-    if config.cluster > MAX_PERSISTENT_CLUSTER and grid < rows // (16 * config.tiles):
-        return False  # a persistent grid that would not be resident at once
+    slots = sms * config.ctas_per_sm
+    if config.cluster > MAX_PERSISTENT_CLUSTER and slots >= grid > LARGE_CLUSTER_RESIDENCY * slots:
+        return False  # meant as one wave, but not resident at once
     fit = _fit(k, tokens, config.tiles, config.ctas_per_sm, spw)
     return (
-        rows % (16 * config.tiles) == 0
-        and fit is not None
+        fit is not None
         and 0 <= config.in_regs <= fit
         and smem_bytes(k, tokens, config.tiles, config.in_regs, spw)
         <= smem_budget(config.ctas_per_sm)

@@ -39,7 +39,6 @@ __all__ = [
     "fmin",
     "fresh_ctaid_x",
     "fresh_tid_x",
-    "mapa_shared",
     "i32_as_f32",
     "ld_global_nc_v4_f32",
     "ld_global_nc_v4_hint",
@@ -48,6 +47,7 @@ __all__ = [
     "ld_shared_f32",
     "ld_shared_v4",
     "ld_shared_v4_f32",
+    "mapa_shared",
     "mma_m16n8k32_e4m3",
     "mul_bf16x2",
     "prmt",
@@ -59,6 +59,7 @@ __all__ = [
     "st_shared_f32",
     "st_shared_v4",
     "st_shared_v4_f32",
+    "trap_unless_cluster_size",
 ]
 
 _I32 = "i32"
@@ -360,6 +361,22 @@ def cluster_ctarank(*, loc=None, ip=None) -> Int32:
     """mov.u32 r, %cluster_ctarank;"""
     return _asm(
         [_I32], [], "mov.u32 $0, %cluster_ctarank;", "=r", side_effects=False, loc=loc, ip=ip
+    )
+
+
+@dsl_user_op
+def trap_unless_cluster_size(size: int, *, loc=None, ip=None) -> None:
+    """Trap unless the launch made clusters of ``size`` CTAs (%cluster_nctarank): a launch
+    without the cluster attribute must fail, not run every CTA as rank 0 of its own."""
+    _asm(
+        [],
+        [],
+        "{\n\t.reg .u32 n;\n\t.reg .pred bad;\n\tmov.u32 n, %cluster_nctarank;\n\t"
+        f"setp.ne.u32 bad, n, {int(size)};\n\t@bad trap;\n\t}}",
+        "~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
     )
 
 

@@ -34,7 +34,8 @@ _KERNELS: dict[str, KernelDef] = {
         KernelDef(
             name="fp8_gemv",
             module="mlpjit.kernels.fp8_gemv",
-            source_files=("kernels/fp8_gemv.py", "kernels/ptx.py"),
+            # plan.py: the grid, persistence and register budget are compiled in.
+            source_files=("kernels/fp8_gemv.py", "kernels/ptx.py", "kernels/plan.py"),
             param_names=frozenset(
                 {
                     "rows",
