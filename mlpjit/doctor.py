@@ -94,10 +94,10 @@ def _dist_version(*names: str) -> dict[str, str]:
 
 
 def _gpus() -> list[dict[str, Any]]:
-    """Visible CUDA devices: index, name, capability, kernel arch (None: stock path)."""
+    """Visible CUDA devices: index, name, capability, kernel arch (None: stock path), SMs."""
     import torch
 
-    from mlpjit.dense_mlp import kernel_arch
+    from mlpjit.dense_mlp import device_sms, kernel_arch
 
     if not torch.cuda.is_available():
         return []
@@ -111,6 +111,7 @@ def _gpus() -> list[dict[str, Any]]:
                 "name": torch.cuda.get_device_name(device),
                 "capability": f"{major}.{minor}",
                 "kernel_arch": kernel_arch(device),
+                "sms": device_sms(device),
             }
         )
     return devices
@@ -168,13 +169,26 @@ def _check_gpu(gpus: list[dict[str, Any]]) -> Check:
             details,
             hint="set MLPJIT_ARCH=sm_90a on a CPU-only build machine",
         )
+    from mlpjit.kernels.plan import SMS
+
     names = "; ".join(
-        f"cuda:{g['index']} {g['name']} (sm {g['capability']}, "
+        f"cuda:{g['index']} {g['name']} (sm {g['capability']}, {g.get('sms', '?')} SMs, "
         f"{g['kernel_arch'] or 'no fp8_gemv kernels: stock path'})"
         for g in gpus
     )
     if all(g["kernel_arch"] is None for g in gpus):
         return Check("gpu", WARN, names, details, hint="the fused kernels need Hopper (sm_90a)")
+    other = sorted({g["sms"] for g in gpus if g["kernel_arch"] and g.get("sms", SMS) != SMS})
+    if other:
+        counts = ", ".join(map(str, other))
+        return Check(
+            "gpu",
+            OK,
+            f"{names}; kernels planned for {counts} SMs (plan's measured configs are for "
+            f"{SMS}, so its heuristic picks here); warm caches for this GPU elsewhere with "
+            f"`mlpjit warm --sms {other[0]}`",
+            details,
+        )
     return Check("gpu", OK, names, details)
 
 

@@ -114,6 +114,19 @@ def test_missing_cuda_python_fails_only_with_a_kernel_gpu(monkeypatch: pytest.Mo
     assert _check(doctor.run_doctor(), "cuda-python").status == "warn"
 
 
+def test_gpu_with_another_sm_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An H20 (78 SMs) takes the kernels, planned for its SM count: doctor says so and how
+    to warm a cache for it elsewhere."""
+    gpu = [{"index": 0, "name": "H20", "capability": "9.0", "kernel_arch": "sm_90a", "sms": 78}]
+    monkeypatch.setattr(doctor, "_gpus", lambda: gpu)
+    check = _check(doctor.run_doctor(), "gpu")
+    assert check.status == "ok" and "78 SMs" in check.summary
+    assert "mlpjit warm --sms 78" in check.summary
+    gpu[0].update(name="H200", sms=132)
+    check = _check(doctor.run_doctor(), "gpu")
+    assert check.status == "ok" and "132 SMs" in check.summary and "--sms" not in check.summary
+
+
 def test_gpu_without_kernels_and_arch_override(monkeypatch: pytest.MonkeyPatch) -> None:
     gpu = [{"index": 0, "name": "A100", "capability": "8.0", "kernel_arch": None}]
     monkeypatch.setattr(doctor, "_gpus", lambda: gpu)
