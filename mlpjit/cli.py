@@ -577,6 +577,8 @@ def _cmd_warm(args: argparse.Namespace) -> int:
         arch = ",".join(sorted({r.arch for r in requests})) or (args.arch or "")
     else:
         arch = _resolve_arch(args)
+        if not args.kernel:  # a --model/--hidden plan: query the GPU once, for every worker
+            args.sms = _resolve_sms(args)
         requests = _warm_requests(args, arch)
     if args.dry_run:
         return _dry_run(args, arch, requests)

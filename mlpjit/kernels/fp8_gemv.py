@@ -600,6 +600,7 @@ class Fp8Gemv:
             if lane & 7 == 0:
                 ptx.st_shared_f32(s_xsc + (t * self.groups + slc * 4 + (lane >> 3)) * 4, scale)
         else:
+            # (Not hoisted above the branch: that reorders the plain kernel's SASS.)
             s_scale = s_xsc + (t * self.groups + slc * 4 + (lane >> 3)) * 4
             for rank in cutlass.range_constexpr(self.cluster):
                 dst = ptx.mapa_shared(s_dst, Int32(rank))

@@ -7,6 +7,7 @@ the sm_90 (H100/H200) resources; see docs/KERNEL_NOTES.md for the reasoning per 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -447,10 +448,10 @@ def gemv_request(
     }
     # The optional knobs only where they differ from the kernel's defaults (one key per
     # compile either way: the key drops defaults too, but requests stay short).
+    optional = {**dataclasses.asdict(config), "sms": sms}
     for name, default in kernel_def("fp8_gemv").param_defaults.items():
-        value = sms if name == "sms" else getattr(config, name)
-        if value != default:
-            params[name] = value
+        if optional[name] != default:
+            params[name] = optional[name]
     return KernelRequest(kernel="fp8_gemv", params=params, arch=arch)
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from mlpjit.kernels.plan import SMS  # plan imports nothing heavy (no cutlass, no torch)
+
 __all__ = ["KernelDef", "kernel_def", "kernel_names"]
 
 
@@ -58,8 +60,8 @@ _KERNELS: dict[str, KernelDef] = {
                     "early_launch": False,
                     "slices_per_warp": 1,
                     "cluster": 1,
-                    "sms": 132,
-                }  # sms: plan.SMS
+                    "sms": SMS,
+                }
             ),
         ),
         KernelDef(
