@@ -2,9 +2,11 @@
 clear|export|import`, each with --json where it prints data.
 
 Exit status: 0 on success, 1 on a failure (a bad entry found, a rejected import, a compile
-error), 2 on a usage error. Expected errors (mlpjit's own, bad values, file problems) print
-one line, never a traceback. Standard library only; CuTe DSL is imported only when `warm`
-has to compile.
+error, a warm that matches no kernel, a bad MLPJIT_* setting), 2 on a usage error. Every
+error is one line on stderr, never a traceback: expected errors (mlpjit's own, bad values,
+file problems) as "mlpjit: error: ...", usage errors as argparse's message plus where the
+usage is. A compile error names the file holding the compiler's full output. Standard
+library only; CuTe DSL is imported only when `warm` has to compile.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ import json
 import logging
 import os
 import re
+import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
 
 from mlpjit.errors import MlpjitError
 
@@ -29,8 +32,21 @@ if TYPE_CHECKING:
     from mlpjit.jit.manager import KernelRequest
     from mlpjit.jit.store import CacheStore
 
-__all__ = ["main", "parse_age", "parse_size", "parse_tokens"]
+__all__ = [
+    "MAX_REQUESTS_BYTES",
+    "MAX_WARM_TOKENS",
+    "main",
+    "parse_age",
+    "parse_size",
+    "parse_tokens",
+]
 
+# Largest token count `warm --tokens` takes. The kernels take 1-8 tokens and larger counts
+# run the stock path (no kernel to warm), so this only bounds typos such as 1-99999999.
+MAX_WARM_TOKENS = 1024
+# Largest `warm --from` file read: a request line is ~300 bytes, so this is ~200k lines.
+MAX_REQUESTS_BYTES = 64 << 20
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 _AGE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([smhdw])\s*$", re.IGNORECASE)
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -57,7 +73,7 @@ def parse_age(text: str) -> float:
 
 
 def parse_tokens(text: str) -> list[int]:
-    """'1-8', '1,2,4', '1-4,8' -> sorted distinct positive token counts."""
+    """'1-8', '1,2,4', '1-4,8' -> sorted distinct token counts in 1..MAX_WARM_TOKENS."""
     counts: set[int] = set()
     for part in text.split(","):
         lo, sep, hi = part.strip().partition("-")
@@ -67,6 +83,11 @@ def parse_tokens(text: str) -> list[int]:
             raise ValueError(f"tokens must look like 1-8 or 1,2,4, got {text!r}") from None
         if first < 1 or last < first:
             raise ValueError(f"tokens must be positive ranges like 1-8, got {text!r}")
+        if last > MAX_WARM_TOKENS:  # checked before the range is built: no huge lists
+            raise ValueError(
+                f"--tokens must be within 1-{MAX_WARM_TOKENS} (the kernels take 1-8 tokens; "
+                f"more run the stock path and need no kernel), got {text!r}"
+            )
         counts.update(range(first, last + 1))
     return sorted(counts)
 
@@ -114,6 +135,26 @@ def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 # --------------------------------------------------------------------- output helpers
+
+
+def _one_line(text: str) -> str:
+    """``text`` as one line: colour codes dropped, lines joined (error messages, log lines)."""
+    lines = (s.strip() for s in _ANSI_RE.sub("", text).splitlines())
+    return " ".join(s for s in lines if s)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line: the message, then where the usage is."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (usage: {self.prog} --help)\n")
+
+
+class _OneLineFormatter(logging.Formatter):
+    """Log records (and warnings) as one line each: CuTe DSL's run to many lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return _one_line(super().format(record))
 
 
 def _human(size: Any) -> str:
@@ -269,6 +310,26 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 1 if data["bad"] else 0
 
 
+_LEFTOVER_NAMES = {
+    "temp_files": "temp files",
+    "orphan_cubins": "cubins without a manifest",
+    "stale_aliases": "stale aliases",
+    "scratch_dirs": "compile scratch dirs",
+}
+
+
+def _leftovers_text(leftovers: dict[str, dict[str, int]]) -> str:
+    """'leftovers: 2 temp files, 1 compile scratch dirs removed (1 in use, left alone)'."""
+    removed = [
+        f"{counts['removed']} {_LEFTOVER_NAMES.get(kind, kind)}"
+        for kind, counts in leftovers.items()
+        if counts["removed"]
+    ]
+    kept = sum(counts["kept"] for counts in leftovers.values())
+    text = f"leftovers: {', '.join(removed)} removed" if removed else "no leftovers removed"
+    return text + (f" ({kept} in use, left alone)" if kept else "")
+
+
 def _cmd_prune(args: argparse.Namespace) -> int:
     from mlpjit.jit.maintenance import prune_cache
 
@@ -278,7 +339,8 @@ def _cmd_prune(args: argparse.Namespace) -> int:
         busy = f", {len(data['busy'])} busy (being compiled, left alone)" if data["busy"] else ""
         return [
             f"removed {len(data['removed'])} entries ({_human(data['freed_bytes'])}){busy}; "
-            f"{data['remaining_entries']} left ({_human(data['remaining_bytes'])})"
+            f"{data['remaining_entries']} left ({_human(data['remaining_bytes'])}); "
+            + _leftovers_text(data["leftovers"])
         ]
 
     _emit(args, data, lines)
@@ -294,7 +356,7 @@ def _cmd_clear(args: argparse.Namespace) -> int:
         busy = f", {len(data['busy'])} busy (being compiled, left alone)" if data["busy"] else ""
         return [
             f"removed {len(data['removed'])} entries and {data['quarantine_removed']} "
-            f"quarantined{busy}"
+            f"quarantined{busy}; " + _leftovers_text(data["leftovers"])
         ]
 
     _emit(args, data, lines)
@@ -414,7 +476,7 @@ def _warm_requests(args: argparse.Namespace, arch: str) -> list[KernelRequest]:
         if args.intermediate is None:
             raise ValueError("--hidden needs --intermediate")
         hidden, intermediate = args.hidden, args.intermediate
-    return dense_mlp_requests(
+    requests = dense_mlp_requests(
         hidden,
         intermediate,
         args.tp,
@@ -424,23 +486,108 @@ def _warm_requests(args: argparse.Namespace, arch: str) -> list[KernelRequest]:
         limit=args.limit,
         sms=_resolve_sms(args),
     )
+    if not requests:
+        raise ValueError(_why_no_kernels(hidden, intermediate, args.tp, args.tokens))
+    return requests
+
+
+def _why_no_kernels(hidden: int, intermediate: int, tp: int, tokens: Sequence[int]) -> str:
+    """What was asked and why no kernel fits it (a plan with 0 kernels warms nothing)."""
+    from mlpjit.kernels.plan import MAX_TOKENS, MAX_WARPS, SLICE
+
+    inter = intermediate // tp
+    lo, hi = min(tokens), max(tokens)
+    if lo > MAX_TOKENS:
+        why = (
+            f"no token count in {lo}..{hi} takes the kernel path (1-{MAX_TOKENS}); larger "
+            f"counts run the stock path and need no kernel"
+        )
+    elif hidden % SLICE:
+        why = f"hidden {hidden} is not a multiple of {SLICE}"
+    elif inter % SLICE:
+        why = (
+            f"tp {tp} does not divide intermediate {intermediate} into multiples of {SLICE} "
+            f"(each rank gets {inter})"
+        )
+    elif max(hidden, inter) > SLICE * MAX_WARPS:
+        why = f"the kernels take K up to {SLICE * MAX_WARPS}, got {max(hidden, inter)}"
+    else:
+        why = (
+            f"fp8_gemv cannot take gate_up {2 * inter}x{hidden} or down {hidden}x{inter} "
+            f"within the shared-memory and register limits"
+        )
+    asked = f"hidden {hidden}, intermediate {intermediate}, tp {tp}, tokens {lo}..{hi}"
+    return f"no kernels to warm for {asked}: {why}"
+
+
+def _check_archs(requests: Sequence[KernelRequest]) -> None:
+    """Refuse, before any work, a target arch some requested kernel does not compile for."""
+    from mlpjit.jit.manager import check_compile_arch
+
+    for kernel, arch in sorted({(r.kernel, r.arch) for r in requests}):
+        try:
+            check_compile_arch(kernel, arch)
+        except ValueError as err:
+            raise ValueError(f"cannot warm for {arch}: {err}") from None
+
+
+def _open_requests(path: Path) -> BinaryIO:
+    """Open a request file: a regular file of at most MAX_REQUESTS_BYTES, else ValueError.
+
+    O_NONBLOCK so that a FIFO is refused instead of waiting for a writer; /dev/zero and the
+    like are refused instead of being read until memory runs out.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"request file {path} is not a regular file")
+        if st.st_size > MAX_REQUESTS_BYTES:
+            raise ValueError(
+                f"request file {path} has {st.st_size} bytes, more than the "
+                f"{MAX_REQUESTS_BYTES >> 20} MiB a request list may have"
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def _request_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each non-blank line; never reads more than MAX_REQUESTS_BYTES,
+    even of a file that grows while it is read."""
+    budget = MAX_REQUESTS_BYTES
+    with _open_requests(path) as f:
+        for number in itertools.count(1):
+            raw = f.readline(budget + 1)
+            if not raw:
+                return
+            budget -= len(raw)
+            if budget < 0:
+                raise ValueError(
+                    f"request file {path} grew past {MAX_REQUESTS_BYTES >> 20} MiB while read"
+                )
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"{path}:{number}: not UTF-8 text") from None
+            if line.strip():
+                yield number, line
 
 
 def _read_requests(path: Path) -> list[KernelRequest]:
-    """Requests from a JSON-lines file ({"kernel", "params", "arch"} per line, MLPJIT_RECORD)."""
+    """Requests from a JSON-lines file ({"kernel", "params", "arch"} per line, MLPJIT_RECORD),
+    in first-seen order, duplicates dropped."""
     from mlpjit.jit.manager import KernelRequest
 
-    requests = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
+    requests: dict[str, KernelRequest] = {}
+    for number, line in _request_lines(path):
         try:
             request = KernelRequest.from_json_line(line)
         except ValueError as err:
             raise ValueError(f"{path}:{number}: {err}") from None
-        if request not in requests:
-            requests.append(request)
-    return requests
+        requests.setdefault(request.to_json_line(), request)
+    return list(requests.values())
 
 
 def _warm_here(args: argparse.Namespace, requests: list[KernelRequest]) -> list[dict[str, Any]]:
@@ -570,7 +717,16 @@ def _dry_run(args: argparse.Namespace, arch: str, requests: list[KernelRequest])
     return 0
 
 
+def _check_settings() -> None:
+    """Read the MLPJIT_* settings a command relies on, so a bad value fails before any work
+    (ValueError naming the variable) instead of on the rare lock wait that reads it."""
+    from mlpjit.jit import config
+
+    config.lock_timeout()
+
+
 def _cmd_warm(args: argparse.Namespace) -> int:
+    _check_settings()
     if args.requests:
         # Each line names its arch; --arch (if given) overrides them all.
         requests = _warm_requests(args, args.arch or "")
@@ -580,6 +736,7 @@ def _cmd_warm(args: argparse.Namespace) -> int:
         if not args.kernel:  # a --model/--hidden plan: query the GPU once, for every worker
             args.sms = _resolve_sms(args)
         requests = _warm_requests(args, arch)
+    _check_archs(requests)
     if args.dry_run:
         return _dry_run(args, arch, requests)
     t0 = time.perf_counter()
@@ -631,13 +788,14 @@ def _positive(text: str) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from mlpjit.doctor import format_report, run_doctor
 
+    _check_settings()
     report = run_doctor(verify=args.verify)
     print(format_report(report, as_json=args.json))
     return report.exit_status
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mlpjit", description="mlpjit compile cache: warm it, inspect it, ship it."
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log INFO (-vv: DEBUG)")
@@ -645,7 +803,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     def sub(group: Any, name: str, func: Callable, help_text: str, json_flag: bool = True) -> Any:
         p = group.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(func=func)
+        p.set_defaults(func=func, parser=p)
         if json_flag:
             p.add_argument("--json", action="store_true", help="print JSON")
         return p
@@ -676,12 +834,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "--tokens",
         type=_typed(parse_tokens),
         default=list(range(1, 9)),
-        help="token counts, e.g. 1-8",
+        help=f"token counts, e.g. 1-8 or 1,2,4 (within 1-{MAX_WARM_TOKENS}; the kernels take "
+        "1-8, more tokens run the stock path)",
     )
     warm.add_argument(
         "--arch",
         type=_typed(_arch),
-        help="target, e.g. sm_90a (default: MLPJIT_ARCH, else the GPU's)",
+        help="target, e.g. sm_90a, the only one the fp8 kernels compile for (default: "
+        "MLPJIT_ARCH, else the GPU's)",
     )
     warm.add_argument(
         "--sms",
@@ -723,6 +883,20 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _setup_logging(verbose: int) -> None:
+    """WARNING and up to stderr, one line per record (-v: INFO, -vv: DEBUG, as written).
+
+    Python warnings (CuTe DSL's run to a dozen lines) go through logging too.
+    """
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        _OneLineFormatter("%(message)s") if verbose == 0 else logging.Formatter("%(message)s")
+    )
+    logging.basicConfig(level=level, handlers=[handler])
+    logging.captureWarnings(True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 1 failure, 2 usage error)."""
     parser = _build_parser()
@@ -732,19 +906,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         and args.cache_command == "prune"
         and (args.max_size is None and args.older_than is None)
     ):
-        parser.error("cache prune needs --max-size and/or --older-than")
+        args.parser.error("cache prune needs --max-size and/or --older-than")
     if args.command == "warm" and args.param and not args.kernel:
-        parser.error("--param goes with --kernel")
+        args.parser.error("--param goes with --kernel")
     if args.command == "warm" and args.intermediate is not None and args.hidden is None:
-        parser.error("--intermediate goes with --hidden")
-    level = (
-        logging.WARNING
-        if args.verbose == 0
-        else logging.INFO
-        if args.verbose == 1
-        else logging.DEBUG
-    )
-    logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
+        args.parser.error("--intermediate goes with --hidden")
+    _setup_logging(args.verbose)
     try:
         return args.func(args)
     except BrokenPipeError:
@@ -752,7 +919,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
         return 1
     except (MlpjitError, ValueError, OSError) as err:
-        print(f"mlpjit: error: {err}", file=sys.stderr)
+        print(f"mlpjit: error: {_one_line(str(err))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("mlpjit: interrupted", file=sys.stderr)

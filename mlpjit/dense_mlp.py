@@ -17,7 +17,8 @@ count takes the kernel path there. To fill a cache on a machine without a GPU us
 ``mlpjit warm --arch sm_90a``.
 
 The weights are the caller's tensors (no copy is kept or made); weight scales are converted
-to float32 once (scales.to_float32_scale: no copy for contiguous float32 scales).
+to float32 once (scales.to_float32_scale: no copy for contiguous float32 scales) and checked
+once there (finite and >= 0: one reduction and one host sync per tensor, never per call).
 """
 
 from __future__ import annotations
@@ -152,12 +153,21 @@ class _ActBuffers:
 
 
 def _check_weight(w: object, name: str, shape_doc: str) -> Tensor:
+    """Type, dtype, rank, size and layout of one FP8 weight (the shapes' agreement is the
+    caller's)."""
     if not isinstance(w, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor {shape_doc}, got {type(w).__name__}")
     if w.dtype != torch.float8_e4m3fn:
         raise ValueError(f"{name} must have dtype torch.float8_e4m3fn, got {w.dtype}")
     if w.dim() != 2:
         raise ValueError(f"{name} must be 2-D {shape_doc}, got shape {list(w.shape)}")
+    if min(w.shape) < BLOCK:
+        # A zero dim passes every "multiple of 128" test and gives empty scales and outputs.
+        raise ValueError(
+            f"{name} must be {shape_doc} with hidden and intermediate multiples of {BLOCK} "
+            f"and >= {BLOCK} (one weight scale per {BLOCK}x{BLOCK} block), "
+            f"got shape {list(w.shape)}"
+        )
     if not w.is_contiguous():
         raise ValueError(
             f"{name} must be contiguous (DenseMlp uses the caller's weights without copying), "
@@ -167,6 +177,8 @@ def _check_weight(w: object, name: str, shape_doc: str) -> Tensor:
 
 
 def _check_limit(limit: object) -> float | None:
+    """limit as a float (None: no clamp); NaN, infinities, 0, negatives and non-numbers
+    (bool and str included) are refused."""
     if limit is None:
         return None
     if isinstance(limit, bool) or not isinstance(limit, Real):
@@ -178,18 +190,25 @@ def _check_limit(limit: object) -> float | None:
 
 
 def _token_counts(tokens: Iterable[int]) -> list[int]:
+    """The distinct token counts, as ints in first-seen order; ValueError for anything else.
+
+    Linear in len(tokens): duplicates are found with a set (a list membership test made
+    prepare(range(1, 30000)) take seconds).
+    """
     try:
         items = list(tokens)
     except TypeError:
         raise ValueError(
             f"tokens must be an iterable of ints >= 1 (e.g. range(1, 9)), got {tokens!r}"
         ) from None
+    seen: set[int] = set()
     counts = []
     for t in items:
         if isinstance(t, bool) or not isinstance(t, int) or t < 1:
             raise ValueError(f"tokens must be ints >= 1, got {t!r} in {items!r}")
-        if t not in counts:
-            counts.append(t)
+        if t not in seen:
+            seen.add(t)
+            counts.append(int(t))
     return counts
 
 
@@ -204,6 +223,10 @@ class DenseMlp:
         w2_scale: block scales of w2, same forms ([hidden/128, inter/128] ...).
         limit: None, or L > 0 for the clamped SwiGLU (gate <= L, -L <= up <= L).
         ue8m0: round activation scales up to powers of two (vLLM's default with DeepGEMM).
+
+    hidden and intermediate must be multiples of 128 (>= 128). Every block scale must be
+    finite and >= 0 (no UE8M0 byte 0xFF, the e8m0 NaN code): checked once here, so a bad
+    checkpoint fails at construction with a ValueError instead of giving NaN outputs.
 
     Attribute ``pdl`` (default None: as compiled, i.e. on) set to False launches the kernels
     without programmatic dependent launch, to measure what streaming weights early buys.
@@ -239,7 +262,7 @@ class DenseMlp:
             if isinstance(scale, Tensor) and scale.device != w13.device:
                 raise ValueError(f"{name} must be on the weights' device {w13.device}")
         if not isinstance(ue8m0, bool):
-            raise ValueError(f"ue8m0 must be a bool, got {ue8m0!r}")
+            raise ValueError(f"ue8m0 must be a bool (True or False), got {ue8m0!r}")
 
         self.hidden = hidden
         self.intermediate = inter
@@ -248,6 +271,7 @@ class DenseMlp:
         self.device = w13.device
         self._w13 = w13
         self._w2 = w2
+        # Last of the checks: the scale values cost a host sync, the checks above none.
         self._w13_scale = to_float32_scale(w13_scale, rows13, hidden, name="w13_scale")
         self._w2_scale = to_float32_scale(w2_scale, hidden, inter, name="w2_scale")
         self.arch = kernel_arch(self.device)
@@ -383,7 +407,9 @@ class DenseMlp:
     def _check_x(self, x: object) -> int:
         """Validate x; return m. Cheap checks only: this runs on every call."""
         if not isinstance(x, Tensor):
-            raise ValueError(f"x must be a torch.Tensor [m, {self.hidden}] bf16")
+            raise ValueError(
+                f"x must be a torch.Tensor [m, {self.hidden}] bf16, got {type(x).__name__}"
+            )
         if x.dtype != torch.bfloat16:
             raise ValueError(f"x must have dtype torch.bfloat16, got {x.dtype}")
         if x.get_device() != self._index or (self._index < 0 and x.device != self.device):

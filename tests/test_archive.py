@@ -1,15 +1,20 @@
-"""Cache archives (mlpjit.jit.archive) in process: format, determinism, hostile archives."""
+"""Cache archives (mlpjit.jit.archive): format, determinism, safe export, hostile archives."""
 
 from __future__ import annotations
 
 import hashlib
 import io
 import json
+import os
+import stat
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from mlpjit.jit import archive as archive_module
 from mlpjit.jit.archive import ARCHIVE_VERSION, INDEX_NAME, export_archive, import_archive
 from mlpjit.jit.key import canonical_json
 from mlpjit.jit.locks import KeyLock
@@ -218,3 +223,193 @@ def test_export_skips_a_corrupt_entry(source: CacheStore, tmp_path: Path) -> Non
     cubin.write_bytes(cubin.read_bytes()[:-4])
     report = export_archive(copy, tmp_path / "c.tar")
     assert report.entries == 1 and [s["key"] for s in report.skipped] == [key]
+
+
+# ------------------------------------------------------------------ safe export
+
+
+def test_export_never_writes_through_a_planted_symlink(source: CacheStore, tmp_path: Path) -> None:
+    """A symlink planted at the old fixed temp name must not redirect the export."""
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"precious")
+    out = tmp_path / "out.tar"
+    (tmp_path / ".out.tar.tmp").symlink_to(victim)
+    old = os.umask(0)
+    try:
+        report = export_archive(source, out)
+    finally:
+        os.umask(old)
+    assert victim.read_bytes() == b"precious"
+    assert out.is_file() and not out.is_symlink()
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644  # explicit, not 0666 from umask 0
+    assert report.bytes == out.stat().st_size and report.entries == 2
+    assert (tmp_path / ".out.tar.tmp").readlink() == victim  # left alone
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.tar.tmp", "out.tar", "victim.txt"]
+
+
+def test_export_replaces_a_symlink_at_the_destination_not_its_target(
+    source: CacheStore, tmp_path: Path
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"precious")
+    out = tmp_path / "out.tar"
+    out.symlink_to(victim)
+    export_archive(source, out)
+    assert victim.read_bytes() == b"precious" and out.is_file() and not out.is_symlink()
+
+
+# ------------------------------------------------------------------ launch checksum
+
+
+def _relisted(content: dict[str, bytes], key: str, manifest: bytes) -> dict[str, bytes]:
+    """``content`` with ``key``'s manifest replaced and the index updated to match it."""
+    index = json.loads(content[INDEX_NAME])
+    for item in index["entries"]:
+        if item["key"] == key:
+            item["manifest_sha256"] = hashlib.sha256(manifest).hexdigest()
+            item["manifest_bytes"] = len(manifest)
+    out = {**content, f"entries/{key}.json": manifest}
+    out[INDEX_NAME] = json.dumps(index).encode()
+    return out
+
+
+def _tar_bytes(content: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in content.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_every_bit_flip_of_an_archived_manifest_is_refused_or_harmless(
+    source: CacheStore, archive: Path, tmp_path: Path
+) -> None:
+    """Even with an index that matches the flipped bytes, no flip changes the launch."""
+    content = members(archive)
+    key = json.loads(content[INDEX_NAME])["entries"][0]["key"]
+    original = source.lookup(key).binary()
+    manifest = content[f"entries/{key}.json"]
+    target = target_store(tmp_path)
+    path = tmp_path / "flipped.tar"
+    accepted = 0
+    for i in range(len(manifest)):
+        for bit in range(8):
+            flipped = bytearray(manifest)
+            flipped[i] ^= 1 << bit
+            path.write_bytes(_tar_bytes(_relisted(content, key, bytes(flipped))))
+            report = import_archive(target, path)
+            if key in report.imported:
+                accepted += 1
+                assert target.lookup(key).binary() == original, bytes(flipped)
+                assert target.remove(key)
+            else:
+                assert [r["key"] for r in report.rejected] == [key]
+    assert 0 < accepted < len(manifest)
+
+
+def test_import_rejects_an_entry_without_launch_sha256(archive: Path, tmp_path: Path) -> None:
+    """Archives exported before launch_sha256 existed: their entries are recompiled instead."""
+    content = members(archive)
+    key = json.loads(content[INDEX_NAME])["entries"][0]["key"]
+    manifest = json.loads(content[f"entries/{key}.json"])
+    del manifest["launch_sha256"]
+    path = tmp_path / "old.tar"
+    path.write_bytes(_tar_bytes(_relisted(content, key, canonical_json(manifest).encode())))
+    report = import_archive(target_store(tmp_path), path)
+    assert [r["key"] for r in report.rejected] == [key] and len(report.imported) == 1
+    assert "launch_sha256" in report.rejected[0]["reason"]
+
+
+# ------------------------------------------------------------------ hostile input
+
+DEEP = b"[" * 100_000
+
+
+def test_deeply_nested_index_is_a_value_error(archive: Path, tmp_path: Path) -> None:
+    content = {**members(archive), INDEX_NAME: DEEP}
+    path = tmp_path / "deep.tar"
+    path.write_bytes(_tar_bytes(content))
+    with pytest.raises(ValueError, match="nested too deeply"):
+        import_archive(target_store(tmp_path), path)
+
+
+def test_deeply_nested_manifest_is_rejected_alone(archive: Path, tmp_path: Path) -> None:
+    content = members(archive)
+    key = json.loads(content[INDEX_NAME])["entries"][0]["key"]
+    path = tmp_path / "deep.tar"
+    path.write_bytes(_tar_bytes(_relisted(content, key, DEEP)))
+    report = import_archive(target_store(tmp_path), path)
+    assert [r["key"] for r in report.rejected] == [key] and len(report.imported) == 1
+    assert "nested too deeply" in report.rejected[0]["reason"]
+
+
+@pytest.mark.parametrize("kind", ["gz", "bz2", "xz"])
+def test_compressed_archive_is_refused_in_one_line(
+    archive: Path, tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / f"a.tar.{kind}"
+    with tarfile.open(path, f"w:{kind}") as tar:
+        for name, data in members(archive).items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    target = target_store(tmp_path)
+    with pytest.raises(ValueError, match="uncompressed tar") as err:
+        import_archive(target, path)
+    assert "\n" not in str(err.value) and "mlpjit cache export" in str(err.value)
+    assert keys_in(target) == []
+
+
+@pytest.mark.parametrize(
+    "data", [b"", os.urandom(4096), b"\x00" * 100], ids=["empty", "random", "short"]
+)
+def test_garbage_file_is_a_one_line_value_error(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "garbage.tar"
+    path.write_bytes(data)
+    with pytest.raises(ValueError) as err:
+        import_archive(target_store(tmp_path), path)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
+
+
+def test_archive_over_the_size_cap_is_refused(
+    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(archive_module, "MAX_ARCHIVE_BYTES", archive.stat().st_size - 1)
+    with pytest.raises(ValueError, match="byte limit"):
+        import_archive(target_store(tmp_path), archive)
+
+
+def test_reads_past_the_cap_fail(tmp_path: Path) -> None:
+    """The reader import uses counts every byte, so a file that grows after its size was
+    checked still cannot be read past MAX_ARCHIVE_BYTES."""
+    path = tmp_path / "big"
+    path.write_bytes(b"x" * 100)
+    with archive_module._CappedReader(io.FileIO(path), 60, path) as reader:
+        assert reader.read(50) == b"x" * 50
+        reader.seek(0)
+        with pytest.raises(ValueError, match="more than 60 bytes read"):
+            reader.read(50)
+
+
+def test_fifo_archive_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "a.tar"
+    os.mkfifo(fifo, 0o600)
+    code = (
+        "import sys\n"
+        "from mlpjit.jit.archive import import_archive\n"
+        "from mlpjit.jit.store import CacheStore\n"
+        "try:\n"
+        "    import_archive(CacheStore(sys.argv[2], layers=()), sys.argv[1])\n"
+        "except ValueError as err:\n"
+        "    print(err)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(fifo), str(tmp_path / "target")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "not a regular file" in proc.stdout and proc.stdout.count("\n") == 1

@@ -1,4 +1,4 @@
-"""mlpjit.jit.binary: launch facts to and from plain JSON, including cluster launches."""
+"""mlpjit.jit.binary: launch facts to and from plain JSON (clusters included), launch_sha256."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from mlpjit.jit.binary import KernelBinary, KernelParam, binary_from_fields, launch_fields
+from mlpjit.jit.binary import (
+    KernelBinary,
+    KernelParam,
+    binary_from_fields,
+    launch_fields,
+    launch_sha256,
+)
 
 BINARY = KernelBinary(
     cubin=b"\x7fELF" + bytes(16),
@@ -52,3 +58,32 @@ def test_cluster_must_divide_the_grid() -> None:
     fields["cluster"] = [4, 1, 1]
     with pytest.raises(ValueError, match="must divide grid"):
         binary_from_fields(fields, BINARY.cubin)
+
+
+KEY = "ab" * 32
+
+
+def test_launch_sha256_is_stable_and_bound_to_key_and_cubin() -> None:
+    digest = launch_sha256(KEY, BINARY)
+    assert digest == launch_sha256(KEY, _roundtrip(BINARY))
+    assert len(digest) == 64 and int(digest, 16) >= 0
+    assert launch_sha256("cd" * 32, BINARY) != digest
+    assert launch_sha256(KEY, replace(BINARY, cubin=BINARY.cubin + b"\x00")) != digest
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"symbol": "other"},
+        {"grid": (133, 1, 1)},
+        {"block": (256, 1, 1)},
+        {"smem_bytes": 199_999},
+        {"pdl": False},
+        {"params": (KernelParam("out", "ptr"), KernelParam("n", "f32"))},
+        {"params": (KernelParam("n", "i32"), KernelParam("out", "ptr"))},
+        {"cluster": (2, 1, 1)},
+    ],
+    ids=lambda change: next(iter(change)),
+)
+def test_launch_sha256_covers_every_launch_field(change: dict) -> None:
+    assert launch_sha256(KEY, replace(BINARY, **change)) != launch_sha256(KEY, BINARY)

@@ -15,18 +15,26 @@ from pathlib import Path
 
 import pytest
 
-from mlpjit.cli import parse_age, parse_size, parse_tokens
+from mlpjit.cli import MAX_WARM_TOKENS, parse_age, parse_size, parse_tokens
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = ["--kernel", "smoke", "--param", "n=1024,2048,4096", "--param", "scale=2.0"]
 SMOKE += ["--param", "block=128", "--arch", "sm_90a"]
+SMOKE_64 = ["--kernel", "smoke", "--param", "n=64", "--param", "block=64"]  # give scale
 
 
 def mlpjit(cache: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m mlpjit ARGS` with MLPJIT_CACHE_DIR=cache; never raises on exit status."""
+    """Run `python -m mlpjit ARGS` with MLPJIT_CACHE_DIR=cache; never raises on exit status.
+
+    TMPDIR is a private dir beside the cache (what `cache clear` cleans of compile scratch
+    dirs, where compile logs go), so no test touches the machine's /tmp.
+    """
     full = dict(os.environ)
     full["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), full.get("PYTHONPATH", "")) if p)
     full["MLPJIT_CACHE_DIR"] = str(cache)
+    tmpdir = cache.parent / "tmpdir"
+    tmpdir.mkdir(exist_ok=True)
+    full["TMPDIR"] = str(tmpdir)
     for name in ("MLPJIT_CACHE_PATH", "MLPJIT_ARCH", "MLPJIT_RECORD"):
         full.pop(name, None)
     full.update(env or {})
@@ -85,6 +93,10 @@ def test_value_parsers() -> None:
             parse(bad)
     for bad in ("0-2", "4-2", "a", ""):
         with pytest.raises(ValueError):
+            parse_tokens(bad)
+    assert parse_tokens(f"1,{MAX_WARM_TOKENS}") == [1, MAX_WARM_TOKENS]
+    for bad in (f"1-{MAX_WARM_TOKENS + 1}", "1-99999999999", "8,99999999999999999999"):
+        with pytest.raises(ValueError, match=f"--tokens must be within 1-{MAX_WARM_TOKENS}"):
             parse_tokens(bad)
 
 
@@ -256,6 +268,15 @@ def test_clear_removes_everything(cache_copy: Path) -> None:
     assert len(report["removed"]) == 3 and report["busy"] == []
     assert ok_json(cache_copy, "cache", "ls") == []
     assert ok_json(cache_copy, "cache", "stats")["entries"] == 0
+    assert set(report["leftovers"]) == {
+        "temp_files",
+        "orphan_cubins",
+        "stale_aliases",
+        "scratch_dirs",
+    }
+    assert list((cache_copy / "v1" / "aliases").iterdir()) == []
+    text = mlpjit(cache_copy, "cache", "clear").stdout
+    assert text == "removed 0 entries and 0 quarantined; no leftovers removed\n"
 
 
 def test_prune_and_clear_leave_a_locked_entry_alone(cache_copy: Path) -> None:
@@ -377,12 +398,24 @@ def test_import_rejects_hash_mismatch(warmed: tuple[Path, dict], tmp_path: Path)
         ["warm", "--model", "glm6"],
         ["warm", "--model", "glm5", "--arch", "hopper"],
         ["cache", "bogus"],
+        ["warm", "--model", "glm5", "--tokens", "1-99999999999"],
     ],
 )
 def test_usage_errors_exit_2(tmp_path: Path, args: list[str]) -> None:
     run = mlpjit(tmp_path / "c", *args)
     assert run.returncode == 2, (run.stdout, run.stderr)
     assert "usage:" in run.stderr and "Traceback" not in run.stderr
+    assert len(run.stderr.splitlines()) == 1, run.stderr  # message, then where the usage is
+
+
+def test_huge_token_range_is_refused_at_once(tmp_path: Path) -> None:
+    """1-99999999999 once built a list until MemoryError; now the range is checked first."""
+    t0 = time.monotonic()
+    run = mlpjit(tmp_path / "c", "warm", "--model", "glm5", "--tokens", "1-99999999999")
+    assert time.monotonic() - t0 < 60
+    assert run.returncode == 2
+    assert f"--tokens must be within 1-{MAX_WARM_TOKENS}" in run.stderr
+    assert "MemoryError" not in run.stderr
 
 
 @pytest.mark.parametrize(
@@ -394,6 +427,31 @@ def test_usage_errors_exit_2(tmp_path: Path, args: list[str]) -> None:
         (["warm", "--kernel", "nope", "--arch", "sm_90a"], "kernel must be one of"),
         (["warm", "--kernel", "smoke", "--param", "n=3", "--arch", "sm_90a"], "smoke param"),
         (["warm", "--model", "glm5", "--tp", "7", "--arch", "sm_90a"], "tp must divide"),
+        (
+            ["warm", "--model", "glm5", "--tp", "96", "--arch", "sm_90a"],
+            "tp 96 does not divide intermediate 12288 into multiples of 512",
+        ),
+        (
+            ["warm", "--model", "glm5", "--tokens", "9", "--arch", "sm_90a"],
+            "no token count in 9..9 takes the kernel path (1-8)",
+        ),
+        (
+            ["warm", "--hidden", "100", "--intermediate", "100", "--arch", "sm_90a", "--dry-run"],
+            "hidden 100 is not a multiple of 512",
+        ),
+        (
+            ["warm", "--model", "glm5", "--arch", "sm_999"],
+            "kernel fp8_gemv compiles for sm_90a, not 'sm_999'",
+        ),
+        (
+            ["warm", "--model", "glm5", "--arch", "sm_80", "--dry-run"],
+            "kernel fp8_gemv compiles for sm_90a, not 'sm_80'",
+        ),
+        (
+            ["warm", *SMOKE_64, "--param", "scale=1.0", "--arch", "sm_80"],
+            "kernel smoke compiles for sm_90, sm_90a,",
+        ),
+        (["warm", "--from", "/dev/zero"], "request file /dev/zero is not a regular file"),
     ],
 )
 def test_failures_exit_1_without_traceback(tmp_path: Path, args: list[str], message: str) -> None:
@@ -401,6 +459,76 @@ def test_failures_exit_1_without_traceback(tmp_path: Path, args: list[str], mess
     assert run.returncode == 1, (run.stdout, run.stderr)
     assert run.stderr.startswith("mlpjit: error:") and message in run.stderr
     assert "Traceback" not in run.stderr
+    assert len(run.stderr.splitlines()) == 1, run.stderr
+    assert run.stdout == "" and not (tmp_path / "c" / "v1" / "entries").exists()
+
+
+def _bad_file(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / kind
+    if kind == "random bytes":
+        path.write_bytes(hashlib.sha256(b"seed").digest() * 200)
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "fifo":
+        os.mkfifo(path)  # opening it for reading would wait for a writer forever
+    elif kind == "oversized":
+        with open(path, "wb") as f:
+            f.truncate((64 << 20) + 1)  # sparse: no disk used
+    elif kind == "not utf-8":
+        path.write_bytes(b"\xff\xfe{}\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "command, kind, message",
+    [
+        ("import", "random bytes", "is not a readable tar archive"),
+        ("import", "empty", "is not a readable tar archive"),
+        ("warm", "fifo", "is not a regular file"),
+        ("warm", "oversized", "more than the 64 MiB a request list may have"),
+        ("warm", "not utf-8", ":1: not UTF-8 text"),
+        ("warm", "empty", None),
+    ],
+)
+def test_bad_files_are_one_line(tmp_path: Path, command: str, kind: str, message: str) -> None:
+    path = _bad_file(tmp_path, kind)
+    args = ["cache", "import", str(path)] if command == "import" else ["warm", "--from", str(path)]
+    run = mlpjit(tmp_path / "c", *args)
+    if message is None:  # an empty request list warms nothing, successfully
+        assert run.returncode == 0 and "warmed 0 kernels" in run.stdout, run.stderr
+        return
+    assert run.returncode == 1, (run.stdout, run.stderr)
+    assert run.stderr.startswith("mlpjit: error:") and message in run.stderr
+    assert len(run.stderr.splitlines()) == 1, run.stderr
+
+
+@pytest.mark.parametrize("value", ["abc", "-1"])
+@pytest.mark.parametrize("command", [["warm", *SMOKE], ["warm", *SMOKE, "--dry-run"], ["doctor"]])
+def test_bad_lock_timeout_fails_before_any_work(
+    tmp_path: Path, command: list[str], value: str
+) -> None:
+    run = mlpjit(tmp_path / "c", *command, env={"MLPJIT_LOCK_TIMEOUT": value})
+    assert run.returncode == 1, (run.stdout, run.stderr)
+    expected = "MLPJIT_LOCK_TIMEOUT must be a positive number of seconds, got"
+    assert run.stderr == f"mlpjit: error: {expected} {value!r}\n"
+    assert run.stdout == "" and not (tmp_path / "c").exists()  # no compile, no cache dir
+
+
+def test_compile_failure_is_one_line_naming_the_log(tmp_path: Path) -> None:
+    """A real compiler failure (scale 1e308 is inf in float32; NVVM rejects the kernel's
+    name) once printed pages: now one error line and the log file that has it all."""
+    run = mlpjit(tmp_path / "c", "warm", *SMOKE_64, "--param", "scale=1e308", "--arch", "sm_90a")
+    assert run.returncode == 1, (run.stdout, run.stderr)
+    errors = [line for line in run.stderr.splitlines() if line.startswith("mlpjit: error:")]
+    assert len(errors) == 1 and "Traceback" not in run.stderr
+    assert "compiling smoke " in errors[0] and " for sm_90a failed: " in errors[0]
+    assert "NVVM backend compilation failed" in errors[0]
+    (log,) = (tmp_path / "tmpdir").glob("mlpjit-compile-*.log")
+    assert errors[0].endswith(f"(full log: {log})")
+    assert "Invalid identifier name" in log.read_text()
+    # Besides the error, only CuTe DSL's warning about the float, as one line of its own.
+    others = [line for line in run.stderr.splitlines() if line not in errors]
+    assert len(others) <= 1 and all("TYPE_FLOAT_LITERAL_OVERFLOW" in line for line in others)
 
 
 def test_unsafe_cache_dir_is_a_clear_error(tmp_path: Path) -> None:

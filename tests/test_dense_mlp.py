@@ -486,3 +486,157 @@ def test_kernel_requests_match_the_cli_plan() -> None:
     assert kernel_supported(6144, 1536, 8)
     assert not kernel_supported(6144, 1536, 9)
     assert not kernel_supported(7168, 2304, 1)  # 2304 % 512 != 0: stock path
+
+
+# ---- bad checkpoints: scale values, empty weights (issue 13) -------------------------------------
+
+
+def _with_bad_block(scale: torch.Tensor, value: float) -> torch.Tensor:
+    bad = scale.clone()
+    bad[1, 0] = value
+    return bad
+
+
+def _e8m0_with_nan_code(scale: torch.Tensor) -> torch.Tensor:
+    codes = scale.to(torch.float8_e8m0fnu).view(torch.uint8).clone()
+    codes[1, 0] = 0xFF
+    return codes.view(torch.float8_e8m0fnu)
+
+
+def _packed_with_nan_byte(scale: torch.Tensor) -> torch.Tensor:
+    packed = _pack_ue8m0(scale)
+    # Block [1, 0] is byte 0 of word [1, 0]: replace it with 0xFF.
+    packed[1, 0] = (packed[1, 0] & ~0xFF) | 0xFF
+    return packed
+
+
+@pytest.mark.parametrize("name", ["w13_scale", "w2_scale"])
+@pytest.mark.parametrize(
+    "make_bad,found",
+    [
+        (lambda s: _with_bad_block(s, float("nan")), r"1 NaN value"),
+        (lambda s: _with_bad_block(s, float("inf")), r"1 \+inf value"),
+        (lambda s: _with_bad_block(s, -(2.0**-10)), r"1 negative value"),
+        (_e8m0_with_nan_code, r"1 NaN value \(the float8_e8m0fnu NaN code 0xFF\)"),
+        (_packed_with_nan_byte, r"1 NaN value \(the UE8M0 exponent byte 0xFF"),
+    ],
+)
+def test_bad_scale_values_raise_at_construction(weights, name: str, make_bad, found: str) -> None:
+    """A NaN, inf or negative scale (or the e8m0 NaN code) is a loading bug: refused at
+    construction, naming the argument, what was found, where, and what is allowed."""
+    bad = make_bad(weights[name])
+    message = rf"^{name} has {found}.*; first at block \[1, 0\].*must be (finite and >= 0|UE8M0)"
+    with pytest.raises(ValueError, match=message):
+        _mlp(weights, **{name: bad})
+
+
+def test_all_nan_scales_report_the_first_block(weights) -> None:
+    nan = torch.full_like(weights["w2_scale"], float("nan"))
+    with pytest.raises(ValueError, match=r"^w2_scale has 8 NaN values; first at block \[0, 0\]"):
+        _mlp(weights, w2_scale=nan)
+
+
+def test_zero_scale_of_an_all_zero_block_is_accepted(weights) -> None:
+    """Zero block scales are legal (an all-zero block quantized without an amax floor) and
+    give finite outputs: the block contributes exactly 0."""
+    w13 = weights["w13"].clone()
+    w13[:128, :128] = 0
+    scale = weights["w13_scale"].clone()
+    scale[0, 0] = 0.0
+    mlp = _mlp(weights, w13=w13, w13_scale=scale)
+    out = mlp(_x(3))
+    assert torch.isfinite(out.float()).all()
+    expected = ref.dense_mlp_reference(
+        _x(3), w13, scale, weights["w2"], weights["w2_scale"], limit=None, ue8m0=False
+    )
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize(
+    "w13_shape,w2_shape,bad,bad_shape",
+    [
+        ((0, 512), (512, 0), "w13", r"\[0, 512\]"),  # intermediate 0
+        ((256, 0), (0, 128), "w13", r"\[256, 0\]"),  # hidden 0
+        ((0, 0), (0, 0), "w13", r"\[0, 0\]"),
+        ((256, 512), (512, 0), "w2", r"\[512, 0\]"),
+        ((64, 128), (128, 32), "w13", r"\[64, 128\]"),  # non-empty but below one block
+    ],
+)
+def test_empty_weights_are_refused(w13_shape, w2_shape, bad: str, bad_shape: str) -> None:
+    w13 = torch.zeros(w13_shape, dtype=torch.float8_e4m3fn)
+    w2 = torch.zeros(w2_shape, dtype=torch.float8_e4m3fn)
+    message = rf"^{bad} must be .* multiples of 128 and >= 128 .*got shape {bad_shape}"
+    with pytest.raises(ValueError, match=message):
+        DenseMlp(w13, torch.ones(0, 4), w2, torch.ones(4, 0))
+
+
+# ---- other constructor and call arguments --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "limit", [float("nan"), float("-inf"), -0.0, torch.tensor(1.0), complex(1, 0), [1.0]]
+)
+def test_more_bad_limits(weights, limit) -> None:
+    with pytest.raises(ValueError, match=r"^limit must be None or a finite number > 0, got "):
+        _mlp(weights, limit=limit)
+
+
+def test_limit_accepts_any_real_number(weights) -> None:
+    import fractions
+
+    assert _mlp(weights, limit=fractions.Fraction(3, 4)).limit == 0.75
+    assert _mlp(weights, limit=2).limit == 2.0
+
+
+@pytest.mark.parametrize("ue8m0", [None, 0, "True", 1.0, torch.tensor(True)])
+def test_more_bad_ue8m0(weights, ue8m0) -> None:
+    with pytest.raises(ValueError, match=r"^ue8m0 must be a bool \(True or False\), got "):
+        _mlp(weights, ue8m0=ue8m0)
+
+
+@pytest.mark.parametrize(
+    "x,message",
+    [
+        (torch.zeros(2, HIDDEN, dtype=torch.float16), r"x must have dtype torch.bfloat16"),
+        (torch.zeros(2, HIDDEN, dtype=torch.float8_e4m3fn), r"x must have dtype torch.bfloat16"),
+        (torch.zeros((), dtype=torch.bfloat16), r"x must be \[m, hidden=512\], got shape \[\]"),
+        (torch.zeros(HIDDEN, 2, dtype=torch.bfloat16), r"x must be \[m, hidden=512\]"),
+        (None, r"x must be a torch.Tensor \[m, 512\] bf16, got NoneType"),
+        ([[0.0] * HIDDEN], r"x must be a torch.Tensor \[m, 512\] bf16, got list"),
+    ],
+)
+def test_more_bad_x(weights, x, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _mlp(weights)(x)
+
+
+# ---- prepare is linear in the number of token counts (issue 13) ----------------------------------
+
+
+class _CountingInt(int):
+    """An int that counts equality tests: a list-membership dedup does O(n^2) of them."""
+
+    comparisons = 0
+
+    def __eq__(self, other: object) -> bool:
+        type(self).comparisons += 1
+        return int.__eq__(self, other)
+
+    __hash__ = int.__hash__
+
+
+def test_prepare_dedups_token_counts_in_linear_time(weights, monkeypatch) -> None:
+    """Structural, not timed: prepare(range(1, 30000)) took 8.5 s when each count was looked
+    up in the list of counts seen so far; with a set only duplicates are compared."""
+    n = 1000
+    tokens = [_CountingInt(t) for t in range(1, n + 1)]
+    tokens += tokens[:10]  # duplicates: at most one comparison each
+    monkeypatch.setattr(_CountingInt, "comparisons", 0)
+    _mlp(weights).prepare(tokens)
+    assert _CountingInt.comparisons <= len(tokens)  # a list scan: about n^2 / 2 = 500000
+
+
+def test_token_counts_keep_first_seen_order_as_plain_ints() -> None:
+    counts = dense_mlp._token_counts([3, 1, _CountingInt(3), 2, 1, _CountingInt(9)])
+    assert counts == [3, 1, 2, 9]
+    assert all(type(m) is int for m in counts)

@@ -7,11 +7,12 @@ import json
 import logging
 import subprocess
 import sys
+import tempfile
 import threading
 
 import pytest
 
-from mlpjit.errors import CaptureError, CompilerUnavailableError
+from mlpjit.errors import CaptureError, CompilerUnavailableError, MlpjitError
 from mlpjit.jit import key as keymod
 from mlpjit.jit import manager as managermod
 from mlpjit.jit.key import cache_key, key_components
@@ -146,7 +147,7 @@ def test_bad_request_is_a_value_error(cache_dir):
         CompileManager().get(KernelRequest("smoke", {"n": 0, "scale": 1.0, "block": 32}, "sm_90a"))
 
 
-def test_timed_out_waiter_compiles_but_does_not_publish(cache_dir, smoke_request, caplog):
+def test_timed_out_waiter_compiles_and_publishes(cache_dir, smoke_request, caplog):
     manager = CompileManager(lock_timeout=0.3)
     req = smoke_request(5)
     key = cache_key(key_components(req.kernel, req.params, req.arch))
@@ -159,16 +160,132 @@ def test_timed_out_waiter_compiles_but_does_not_publish(cache_dir, smoke_request
         assert holder.stdout.readline().strip() == "held"
         with caplog.at_level(logging.WARNING, logger="mlpjit"):
             entry = manager.get(req)
+        # Published next to the live holder, so the next process need not wait again.
+        assert entry.persisted is True and entry.binary().symbol
+        assert manager.store.lookup(key).cubin == entry.cubin
+        fresh = CompileManager(lock_timeout=0.3)
+        assert fresh.get(req).cubin == entry.cubin
+        assert fresh.stats == CacheStats(hits=1)
     finally:
         holder.kill()
         holder.wait()
-    assert entry.persisted is False and entry.binary().symbol
-    assert manager.store.lookup(key) is None  # nothing published next to the live holder
     s = manager.stats
     assert s.lock_waits == 1 and s.wait_seconds >= 0.25 and s.compiles == 1
     assert any("MLPJIT_LOCK_TIMEOUT" in r.getMessage() for r in caplog.records)
-    # Once the holder is gone, the next process publishes normally.
+    # Once the holder is gone, the next process hits what the waiter published.
     assert CompileManager().get(req).persisted
+
+
+def test_hung_compiler_costs_one_timeout_not_one_per_process(cache_dir, run_worker):
+    """A process holds the key lock and never finishes; a worker with MLPJIT_LOCK_TIMEOUT=1
+    waits it out, compiles and publishes; the next fresh process hits without waiting."""
+    req = KernelRequest("smoke", {"n": 1024 + 32 * 7, "scale": 2.0, "block": 128}, "sm_90a")
+    key = cache_key(key_components(req.kernel, req.params, req.arch))
+    hold = (
+        "import sys, time; from pathlib import Path; from mlpjit.jit.locks import KeyLock; "
+        "from mlpjit.jit.store import CacheStore; "
+        "lock = KeyLock(CacheStore(Path(sys.argv[1]), layers=()).lock_path(sys.argv[2])); "
+        "assert lock.try_acquire(); print('held', flush=True); time.sleep(120)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, str(cache_dir), key], stdout=subprocess.PIPE, text=True
+    )
+    spec = json.dumps({"count": 1, "first": 7, "arch": "sm_90a", "mode": "get"})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        first = run_worker(spec, env={"MLPJIT_LOCK_TIMEOUT": "1"})
+        out, err = first.communicate(timeout=300)
+        assert first.returncode == 0, err[-3000:]
+        waited = json.loads(out)
+        assert waited["stats"]["lock_waits"] == 1 and waited["stats"]["wait_seconds"] >= 0.9
+        assert waited["stats"]["compiles"] == 1 and waited["persisted"] == {key: True}
+        second = run_worker(spec, env={"MLPJIT_LOCK_TIMEOUT": "1"})
+        out, err = second.communicate(timeout=300)
+        assert second.returncode == 0, err[-3000:]
+        hit = json.loads(out)
+        assert holder.poll() is None  # the lock was held all along
+    finally:
+        holder.kill()
+        holder.wait()
+    assert hit["stats"]["hits"] == 1 and hit["stats"]["compiles"] == 0
+    assert hit["stats"]["lock_waits"] == 0 and hit["stats"]["wait_seconds"] == 0
+    assert hit["sha"] == waited["sha"]
+
+
+@pytest.mark.parametrize("bad", ["abc", "-1", "0", "nan"])
+def test_bad_lock_timeout_fails_every_get_and_warm_up_front(
+    cache_dir, smoke_request, monkeypatch, bad
+):
+    """Not only under lock contention: a hit, a miss and a warm all refuse it at once."""
+    cached = CompileManager().get(smoke_request(0))
+    monkeypatch.setenv("MLPJIT_LOCK_TIMEOUT", bad)
+    manager = CompileManager()
+    with pytest.raises(ValueError, match="MLPJIT_LOCK_TIMEOUT"):
+        manager.get(smoke_request(0))  # would be a hit
+    with pytest.raises(ValueError, match="MLPJIT_LOCK_TIMEOUT"):
+        manager.get(smoke_request(1))  # would be an uncontended miss
+    with pytest.raises(ValueError, match="MLPJIT_LOCK_TIMEOUT"):
+        manager.warm([smoke_request(2)])
+    assert manager.stats == CacheStats()
+    assert [k for k, _ in manager.store.iter_manifests()] == [cached.key]
+    monkeypatch.setenv("MLPJIT_LOCK_TIMEOUT", "5")
+    assert manager.get(smoke_request(0)).cubin == cached.cubin
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "5", True])
+def test_bad_lock_timeout_argument_fails_at_construction(bad):
+    with pytest.raises(ValueError, match="lock_timeout"):
+        CompileManager(lock_timeout=bad)
+
+
+def test_unsupported_arch_is_refused_before_compiling(cache_dir, smoke_request):
+    from mlpjit.jit.manager import COMPILE_ARCHS, check_compile_arch
+    from mlpjit.kernels.registry import kernel_names
+
+    assert set(COMPILE_ARCHS) == set(kernel_names())
+    assert check_compile_arch("fp8_gemv", "sm_90a") == "sm_90a"
+    manager = CompileManager()
+    for arch in ("sm_80", "sm_999", "sm_110a"):
+        with pytest.raises(ValueError, match=r"kernel smoke compiles for sm_90, sm_90a, .*"):
+            manager.get(smoke_request(0, arch=arch))
+    with pytest.raises(ValueError, match=r"fp8_gemv compiles for sm_90a, not 'sm_100a'"):
+        check_compile_arch("fp8_gemv", "sm_100a")
+    assert manager.stats.compiles == 0
+
+
+def test_smoke_compiles_for_every_listed_arch(cache_dir):
+    """COMPILE_ARCHS names only targets this toolchain builds (and that CuTe DSL knows)."""
+    from cutlass.base_dsl.enums import Arch
+
+    from mlpjit.jit.manager import COMPILE_ARCHS
+
+    assert {a for archs in COMPILE_ARCHS.values() for a in archs} <= {a.name for a in Arch}
+    manager = CompileManager()
+    params = {"n": 96, "scale": 1.0, "block": 32}
+    for arch in COMPILE_ARCHS["smoke"]:
+        assert manager.get(KernelRequest("smoke", params, arch)).binary().symbol
+    assert manager.stats.compiles == len(COMPILE_ARCHS["smoke"])
+
+
+@pytest.mark.filterwarnings("ignore:(?s).*TYPE_FLOAT_LITERAL_OVERFLOW")
+def test_compile_failure_is_one_line_with_a_log_file(cache_dir, monkeypatch, tmp_path):
+    """A real compiler failure (scale 1e308 overflows float32 and NVVM rejects the IR):
+    one line naming kernel, key and arch, the compiler's first line and the full log."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    req = KernelRequest("smoke", {"n": 64, "scale": 1e308, "block": 64}, "sm_90a")
+    key = cache_key(key_components(req.kernel, req.params, req.arch))
+    with pytest.raises(MlpjitError) as info:
+        CompileManager().get(req)
+    message = str(info.value)
+    assert "\n" not in message and "\x1b" not in message
+    assert message.startswith(f"compiling smoke {key[:12]} for sm_90a failed: ")
+    assert "CompilerDiagnosticError: error: NVVM backend compilation failed" in message
+    (log,) = tmp_path.glob(f"mlpjit-compile-{key[:12]}-*.log")
+    assert f"(full log: {log})" in message
+    text = log.read_text()
+    assert key in text and "Invalid identifier name" in text and "Traceback" in text
+    assert (log.stat().st_mode & 0o777) == 0o600
 
 
 def test_default_manager_is_process_wide():

@@ -10,12 +10,19 @@ same bytes:
     entries/<key>.cubin        the code
     entries/<key>.json         the entry's manifest (canonical JSON, without "last_used")
 
+Export writes a temp file made exclusively with a random name next to the destination
+(never through a planted symlink), gives it mode 0644 whatever the umask, and renames it
+into place.
+
 Import never extracts: members are read into memory and every entry is published through
-CacheStore.publish (temp file, fsync, rename, manifest last) under the key's lock. An
-archive with anything but the members above (links, devices, directories, absolute or ".."
-paths, unknown names, duplicates) is rejected as a whole before anything is written; an
-entry whose bytes do not match the archive manifest, or whose components do not hash to
-its key, is rejected alone.
+CacheStore.publish (temp file, fsync, rename, manifest last) under the key's lock. Only a
+regular file holding a plain tar is read (a compressed one is refused: it could inflate to
+any size), with caps on each member and on the bytes read in all. An archive with anything
+but the members above (links, devices, directories, sparse files, absolute or ".." paths,
+unknown names, duplicates) is rejected as a whole before anything is written; an entry
+whose bytes do not match the archive index, or that fails the store's own manifest check
+(components that hash to its key, cubin sha256, launch_sha256), is rejected alone. An
+archive is checked for integrity, not authenticity: whoever imports it trusts its source.
 """
 
 from __future__ import annotations
@@ -23,25 +30,46 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import tarfile
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlpjit.jit.key import cache_key, canonical_json, short_key
+from mlpjit.errors import CorruptEntryError
+from mlpjit.jit.key import canonical_json, short_key
 from mlpjit.jit.locks import KeyLock
-from mlpjit.jit.store import CacheStore, Entry
+from mlpjit.jit.safe_read import loads_json, open_regular
+from mlpjit.jit.store import (
+    MAX_CUBIN_BYTES,
+    MAX_MANIFEST_BYTES,
+    CacheStore,
+    Entry,
+    verify_manifest,
+)
 
 __all__ = ["ARCHIVE_VERSION", "ExportReport", "ImportReport", "export_archive", "import_archive"]
 
 ARCHIVE_FORMAT = "mlpjit-archive"
 ARCHIVE_VERSION = 1
 INDEX_NAME = "mlpjit-archive.json"
-# Bounds that keep a hostile archive from exhausting memory (real cubins are ~10 KB-1 MB).
-MAX_CUBIN_BYTES = 256 << 20
+ARCHIVE_MODE = 0o644  # of an exported archive, whatever the umask
+# Bounds that keep a hostile archive from exhausting memory or time (real cubins are
+# ~10 KB-1 MB): per member (cubins: MAX_CUBIN_BYTES, manifests: MAX_MANIFEST_BYTES), the
+# index, and the bytes read from the whole archive.
 MAX_JSON_BYTES = 16 << 20
+MAX_ARCHIVE_BYTES = 4 << 30
+# Leading bytes of the compressed formats tarfile would otherwise unpack ("r:*").
+_COMPRESSED_MAGIC = (
+    (b"\x1f\x8b", "gzip"),
+    (b"BZh", "bzip2"),
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+)
+_EXPORT_HINT = "an mlpjit archive is an uncompressed tar written by `mlpjit cache export`"
 
 _MEMBER_RE = re.compile(r"^entries/([0-9a-f]{64})\.(cubin|json)$")
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -70,6 +98,11 @@ class ImportReport:
     rejected: list[dict[str, str]] = field(default_factory=list)  # failed verification
 
 
+def _one_line(text: object) -> str:
+    """``text`` with its whitespace runs (newlines included) collapsed to single spaces."""
+    return " ".join(str(text).split())
+
+
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -96,8 +129,8 @@ def export_archive(
     """Write every verified entry of ``store`` (root and layers), or only ``keys``, to ``path``.
 
     The archive is written to a temp file next to ``path`` and renamed into place, so a
-    failed export leaves no half archive behind. Entries that fail verification are
-    skipped and listed in the report.
+    failed export leaves no half archive behind; the file gets mode 0644. Entries that fail
+    verification are skipped and listed in the report.
     """
     path = Path(path)
     wanted = None if keys is None else set(keys)
@@ -129,33 +162,59 @@ def export_archive(
         if missing:
             raise ValueError(f"keys not in the cache: {', '.join(short_key(k) for k in missing)}")
     header = {"format": ARCHIVE_FORMAT, "version": ARCHIVE_VERSION, "entries": index}
-    tmp = path.with_name(f".{path.name}.tmp")
+    members.insert(0, (INDEX_NAME, json.dumps(header, sort_keys=True, indent=1).encode()))
+    report.entries = len(index)
+    report.bytes = _write_archive(path, members)
+    return report
+
+
+def _write_archive(path: Path, members: list[tuple[str, bytes]]) -> int:
+    """Write ``members`` as a tar at ``path`` atomically, mode 0644; returns its size.
+
+    mkstemp creates the temp file with O_EXCL and a random name, so a file or symlink that
+    someone planted in the destination directory is never written through; os.replace
+    then swaps the finished archive in (replacing a symlink at ``path``, not its target).
+    """
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
-        with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
-            _add(tar, INDEX_NAME, json.dumps(header, sort_keys=True, indent=1).encode())
-            for name, data in members:
-                _add(tar, name, data)
-        tmp.replace(path)
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(out.fileno(), ARCHIVE_MODE)
+            with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for member, data in members:
+                    _add(tar, member, data)
+            out.flush()
+            os.fsync(out.fileno())
+            size = out.tell()
+        os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    report.entries = len(index)
-    report.bytes = path.stat().st_size
-    return report
+    return size
+
+
+def _member_limit(name: str) -> int:
+    """The most bytes the member ``name`` may hold."""
+    if name == INDEX_NAME:
+        return MAX_JSON_BYTES
+    return MAX_MANIFEST_BYTES if name.endswith(".json") else MAX_CUBIN_BYTES
 
 
 def _check_member(member: tarfile.TarInfo) -> str:
     """Why ``member`` may not be in an archive ('' if it is acceptable)."""
     name = member.name
-    if not member.isreg():
-        return f"{name!r} is not a regular file (links, devices and directories are refused)"
+    if not member.isreg() or member.issparse():
+        return (
+            f"{name!r} is not a plain regular file (links, devices, directories and sparse "
+            f"files are refused)"
+        )
     if name.startswith("/") or "\\" in name or ":" in name:
         return f"{name!r} is an absolute or non-portable path"
     if ".." in name.split("/"):
         return f"{name!r} escapes the archive with '..'"
     if name != INDEX_NAME and not _MEMBER_RE.match(name):
         return f"{name!r} is not a member of an mlpjit archive"
-    limit = MAX_JSON_BYTES if name.endswith(".json") else MAX_CUBIN_BYTES
+    limit = _member_limit(name)
     if member.size > limit:
         return f"{name!r} is {member.size} bytes, over the {limit} byte limit"
     return ""
@@ -163,9 +222,9 @@ def _check_member(member: tarfile.TarInfo) -> str:
 
 def _read_index(raw: bytes) -> list[dict[str, Any]]:
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"archive index {INDEX_NAME} is not valid JSON ({err})") from None
+        header = loads_json(raw)
+    except ValueError as err:
+        raise ValueError(f"archive index {INDEX_NAME} is unparsable: {err}") from None
     if not isinstance(header, dict) or header.get("format") != ARCHIVE_FORMAT:
         raise ValueError(f"not an mlpjit archive ({INDEX_NAME} has the wrong format field)")
     if header.get("version") != ARCHIVE_VERSION:
@@ -217,7 +276,11 @@ def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
 
 
 def _verify_entry(item: dict[str, Any], cubin: bytes, raw_manifest: bytes) -> dict[str, Any]:
-    """The entry's manifest if its bytes match the index and it describes its key."""
+    """The entry's manifest if its bytes match the index and it passes the store's check.
+
+    That check (store.verify_manifest, the one every load does) covers the components'
+    hash, the cubin's sha256 and the launch fields' launch_sha256.
+    """
     key = item["key"]
     if len(cubin) != item["cubin_bytes"] or _sha256(cubin) != item["cubin_sha256"]:
         raise ValueError("cubin sha256 or size does not match the archive index")
@@ -227,31 +290,94 @@ def _verify_entry(item: dict[str, Any], cubin: bytes, raw_manifest: bytes) -> di
     ):
         raise ValueError("manifest sha256 or size does not match the archive index")
     try:
-        manifest = json.loads(raw_manifest)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"manifest is not valid JSON ({err})") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("components"), dict):
-        raise ValueError("manifest has no components object")
-    if manifest.get("key") != key or cache_key(manifest["components"]) != key:
-        raise ValueError("manifest components do not hash to the entry's key")
-    if manifest.get("cubin_sha256") != item["cubin_sha256"]:
-        raise ValueError("manifest's cubin_sha256 differs from the archive index")
-    return manifest
+        return verify_manifest(key, raw_manifest, cubin)
+    except CorruptEntryError as err:
+        raise ValueError(str(err)) from None
 
 
 def import_archive(store: CacheStore, path: Path) -> ImportReport:
     """Verify ``path`` and publish its entries into ``store``'s writable root.
 
-    Raises ValueError (nothing written) when the archive itself is malformed or unsafe;
-    otherwise returns a report: imported, skipped (already present or being compiled now),
-    rejected (entry failed verification, or could not be written).
+    Raises a one-line ValueError (nothing written) when the archive itself is malformed,
+    compressed, too big or unsafe; otherwise returns a report: imported, skipped (already
+    present or being compiled now), rejected (entry failed verification, or could not be
+    written).
     """
     path = Path(path)
+    with _open_archive(path) as raw:
+        try:
+            with tarfile.open(fileobj=raw, mode="r:") as tar:
+                return _import(store, tar, path)
+        except tarfile.TarError as err:
+            raise ValueError(
+                f"{path} is not a readable tar archive ({_one_line(err)}); {_EXPORT_HINT}"
+            ) from None
+
+
+class _CappedReader(io.RawIOBase):
+    """A seekable read-only file that fails once more than ``cap`` bytes were read from it.
+
+    The archive was checked to be a regular file under the cap when opened; this also
+    bounds a file that keeps growing while it is read.
+    """
+
+    def __init__(self, raw: io.FileIO, cap: int, path: Path) -> None:
+        super().__init__()
+        self._raw, self._cap, self._path, self._total = raw, cap, path, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        count = self._raw.readinto(buffer) or 0
+        self._total += count
+        if self._total > self._cap:
+            raise ValueError(
+                f"archive {self._path} rejected: more than {self._cap} bytes read from it"
+            )
+        return count
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def _open_archive(path: Path) -> _CappedReader:
+    """``path`` opened for reading if it is a regular file that may hold a plain tar.
+
+    ValueError (one line) for a FIFO, device or directory (without blocking on a FIFO), a
+    file over MAX_ARCHIVE_BYTES, or a compressed file; OSError if it cannot be opened.
+    """
     try:
-        with tarfile.open(path, "r:*") as tar:
-            return _import(store, tar, path)
-    except tarfile.TarError as err:
-        raise ValueError(f"{path} is not a readable tar archive ({err})") from None
+        fd, st = open_regular(path, follow_symlinks=True)  # the operator named this path
+    except ValueError as err:
+        raise ValueError(f"archive rejected: {_one_line(err)}; {_EXPORT_HINT}") from None
+    raw = io.FileIO(fd, "rb")
+    try:
+        if st.st_size > MAX_ARCHIVE_BYTES:
+            raise ValueError(
+                f"archive {path} rejected: {st.st_size} bytes, over the {MAX_ARCHIVE_BYTES} "
+                f"byte limit"
+            )
+        head = os.pread(fd, 8, 0)
+        for magic, kind in _COMPRESSED_MAGIC:
+            if head.startswith(magic):
+                raise ValueError(
+                    f"{path} is {kind}-compressed, but {_EXPORT_HINT}; decompress it first"
+                )
+    except BaseException:
+        raw.close()
+        raise
+    return _CappedReader(raw, MAX_ARCHIVE_BYTES, path)
 
 
 def _import(store: CacheStore, tar: tarfile.TarFile, path: Path) -> ImportReport:

@@ -3,15 +3,27 @@
 The launch facts travel in the cache manifest as plain JSON (no pickle), so
 :func:`launch_fields` / :func:`binary_from_fields` convert both ways and validate types: a
 manifest is untrusted input (it may be truncated, edited or from another version).
+:func:`launch_sha256` binds those facts to the key and the cubin, so an edited manifest
+cannot launch a cubin differently.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PARAM_KINDS", "KernelBinary", "KernelParam", "binary_from_fields", "launch_fields"]
+from mlpjit.jit.key import canonical_json
+
+__all__ = [
+    "PARAM_KINDS",
+    "KernelBinary",
+    "KernelParam",
+    "binary_from_fields",
+    "launch_fields",
+    "launch_sha256",
+]
 
 PARAM_KINDS = ("ptr", "i32", "f32")
 
@@ -62,6 +74,22 @@ def launch_fields(binary: KernelBinary) -> dict[str, Any]:
     if tuple(binary.cluster) != (1, 1, 1):
         fields["cluster"] = list(binary.cluster)
     return fields
+
+
+def launch_sha256(key: str, binary: KernelBinary) -> str:
+    """sha256 over everything that decides how ``binary`` is launched, bound to ``key``.
+
+    Covers the canonical JSON of :func:`launch_fields` (symbol, grid, block, shared memory,
+    PDL, parameter list, cluster), the cubin's sha256 and the cache key. The manifest stores
+    it and every load recomputes it from the parsed fields, so a bit flip or an edit of any
+    launch field is refused instead of launching the kernel with another configuration.
+    """
+    payload = {
+        "key": key,
+        "cubin_sha256": hashlib.sha256(binary.cubin).hexdigest(),
+        "launch": launch_fields(binary),
+    }
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
 def _dim3(fields: Mapping[str, Any], name: str) -> tuple[int, int, int]:

@@ -57,7 +57,7 @@ ENV_VARS: dict[str, EnvVar] = {
             "MLPJIT_LOCK_TIMEOUT",
             str(int(DEFAULT_LOCK_TIMEOUT)),
             "Seconds a process waits for another one compiling the same kernel before it "
-            "compiles for itself (float > 0).",
+            "compiles and publishes the kernel itself (float > 0).",
         ),
         EnvVar(
             "MLPJIT_ARCH",

@@ -1,29 +1,56 @@
 """Cache maintenance behind `mlpjit cache ...`: list, inspect, stats, verify, prune, clear.
 
 Each function takes a CacheStore and returns plain JSON-able data (the CLI prints it as text
-or JSON). Removal only ever goes through CacheStore.remove, which takes the key's lock
+or JSON). Entries are only removed through CacheStore.remove, which takes the key's lock
 without waiting: an entry some process is compiling or publishing right now is left alone
 and reported as busy, never half-deleted.
+
+Prune and clear also remove what killed processes leave behind (``remove_leftovers``): temp
+files of publishes that never got renamed, cubins whose manifest never got written, aliases
+naming an entry that is gone, and compile scratch dirs (mlpjit.jit.scratch). Each is removed
+only when no live process can still be using it: see the rules in each helper.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from mlpjit.jit.locks import KeyLock
+from mlpjit.jit.scratch import pid_alive, remove_dead_scratch
 from mlpjit.jit.store import CacheStore
 
 __all__ = [
+    "LIVE_TEMP_MAX_AGE",
+    "ORPHAN_MIN_AGE",
     "cache_stats",
     "clear_cache",
     "entry_rows",
     "find_entry",
     "prune_cache",
+    "remove_leftovers",
     "verify_cache",
 ]
+
+# A publish writes its temp file and renames it within milliseconds; a temp file of a live
+# process that is older than this was abandoned (or its pid was reused), so it goes too.
+LIVE_TEMP_MAX_AGE = 600.0
+# A cubin is renamed into place a moment before its manifest. A publisher that timed out on
+# the key lock publishes without holding it (manager._miss), so the lock alone cannot prove
+# that a cubin without a manifest is abandoned: it must also be older than this.
+ORPHAN_MIN_AGE = 60.0
+# Alias files hold a key and a newline; read no more than this of one.
+_ALIAS_MAX_BYTES = 256
+
+_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+# CacheStore._write_temp names start with the writer's pid and a dot ("<pid>.<random>").
+_TEMP_PID_RE = re.compile(r"^(\d{1,10})\.")
 
 
 def _v1(base: Path) -> Path:
@@ -149,9 +176,11 @@ def prune_cache(
     max_bytes: int | None = None,
     older_than: float | None = None,
     now: float | None = None,
+    scratch_base: Path | None = None,
 ) -> dict[str, Any]:
     """Remove root entries unused for ``older_than`` seconds, then least recently used ones
-    until the root holds at most ``max_bytes`` of cubins. Layers are never touched."""
+    until the root holds at most ``max_bytes`` of cubins, then the leftovers of killed
+    processes (see remove_leftovers). Layers are never touched."""
     if max_bytes is None and older_than is None:
         raise ValueError("prune needs max_bytes and/or older_than")
     if max_bytes is not None and max_bytes < 0:
@@ -179,11 +208,13 @@ def prune_cache(
         "freed_bytes": freed,
         "remaining_entries": len(entries) - len(removed),
         "remaining_bytes": total,
+        "leftovers": remove_leftovers(store, now, scratch_base),
     }
 
 
-def clear_cache(store: CacheStore) -> dict[str, Any]:
-    """Remove every root entry (busy ones are left and reported) and the quarantine."""
+def clear_cache(store: CacheStore, scratch_base: Path | None = None) -> dict[str, Any]:
+    """Remove every root entry (busy ones are left and reported), the quarantine and the
+    leftovers of killed processes (see remove_leftovers)."""
     removed, busy = [], []
     for key, _used, _size in list(_root_entries(store)):
         (removed if store.remove(key) else busy).append(key)
@@ -196,4 +227,189 @@ def clear_cache(store: CacheStore) -> dict[str, Any]:
     for item in held:  # keep the directory itself: the store checked it once already
         shutil.rmtree(item, ignore_errors=True)
         dropped += not item.exists()
-    return {"removed": removed, "busy": busy, "quarantine_removed": dropped}
+    return {
+        "removed": removed,
+        "busy": busy,
+        "quarantine_removed": dropped,
+        "leftovers": remove_leftovers(store, scratch_base=scratch_base),
+    }
+
+
+# --------------------------------------------------------------------- leftovers
+
+
+def remove_leftovers(
+    store: CacheStore, now: float | None = None, scratch_base: Path | None = None
+) -> dict[str, dict[str, int]]:
+    """Remove what killed processes left in the writable root and the temp dir.
+
+    Returns {kind: {"removed": n, "kept": n}} for "temp_files", "orphan_cubins",
+    "stale_aliases" and "scratch_dirs"; "kept" counts the ones a live process may still
+    be using. ``scratch_base``: where compile scratch dirs are (default: the temp dir).
+    """
+    now = time.time() if now is None else now
+    return {
+        "temp_files": _remove_temp_files(store, now),
+        "orphan_cubins": _remove_orphan_cubins(store, now),
+        "stale_aliases": _remove_stale_aliases(store),
+        "scratch_dirs": remove_dead_scratch(scratch_base, now),
+    }
+
+
+def _listdir(path: Path) -> list[Path]:
+    try:
+        return sorted(path.iterdir())
+    except OSError:
+        return []
+
+
+def _same_file(path: Path, before: os.stat_result) -> bool:
+    """Whether ``path`` is still the very file ``before`` described (not replaced meanwhile)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size) == (
+        before.st_ino,
+        before.st_dev,
+        before.st_mtime_ns,
+        before.st_size,
+    )
+
+
+def _unlink_if_same(path: Path, before: os.stat_result) -> bool:
+    """Unlink ``path`` if it is still the file ``before`` described; True if removed."""
+    if not _same_file(path, before):
+        return False
+    try:
+        path.unlink()
+    except OSError:
+        return False
+    return True
+
+
+def _temp_in_use(name: str, st: os.stat_result, now: float) -> bool:
+    """Whether a v1/tmp file may belong to a publish in flight: young, and its pid (when
+    the name carries one) alive on this host."""
+    if now - st.st_mtime >= LIVE_TEMP_MAX_AGE:
+        return False
+    match = _TEMP_PID_RE.match(name)
+    return match is None or pid_alive(int(match.group(1)))
+
+
+def _remove_temp_files(store: CacheStore, now: float) -> dict[str, int]:
+    """Remove v1/tmp files no publish in flight can own (see _temp_in_use)."""
+    removed = kept = 0
+    if not store._root_dirs("tmp"):
+        return {"removed": 0, "kept": 0}
+    for path in _listdir(_v1(store.root) / "tmp"):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            continue  # the store never makes dirs here: not ours to guess about
+        if _temp_in_use(path.name, st, now):
+            kept += 1
+        else:
+            removed += _unlink_if_same(path, st)
+    return {"removed": removed, "kept": kept}
+
+
+def _shards(store: CacheStore) -> Iterator[Path]:
+    """The root's checked v1/entries/<xx> dirs."""
+    if not store._root_dirs("entries"):
+        return
+    for shard in _listdir(_v1(store.root) / "entries"):
+        if shard.is_dir() and store._root_dirs("entries", shard.name):
+            yield shard
+
+
+def _remove_orphan(store: CacheStore, key: str, cubin: Path, st: os.stat_result) -> bool:
+    """Remove the manifest-less ``cubin`` under its key lock; False if busy or committed."""
+    lock = KeyLock(store.lock_path(key))
+    if not lock.try_acquire():
+        return False  # being compiled or published right now
+    try:
+        if os.path.lexists(cubin.with_suffix(".json")):
+            return False  # committed meanwhile: an entry now, not an orphan
+        return _unlink_if_same(cubin, st)
+    finally:
+        lock.release()
+
+
+def _remove_orphan_cubins(store: CacheStore, now: float) -> dict[str, int]:
+    """Remove cubins without a manifest: older than ORPHAN_MIN_AGE, key lock free."""
+    removed = kept = 0
+    for shard in _shards(store):
+        for cubin in sorted(shard.glob("*.cubin")):
+            key = cubin.stem
+            if not _KEY_RE.match(key) or key[:2] != shard.name:
+                continue
+            if os.path.lexists(cubin.with_suffix(".json")):
+                continue  # a committed entry
+            try:
+                st = os.lstat(cubin)
+            except OSError:
+                continue
+            if now - st.st_mtime >= ORPHAN_MIN_AGE and _remove_orphan(store, key, cubin, st):
+                removed += 1
+            else:
+                kept += 1
+    return {"removed": removed, "kept": kept}
+
+
+def _alias_target(path: Path) -> str | None:
+    """The key an alias file names, or None if it names none (unreadable, not a key)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_ALIAS_MAX_BYTES)
+        key = raw.decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return key if _KEY_RE.match(key) else None
+
+
+def _has_entry(store: CacheStore, key: str) -> bool:
+    return os.path.lexists(_v1(store.root) / "entries" / key[:2] / f"{key}.json")
+
+
+def _remove_alias(store: CacheStore, path: Path, key: str, st: os.stat_result) -> bool:
+    """Remove the alias ``path`` naming ``key`` (no entry) under the key's lock."""
+    lock = KeyLock(store.lock_path(key))
+    if not lock.try_acquire():
+        return False  # the key is being (re)published: its manifest may be back any moment
+    try:
+        if _has_entry(store, key):
+            return False
+        return _unlink_if_same(path, st)
+    finally:
+        lock.release()
+
+
+def _remove_stale_aliases(store: CacheStore) -> dict[str, int]:
+    """Remove root aliases that name no root entry (or nothing usable at all).
+
+    A re-publish un-commits the manifest for a moment, so an alias of a key whose lock is
+    held is kept; an alias replaced since it was read is kept too (_unlink_if_same).
+    """
+    removed = kept = 0
+    if not store._root_dirs("aliases"):
+        return {"removed": 0, "kept": 0}
+    for path in _listdir(_v1(store.root) / "aliases"):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        key = _alias_target(path) if _KEY_RE.match(path.name) else None
+        if key is not None and _has_entry(store, key):
+            continue  # a live alias
+        if key is None:
+            removed += _unlink_if_same(path, st)  # lookup_alias can never use it
+        elif _remove_alias(store, path, key, st):
+            removed += 1
+        else:
+            kept += 1
+    return {"removed": removed, "kept": kept}

@@ -3,32 +3,48 @@
 Across processes a per-key file lock makes W workers asking for the same kernel compile it
 once; within a process, threads asking for the same key share one in-flight compile. warm()
 spreads a list over workers: each starts at a different offset and first takes only keys
-nobody is compiling, then waits for (and re-checks) the rest.
+nobody is compiling, then waits for (and re-checks) the rest. A waiter that gives up on a
+hung holder (MLPJIT_LOCK_TIMEOUT) compiles and publishes the kernel itself, so later
+processes hit instead of waiting out the timeout again.
+
+A compile is only started for an arch its kernel supports (COMPILE_ARCHS), and a compiler
+failure becomes one MlpjitError line naming the kernel, the first line of the compiler's
+error and a log file holding all of it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import logging
+import math
 import os
+import re
 import sys
+import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlpjit.errors import CaptureError, CompilerUnavailableError
+from mlpjit.errors import CaptureError, CompilerUnavailableError, MlpjitError
 from mlpjit.jit import config
-from mlpjit.jit.binary import KernelBinary, launch_fields
+from mlpjit.jit.binary import KernelBinary
 from mlpjit.jit.key import cache_key, key_components, short_key, spec_key, toolchain
 from mlpjit.jit.store import CacheStore, Entry
 from mlpjit.kernels.registry import kernel_def
 
-__all__ = ["CacheStats", "CompileManager", "KernelRequest", "default_manager"]
+__all__ = [
+    "COMPILE_ARCHS",
+    "CacheStats",
+    "CompileManager",
+    "KernelRequest",
+    "check_compile_arch",
+    "default_manager",
+]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +52,50 @@ Progress = Callable[[int, int, "KernelRequest"], None]
 
 # CuTe DSL's compiler keeps global state (MLIR context, option objects): one compile at a time.
 _COMPILE_MUTEX = threading.Lock()
+
+# Targets each kernel compiles for. fp8_gemv is written and planned for Hopper (sm_90a:
+# shared memory, register and SM budgets of plan.py; DenseMlp runs it on sm_90a only). The
+# smoke kernel needs griddepcontrol (sm_90+); these are the CuTe DSL 4.8.1 targets it was
+# compiled for (sm_110a gives no cubin; sm_8x fail in ptxas; unknown names raise KeyError).
+COMPILE_ARCHS: Mapping[str, tuple[str, ...]] = {
+    "fp8_gemv": ("sm_90a",),
+    "smoke": ("sm_90", "sm_90a", "sm_100", "sm_100a", "sm_100f", "sm_103a", "sm_120a", "sm_121a"),
+}
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_MAX_REASON = 300  # characters of the compiler's first error line kept in the message
+
+
+def check_compile_arch(kernel: str, arch: str) -> str:
+    """Return ``arch`` if ``kernel`` compiles for it; ValueError naming the allowed ones.
+
+    Checked before a compile starts: CuTe DSL itself answers an unknown target with a
+    KeyError and a too-old one with pages of ptxas errors.
+    """
+    kernel_def(kernel)  # ValueError naming the registered kernels
+    allowed = COMPILE_ARCHS.get(kernel, ())
+    if arch not in allowed:
+        raise ValueError(
+            f"kernel {kernel} compiles for {', '.join(allowed) or 'no arch'}, not {arch!r}"
+            + (" (Hopper; other GPUs run the stock path)" if allowed == ("sm_90a",) else "")
+        )
+    return arch
+
+
+def _check_timeout(seconds: float) -> float:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise ValueError(f"lock_timeout must be a number of seconds, got {seconds!r}")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"lock_timeout must be a positive number of seconds, got {seconds!r}")
+    return float(seconds)
+
+
+def _first_line(err: BaseException) -> str:
+    """The first non-blank line of an error's text (colours stripped), with its type."""
+    text = _ANSI_RE.sub("", str(err))
+    line = next((s.strip() for s in text.splitlines() if s.strip()), "")
+    if len(line) > _MAX_REASON:
+        line = line[: _MAX_REASON - 3] + "..."
+    return f"{type(err).__name__}: {line}" if line else type(err).__name__
 
 
 @dataclass(frozen=True)
@@ -100,8 +160,10 @@ class CompileManager:
     """Gets kernels from the cache, compiling each missing one once across processes."""
 
     def __init__(self, store: CacheStore | None = None, lock_timeout: float | None = None) -> None:
+        """``lock_timeout``: seconds to wait on another process's compile of a key (None:
+        MLPJIT_LOCK_TIMEOUT, read and checked at every get/warm). ValueError if not > 0."""
         self.store = store if store is not None else CacheStore()
-        self.lock_timeout = lock_timeout
+        self.lock_timeout = None if lock_timeout is None else _check_timeout(lock_timeout)
         self._mutex = threading.Lock()
         self._inflight: dict[str, Future[Entry]] = {}
         self._waiters: dict[str, int] = {}
@@ -122,11 +184,17 @@ class CompileManager:
             for name, delta in deltas.items():
                 setattr(self._stats, name, getattr(self._stats, name) + delta)
 
+    def _timeout(self) -> float:
+        """The lock wait of this get/warm. Read up front, so a bad MLPJIT_LOCK_TIMEOUT fails
+        every call at once (ValueError naming it), not only the rare one that meets a lock."""
+        return self.lock_timeout if self.lock_timeout is not None else config.lock_timeout()
+
     # ----------------------------------------------------------------- public API
 
     def get(self, request: KernelRequest) -> Entry:
         """The entry for ``request``: a cache hit, or a single-flight compile and publish."""
-        entry = self._get(self._resolve(request), blocking=True)
+        timeout = self._timeout()
+        entry = self._get(self._resolve(request), blocking=True, timeout=timeout)
         assert entry is not None
         return entry
 
@@ -139,6 +207,7 @@ class CompileManager:
         free, skipping ones another worker is compiling; pass 2 waits for those and re-checks.
         ``progress(done, total, request)`` is called after each request is ready.
         """
+        timeout = self._timeout()
         resolved = [self._resolve(r) for r in requests]
         total = len(resolved)
         results: dict[int, Entry] = {}
@@ -151,12 +220,12 @@ class CompileManager:
         if total:
             start = os.getpid() % total
             for i in [(start + j) % total for j in range(total)]:
-                entry = self._get(resolved[i], blocking=False)
+                entry = self._get(resolved[i], blocking=False, timeout=timeout)
                 if entry is not None:
                     finish(i, entry)
             for i in range(total):
                 if i not in results:
-                    entry = self._get(resolved[i], blocking=True)
+                    entry = self._get(resolved[i], blocking=True, timeout=timeout)
                     assert entry is not None
                     finish(i, entry)
         return [results[i] for i in range(total)]
@@ -184,7 +253,7 @@ class CompileManager:
         self._record(r)
         return entry
 
-    def _get(self, r: _Resolved, blocking: bool) -> Entry | None:
+    def _get(self, r: _Resolved, blocking: bool, timeout: float) -> Entry | None:
         while True:
             with self._mutex:
                 entry = self._memo.get(r.key)
@@ -211,7 +280,7 @@ class CompileManager:
             except CancelledError:
                 continue  # the leader was a non-blocking warm pass that skipped: try again
         try:
-            entry = self._miss(r, blocking)
+            entry = self._miss(r, blocking, timeout)
         except BaseException as err:
             future.set_exception(err)
             raise
@@ -225,8 +294,15 @@ class CompileManager:
             future.set_result(entry)
         return entry
 
-    def _miss(self, r: _Resolved, blocking: bool) -> Entry | None:
-        """Compile ``r`` under its key lock (None if not blocking and another holds it)."""
+    def _miss(self, r: _Resolved, blocking: bool, timeout: float) -> Entry | None:
+        """Compile ``r`` under its key lock (None if not blocking and another holds it).
+
+        A waiter that times out compiles and publishes even though the holder (hung, or just
+        slow) still has the lock: else every new process would wait the full timeout again
+        for this key. Publishing is atomic (temp file and rename, manifest last) and every
+        load verifies the sha256 against the manifest, so a late publish by the holder racing
+        ours can cost at most a quarantine and one recompile, never a mismatched launch.
+        """
         from mlpjit.jit.locks import KeyLock  # filelock is only needed on a miss
 
         if _capturing():  # never wait for a lock, let alone compile, inside a capture
@@ -239,15 +315,14 @@ class CompileManager:
         if not lock.try_acquire():
             if not blocking:
                 return None
-            timeout = self.lock_timeout if self.lock_timeout is not None else config.lock_timeout()
             t0 = time.perf_counter()
             timed_out = not lock.acquire(timeout)
             r.waited = time.perf_counter() - t0
             self._count(lock_waits=1, wait_seconds=r.waited)
             if timed_out:
                 log.warning(
-                    "mlpjit: waited %.1f s for another process compiling %s %s; compiling it "
-                    "here too (MLPJIT_LOCK_TIMEOUT)",
+                    "mlpjit: waited %.1f s for another process compiling %s %s; compiling and "
+                    "publishing it here (MLPJIT_LOCK_TIMEOUT)",
                     r.waited,
                     r.request.kernel,
                     short_key(r.key),
@@ -265,34 +340,22 @@ class CompileManager:
                     )
                 return self._hit(r, entry, count=False)
             binary, seconds = self._compile(r)
-            if lock.held or lock.try_acquire():
-                # A waiter that timed out re-checks: the holder may have published meanwhile.
-                entry = (self._lookup(r) if timed_out else None) or self.store.publish(
-                    r.key, r.components, binary, seconds
-                )
-            else:
-                # The holder is still at it: never publish next to it, use ours in memory.
-                entry = self._lookup(r) or self._unpublished(r, binary, seconds)
+            if not lock.held:
+                lock.try_acquire()  # the holder may be gone by now: publish under the lock
+            # A waiter that timed out re-checks (the holder may have published meanwhile),
+            # then publishes with or without the lock: see the docstring for why that is safe.
+            entry = (self._lookup(r) if timed_out else None) or self.store.publish(
+                r.key, r.components, binary, seconds
+            )
             self._log_compile(r, seconds)
         finally:
             lock.release()
         return self._hit(r, entry, count=False)
 
-    def _unpublished(self, r: _Resolved, binary: KernelBinary, seconds: float) -> Entry:
-        """An in-memory entry for a compile this process may not publish."""
-        manifest = {
-            "key": r.key,
-            "spec_key": r.spec,
-            "components": r.components,
-            **launch_fields(binary),
-            "cubin_sha256": hashlib.sha256(binary.cubin).hexdigest(),
-            "cubin_bytes": len(binary.cubin),
-            "compile_seconds": seconds,
-        }
-        return Entry(r.key, manifest, bytes(binary.cubin), self.store.root, persisted=False)
-
     def _compile(self, r: _Resolved) -> tuple[KernelBinary, float]:
+        """Compile ``r`` with its kernel module; see _compile_failed for how errors end."""
         kdef = kernel_def(r.request.kernel)
+        check_compile_arch(kdef.name, r.request.arch)
         if not toolchain():
             raise CompilerUnavailableError(self._no_compiler_message(r))
         try:
@@ -303,10 +366,38 @@ class CompileManager:
             raise
         with _COMPILE_MUTEX:
             t0 = time.perf_counter()
-            binary = module.compile_cubin(dict(r.request.params), r.request.arch)
+            try:
+                binary = module.compile_cubin(dict(r.request.params), r.request.arch)
+            except (ValueError, MlpjitError):
+                raise  # the kernel's own parameter checks: already one clear line
+            except Exception as err:
+                raise MlpjitError(self._compile_failed(r, err)) from err
             seconds = time.perf_counter() - t0
         self._count(compiles=1, compile_seconds=seconds)
         return binary, seconds
+
+    def _compile_failed(self, r: _Resolved, err: Exception) -> str:
+        """The one-line message of a failed compile; the full error goes to a log file.
+
+        Compiler errors (ptxas, NVVM, MLIR) run to pages; callers such as `mlpjit warm`
+        print one line, so the first line of the error and the log's path are what is kept.
+        """
+        what = f"compiling {r.request.kernel} {short_key(r.key)} for {r.request.arch} failed"
+        text = "".join(traceback.format_exception(err))
+        header = (
+            f"{what}\nkey {r.key}\nparams {json.dumps(dict(r.request.params), sort_keys=True)}"
+            f"\ntoolchain {json.dumps(toolchain(), sort_keys=True)}\n\n"
+        )
+        try:
+            # mkstemp: a fresh file only we can read, never one an attacker pre-created.
+            fd, path = tempfile.mkstemp(prefix=f"mlpjit-compile-{short_key(r.key)}-", suffix=".log")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(header + _ANSI_RE.sub("", text))
+            where = f"full log: {path}"
+        except OSError as log_err:
+            log.debug("mlpjit: compile error of %s:\n%s", short_key(r.key), text)
+            where = f"no log file ({log_err}); the full error is logged at DEBUG"
+        return f"{what}: {_first_line(err)} ({where})"
 
     def _no_compiler_message(self, r: _Resolved) -> str:
         return (
@@ -365,6 +456,11 @@ def default_manager() -> CompileManager:
     global _DEFAULT
     root, layers = config.cache_dir().absolute(), tuple(p.absolute() for p in config.cache_path())
     with _DEFAULT_MUTEX:
-        if _DEFAULT is None or (_DEFAULT.store.root, _DEFAULT.store.layers) != (root, layers):
+        # Compared as configured: the store resolves symlinks once, which must not rebuild it.
+        configured = None if _DEFAULT is None else _DEFAULT.store
+        if configured is None or (configured.configured_root, configured.configured_layers) != (
+            root,
+            layers,
+        ):
             _DEFAULT = CompileManager(CacheStore(root, layers))
         return _DEFAULT

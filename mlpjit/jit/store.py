@@ -9,8 +9,20 @@ Layout under a root (the writable MLPJIT_CACHE_DIR, or a read-only MLPJIT_CACHE_
     v1/quarantine/<key>.<ns>.<pid>/    entries that failed verification, with reason.txt
     v1/tmp/                            temp files of in-progress publishes
 
-A cubin is code that will run in the caller's process, so every load re-verifies the sha256
-and the key, and a root writable by other users (or owned by another one) is refused.
+A cubin is code that will run in the caller's process (trust rules: DESIGN.md section 3):
+
+- Every load re-verifies the key, the cubin's sha256 and the manifest's launch_sha256 (over
+  symbol, grid, block, shared memory, PDL, parameters, cluster), for the root and layers alike.
+- Paths are resolved once, at construction; the root must be ours and not writable by
+  others, and no directory above it may let other users rename it away (group/other
+  writable without the sticky bit). Every directory from a root down to an entry is
+  checked: the writable root's must be ours, a layer's ours, root's or the layer owner's,
+  none writable by group/other, none a symlink.
+- Entry files are read only if they are regular files (no symlink, FIFO or device) under a
+  size cap, owned by a trusted user and not writable by group/other. A bad entry is
+  quarantined in the writable root and skipped (with one warning) in a read-only layer.
+- Anything unparsable, including JSON nested deep enough to raise RecursionError, is a
+  corrupt entry, never a crash.
 """
 
 from __future__ import annotations
@@ -18,11 +30,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import json
 import logging
+import math
 import os
 import re
 import stat
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,14 +45,29 @@ from typing import Any
 
 from mlpjit.errors import CacheDirError, CorruptEntryError
 from mlpjit.jit import config
-from mlpjit.jit.binary import KernelBinary, binary_from_fields, launch_fields
+from mlpjit.jit.binary import KernelBinary, binary_from_fields, launch_fields, launch_sha256
 from mlpjit.jit.key import FORMAT_VERSION, cache_key, canonical_json, short_key, spec_key
+from mlpjit.jit.safe_read import loads_json, read_regular
 
-__all__ = ["CacheStore", "Entry", "check_key"]
+__all__ = [
+    "MAX_ALIAS_BYTES",
+    "MAX_CUBIN_BYTES",
+    "MAX_MANIFEST_BYTES",
+    "CacheStore",
+    "Entry",
+    "check_key",
+    "verify_manifest",
+]
 
 log = logging.getLogger(__name__)
 
+# Read caps: a bigger file is a corrupt entry (real cubins are ~10 KB-1 MB, manifests ~2 KB).
+MAX_CUBIN_BYTES = 256 << 20
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_ALIAS_BYTES = 4096
+
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+_SHARD_RE = re.compile(r"^[0-9a-f]{2}$")
 _UNSAFE_BITS = stat.S_IWGRP | stat.S_IWOTH
 
 
@@ -68,6 +96,112 @@ class Entry:
         return binary_from_fields(self.manifest, self.cubin)
 
 
+def verify_manifest(key: str, raw: bytes, cubin: bytes) -> dict[str, Any]:
+    """The manifest parsed from ``raw`` if it and ``cubin`` are a valid entry for ``key``.
+
+    One check for every origin (the writable root, a read-only layer, an imported archive):
+    format and key fields, components that hash to ``key`` (and spec_key derived from
+    them), the cubin's size and sha256, well-typed launch fields, and launch_sha256 over
+    them, so no manifest change can make the cubin launch differently. CorruptEntryError
+    with the reason otherwise.
+    """
+    try:
+        manifest = loads_json(raw)
+    except ValueError as err:
+        raise CorruptEntryError(f"manifest is unparsable: {err}") from None
+    if not isinstance(manifest, dict):
+        raise CorruptEntryError("manifest is not a JSON object")
+    if manifest.get("format") != FORMAT_VERSION or manifest.get("key") != key:
+        raise CorruptEntryError("manifest format or key field does not match")
+    components = manifest.get("components")
+    if not isinstance(components, dict):
+        raise CorruptEntryError("manifest has no components object")
+    try:
+        actual = cache_key(components)
+    except (TypeError, ValueError, RecursionError) as err:
+        raise CorruptEntryError(f"manifest components are not canonical JSON ({err})") from None
+    if actual != key:
+        raise CorruptEntryError(
+            f"manifest components (kernel {components.get('kernel')!r}, arch "
+            f"{components.get('arch')!r}) hash to {short_key(actual)}, not to this key"
+        )
+    if manifest.get("spec_key") != spec_key(components):
+        raise CorruptEntryError("manifest spec_key does not match its components")
+    size, digest = manifest.get("cubin_bytes"), manifest.get("cubin_sha256")
+    if len(cubin) != size:
+        raise CorruptEntryError(f"cubin has {len(cubin)} bytes, manifest says {size!r}")
+    if hashlib.sha256(cubin).hexdigest() != digest:
+        raise CorruptEntryError("cubin sha256 does not match the manifest")
+    try:
+        binary = binary_from_fields(manifest, cubin)
+    except ValueError as err:
+        raise CorruptEntryError(str(err)) from None
+    stored = manifest.get("launch_sha256")
+    if stored is None:
+        raise CorruptEntryError("manifest has no launch_sha256 (written by an older mlpjit)")
+    if stored != launch_sha256(key, binary):
+        raise CorruptEntryError(
+            "manifest launch fields (symbol, grid, block, smem, pdl, params, cluster) do not "
+            "match its launch_sha256"
+        )
+    return manifest
+
+
+def _number(value: object) -> float:
+    """``value`` if it is a finite JSON number, else 0.0 (manifest fields are untrusted)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0.0
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        return 0.0
+    return number if math.isfinite(number) else 0.0
+
+
+def _dir_problem(st: os.stat_result, owners: frozenset[int]) -> str:
+    """Why a directory with this lstat may not hold cache entries ('' if it may)."""
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory (symlinks are refused)"
+    if st.st_mode & _UNSAFE_BITS:
+        return "writable by group or other users"
+    if st.st_uid not in owners:
+        return f"owned by uid {st.st_uid}, not by a trusted user"
+    return ""
+
+
+def _file_problem(st: os.stat_result, owners: frozenset[int]) -> str:
+    """Why an entry file with this fstat may not be used ('' if it may)."""
+    if st.st_mode & _UNSAFE_BITS:
+        return "writable by group or other users"
+    if st.st_uid not in owners:
+        return f"owned by uid {st.st_uid}, not by a trusted user"
+    return ""
+
+
+def _read_trusted(path: Path, max_bytes: int, owners: frozenset[int]) -> bytes:
+    """The bytes of entry file ``path`` if it is regular, capped and trusted.
+
+    CorruptEntryError if it is not (a symlink, FIFO, device, too big, another user's or
+    writable by others); OSError if it cannot be read (e.g. missing).
+    """
+    try:
+        data, st = read_regular(path, max_bytes)
+    except ValueError as err:
+        raise CorruptEntryError(str(err)) from None
+    problem = _file_problem(st, owners)
+    if problem:
+        raise CorruptEntryError(f"{path.name} is {problem}")
+    return data
+
+
+def _is_real_dir(path: Path) -> bool:
+    """True if ``path`` is a directory and not a symlink to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def _write_all(fd: int, data: bytes) -> None:
     """Write all of ``data`` to ``fd`` (os.write may write less than asked)."""
     view = memoryview(data)
@@ -77,8 +211,9 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _same_file(path: Path, st: os.stat_result) -> bool:
+    """True if ``path`` is still the file ``st`` (an lstat) describes."""
     try:
-        now = os.stat(path)
+        now = os.lstat(path)
     except OSError:
         return False
     return (now.st_ino, now.st_dev, now.st_mtime_ns, now.st_size) == (
@@ -93,13 +228,21 @@ class CacheStore:
     """The writable cache root plus read-only layers searched after it."""
 
     def __init__(self, root: Path | None = None, layers: Sequence[Path] | None = None) -> None:
-        self.root = Path(root if root is not None else config.cache_dir()).absolute()
-        self.layers = tuple(
+        # As configured (absolute), for display and for comparing configurations.
+        self.configured_root = Path(root if root is not None else config.cache_dir()).absolute()
+        self.configured_layers = tuple(
             Path(p).absolute() for p in (layers if layers is not None else config.cache_path())
         )
+        # Symlinks are resolved once, here: every check and every file operation uses these
+        # paths, so re-pointing a symlink later cannot redirect the store to an unchecked dir.
+        self.root = Path(os.path.realpath(self.configured_root))
+        self.layers = tuple(Path(os.path.realpath(p)) for p in self.configured_layers)
         self._mutex = threading.Lock()
-        self._safe_dirs: set[Path] = set()
-        self._skipped_layers: set[Path] = set()
+        self._euid = os.geteuid()
+        self._safe_dirs: set[Path] = set()  # checked dirs of the writable root
+        self._safe_layer_dirs: set[Path] = set()  # checked dirs below each layer's root
+        self._layer_owners: dict[Path, frozenset[int]] = {}
+        self._warned: set[object] = set()
         self._touched: set[str] = set()
         self._write_warned = False
         self.quarantined = 0  # entries this store moved to quarantine
@@ -123,26 +266,73 @@ class CacheStore:
             self._make_dirs(locks)
         return locks / f"{key}.lock"
 
+    def _warn_once(self, token: object, message: str, *args: object) -> None:
+        """Log a WARNING the first time ``token`` is seen by this store (debug afterwards)."""
+        with self._mutex:
+            first = token not in self._warned
+            self._warned.add(token)
+        log.log(logging.WARNING if first else logging.DEBUG, message, *args)
+
+    def _check_parents(self) -> None:
+        """Refuse a root that another user could rename away and replace with their own.
+
+        No directory above the (resolved) root may be writable by group/other unless it has
+        the sticky bit (like /tmp), which keeps other users from renaming what is ours; none
+        may have become a symlink since the path was resolved.
+        """
+        for parent in self.root.parents:
+            try:
+                st = os.lstat(parent)
+            except OSError:
+                continue  # not there yet: _make_root creates it
+            if stat.S_ISLNK(st.st_mode):
+                raise CacheDirError(
+                    f"mlpjit cache dir {self.root}: {parent} became a symlink after the path "
+                    f"was resolved; refusing to follow it"
+                )
+            if not stat.S_ISDIR(st.st_mode):
+                continue  # creating the root fails (ENOTDIR): served from memory, with a warning
+            if st.st_mode & _UNSAFE_BITS and not st.st_mode & stat.S_ISVTX:
+                raise CacheDirError(
+                    f"mlpjit cache dir {self.root} is inside {parent}, which group or other "
+                    f"users can write (mode {stat.filemode(st.st_mode)}) without the sticky bit: "
+                    f"they could rename the cache away and plant their own cubins. Fix: "
+                    f"chmod go-w {parent} (or chmod +t {parent}), or set MLPJIT_CACHE_DIR to "
+                    f"a private directory"
+                )
+
+    def _check_root(self) -> bool:
+        """True if the root exists and is safe (parents included), False if missing; else raise."""
+        if self.root in self._safe_dirs:
+            return True
+        if not os.path.lexists(self.root):
+            return False
+        self._check_parents()
+        return self._check_dir(self.root)
+
     def _check_dir(self, path: Path) -> bool:
         """True if ``path`` is a safe existing dir of the root, False if missing; else raise."""
         if path in self._safe_dirs:
             return True
         try:
-            st = os.stat(path)
+            st = os.lstat(path)
         except OSError:
             return False
         if not stat.S_ISDIR(st.st_mode):
-            raise CacheDirError(f"mlpjit cache path {path} is not a directory")
+            raise CacheDirError(
+                f"mlpjit cache path {path} is not a directory (a symlink is refused too: it "
+                f"could point the cache anywhere)"
+            )
         if st.st_mode & _UNSAFE_BITS:
             raise CacheDirError(
                 f"mlpjit cache dir {path} is writable by group or other users; a cached cubin "
                 f"is code, so it is refused. Fix: chmod go-w {path} (or chmod 700 {path}), or "
                 f"set MLPJIT_CACHE_DIR to a private directory"
             )
-        if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        if st.st_uid != self._euid:
             raise CacheDirError(
                 f"mlpjit cache dir {path} is owned by uid {st.st_uid}, not by this user "
-                f"(uid {os.geteuid()}); refusing to run code from it. Fix: set MLPJIT_CACHE_DIR "
+                f"(uid {self._euid}); refusing to run code from it. Fix: set MLPJIT_CACHE_DIR "
                 f"to a directory you own, or list it in MLPJIT_CACHE_PATH as a read-only layer"
             )
         self._safe_dirs.add(path)
@@ -150,10 +340,9 @@ class CacheStore:
 
     def _root_dirs(self, *parts: str) -> bool:
         """Check the root, v1 and each nested part; False as soon as one is missing."""
-        path = self.root
-        if not self._check_dir(path):
+        if not self._check_root():
             return False
-        path = self._v1(path)
+        path = self._v1(self.root)
         if not self._check_dir(path):
             return False
         for part in parts:
@@ -163,29 +352,85 @@ class CacheStore:
         return True
 
     def _layer_ok(self, layer: Path) -> bool:
-        """A read-only layer must exist and not be writable by group/other (else skipped)."""
+        """A read-only layer must exist and not be writable by group/other (else skipped).
+
+        Its owner becomes a trusted owner of the directories and files below it (besides
+        this user and root): a shared prebuilt cache is typically owned by whoever built it.
+        """
         try:
-            st = os.stat(layer)
+            st = os.lstat(layer)
         except OSError:
             return False
         if st.st_mode & _UNSAFE_BITS or not stat.S_ISDIR(st.st_mode):
-            if layer not in self._skipped_layers:
-                self._skipped_layers.add(layer)
-                log.warning(
-                    "mlpjit: skipping cache layer %s: not a directory or writable by group/other "
-                    "(fix: chmod go-w %s)",
-                    layer,
-                    layer,
-                )
+            self._warn_once(
+                ("layer", layer),
+                "mlpjit: skipping cache layer %s: not a directory or writable by group/other "
+                "(fix: chmod go-w %s)",
+                layer,
+                layer,
+            )
             return False
+        self._layer_owners[layer] = frozenset({self._euid, 0, st.st_uid})
         return True
+
+    def _layer_dirs(self, layer: Path, *parts: str) -> bool:
+        """Check a layer's v1 and each nested part; False if one is missing or unsafe.
+
+        An unsafe one (not a real directory, writable by group/other, or owned by an
+        untrusted user) is skipped with one warning: someone else could have put any cubin
+        there.
+        """
+        owners = self._layer_owners[layer]
+        dirs = [self._v1(layer)]
+        for part in parts:
+            dirs.append(dirs[-1] / part)
+        for path in dirs:
+            if path in self._safe_layer_dirs:
+                continue
+            try:
+                st = os.lstat(path)
+            except OSError:
+                return False
+            problem = _dir_problem(st, owners)
+            if problem:
+                self._warn_once(
+                    ("layer-dir", path),
+                    "mlpjit: skipping %s in read-only cache layer %s: it is %s (fix: chmod go-w, "
+                    "or chown it to the layer's owner)",
+                    path,
+                    layer,
+                    problem,
+                )
+                return False
+            self._safe_layer_dirs.add(path)
+        return True
+
+    def _entry_dirs(self, base: Path, writable: bool, *parts: str) -> bool:
+        """Check the directories from ``base`` down to v1/<parts>, by the rules of its kind."""
+        return self._root_dirs(*parts) if writable else self._layer_dirs(base, *parts)
+
+    def _owners(self, base: Path, writable: bool) -> frozenset[int]:
+        """Who may own files under ``base``: us; for a layer also root and the layer owner."""
+        return frozenset({self._euid}) if writable else self._layer_owners[base]
+
+    def _make_root(self) -> None:
+        """Create the root 0700 (missing parents 0755 less umask) unless it exists; check it."""
+        if self._check_root():
+            return
+        self._check_parents()
+        for parent in reversed(self.root.parents):
+            if not os.path.lexists(parent):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(parent, 0o755)  # umask only removes bits: never writable by others
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.root, 0o700)
+            os.chmod(self.root, 0o700)  # mkdir's mode is masked by umask only downward
+        self._check_parents()  # again: nobody may have slipped in a symlink meanwhile
+        self._check_dir(self.root)
 
     def _make_dirs(self, path: Path) -> None:
         """Create ``path`` (under the root) 0700, creating the root 0700 too; check safety."""
-        if not self._check_dir(self.root):
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(self.root, 0o700)  # mkdir's mode is masked by umask only downward
-            self._check_dir(self.root)
+        self._make_root()
         rel = path.relative_to(self.root)
         current = self.root
         for part in rel.parts:
@@ -205,53 +450,21 @@ class CacheStore:
 
     # ----------------------------------------------------------------- reading
 
-    def _parse(self, key: str, raw: bytes, cubin: bytes) -> dict[str, Any]:
-        """Verify a manifest and its cubin against ``key``; CorruptEntryError with the reason."""
-        try:
-            manifest = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise CorruptEntryError(f"manifest is not valid JSON ({err})") from None
-        if not isinstance(manifest, dict):
-            raise CorruptEntryError("manifest is not a JSON object")
-        if manifest.get("format") != FORMAT_VERSION or manifest.get("key") != key:
-            raise CorruptEntryError("manifest format or key field does not match")
-        components = manifest.get("components")
-        if not isinstance(components, dict):
-            raise CorruptEntryError("manifest has no components object")
-        try:
-            actual = cache_key(components)
-        except (TypeError, ValueError) as err:
-            raise CorruptEntryError(f"manifest components are not canonical JSON ({err})") from None
-        if actual != key:
-            raise CorruptEntryError(
-                f"manifest components (kernel {components.get('kernel')!r}, arch "
-                f"{components.get('arch')!r}) hash to {short_key(actual)}, not to this key"
-            )
-        size, digest = manifest.get("cubin_bytes"), manifest.get("cubin_sha256")
-        if len(cubin) != size:
-            raise CorruptEntryError(f"cubin has {len(cubin)} bytes, manifest says {size!r}")
-        if hashlib.sha256(cubin).hexdigest() != digest:
-            raise CorruptEntryError("cubin sha256 does not match the manifest")
-        try:
-            binary_from_fields(manifest, cubin)
-        except ValueError as err:
-            raise CorruptEntryError(str(err)) from None
-        return manifest
-
     def _load(self, base: Path, key: str, writable: bool) -> Entry | None:
         """The verified entry for ``key`` under ``base``, or None (quarantining a bad one)."""
-        mpath, cpath = self._entry_paths(base, key)
-        if writable and not self._root_dirs("entries", key[:2]):
+        if not self._entry_dirs(base, writable, "entries", key[:2]):
             return None
+        owners = self._owners(base, writable)
+        mpath, cpath = self._entry_paths(base, key)
         for _ in range(3):
             try:
-                mstat = os.stat(mpath)
+                mstat = os.lstat(mpath)
             except OSError:
                 return None  # no manifest: not committed (or removed)
             try:
-                raw = mpath.read_bytes()
-                cubin = cpath.read_bytes()
-                manifest = self._parse(key, raw, cubin)
+                raw = _read_trusted(mpath, MAX_MANIFEST_BYTES, owners)
+                cubin = _read_trusted(cpath, MAX_CUBIN_BYTES, owners)
+                manifest = verify_manifest(key, raw, cubin)
             except (OSError, CorruptEntryError) as err:
                 if not _same_file(mpath, mstat):
                     continue  # replaced or removed while we read it: look again
@@ -259,7 +472,8 @@ class CacheStore:
                 if writable:
                     self._quarantine(key, reason, expect=mstat)
                 else:
-                    log.warning(
+                    self._warn_once(
+                        ("entry", base, key, reason),
                         "mlpjit: skipping bad entry %s in read-only cache layer %s: %s",
                         short_key(key),
                         base,
@@ -269,7 +483,7 @@ class CacheStore:
             if writable:
                 self._touch(key, mpath)
             manifest = dict(manifest)
-            manifest["last_used"] = max(float(manifest.get("last_used") or 0), mstat.st_mtime)
+            manifest["last_used"] = max(_number(manifest.get("last_used")), mstat.st_mtime)
             return Entry(key=key, manifest=manifest, cubin=cubin, origin=base)
         return None
 
@@ -281,7 +495,7 @@ class CacheStore:
             self._touched.add(key)
         # A read-only root: last-used simply stays stale.
         with contextlib.suppress(OSError):
-            os.utime(mpath)
+            os.utime(mpath, follow_symlinks=False)
 
     def lookup(self, key: str) -> Entry | None:
         """The verified entry for ``key`` from the root or, failing that, a layer; else None."""
@@ -292,64 +506,88 @@ class CacheStore:
                 return entry
         return None
 
+    def _read_alias(self, base: Path, writable: bool, spec: str) -> str | None:
+        """The full key the alias file for ``spec`` under ``base`` names, or None."""
+        if not self._entry_dirs(base, writable, "aliases"):
+            return None
+        path = self._v1(base) / "aliases" / spec
+        try:
+            raw = _read_trusted(path, MAX_ALIAS_BYTES, self._owners(base, writable))
+        except FileNotFoundError:
+            return None
+        except (OSError, CorruptEntryError) as err:
+            self._warn_once(("alias", path), "mlpjit: ignoring cache alias %s: %s", path, err)
+            return None
+        key = raw.decode("ascii", errors="replace").strip()
+        return key if _KEY_RE.match(key) else None
+
     def lookup_alias(self, spec: str) -> Entry | None:
         """The entry an alias names for a toolchain-less spec key (for compiler-less hits)."""
         check_key(spec, "spec key")
         for base, writable in self._origins():
-            path = self._v1(base) / "aliases" / spec
-            if writable and not self._root_dirs("aliases"):
-                continue
-            try:
-                key = path.read_text().strip()
-            except (OSError, UnicodeDecodeError):
-                continue
-            if not _KEY_RE.match(key):
+            key = self._read_alias(base, writable, spec)
+            if key is None:
                 continue
             entry = self._load(base, key, writable)
             if entry is not None and spec_key(entry.manifest["components"]) == spec:
                 return entry
         return None
 
+    def _shards(self, base: Path, writable: bool) -> list[Path]:
+        """The shard directories of ``base``'s entries (for a layer, only trusted ones).
+
+        Only what lookup would use: real directories named like a key's first two digits.
+        """
+        if not writable and not self._layer_dirs(base, "entries"):
+            return []
+        entries = self._v1(base) / "entries"
+        try:
+            shards = sorted(
+                p for p in entries.iterdir() if _SHARD_RE.match(p.name) and _is_real_dir(p)
+            )
+        except OSError:
+            return []
+        return [s for s in shards if writable or self._layer_dirs(base, "entries", s.name)]
+
     def iter_manifests(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """(key, manifest) for every committed entry, root first, each key once.
 
         Each manifest dict gets "origin" (the root it is in) and "last_used" from the
-        manifest's mtime. A manifest that cannot be parsed is yielded as {"error": reason,
-        "origin": ...} so callers such as `mlpjit cache verify` can report it; the cubin is
-        not read here (use lookup to verify).
+        manifest's mtime. A manifest that cannot be read or parsed (not a regular file, too
+        big, not a JSON object, nested too deeply) is yielded as {"error": reason, "origin":
+        ...} so callers such as `mlpjit cache verify` can report it; the cubin is not read
+        here (use lookup to verify).
         """
         seen: set[str] = set()
-        for base, _writable in self._origins():
-            entries = self._v1(base) / "entries"
-            try:
-                shards = sorted(p for p in entries.iterdir() if p.is_dir())
-            except OSError:
-                continue
-            for shard in shards:
+        for base, writable in self._origins():
+            for shard in self._shards(base, writable):
                 for mpath in sorted(shard.glob("*.json")):
                     key = mpath.stem
-                    if not _KEY_RE.match(key) or key in seen:
+                    if not _KEY_RE.match(key) or key[:2] != shard.name or key in seen:
                         continue
                     seen.add(key)
                     try:
-                        mtime = mpath.stat().st_mtime
-                        manifest = json.loads(mpath.read_bytes())
+                        raw, st = read_regular(mpath, MAX_MANIFEST_BYTES)
+                        manifest = loads_json(raw)
                         if not isinstance(manifest, dict):
                             raise ValueError("not a JSON object")
                     except (OSError, ValueError) as err:
                         yield key, {"error": f"unreadable manifest: {err}", "origin": str(base)}
                         continue
                     manifest["origin"] = str(base)
-                    manifest["last_used"] = max(float(manifest.get("last_used") or 0), mtime)
+                    manifest["last_used"] = max(_number(manifest.get("last_used")), st.st_mtime)
                     yield key, manifest
 
     # ----------------------------------------------------------------- writing
 
     def _write_temp(self, data: bytes, durable: bool = True) -> Path:
-        """A temp file in v1/tmp holding ``data``, fsync-ed if ``durable`` (removed on error)."""
-        tmp_dir = self._v1(self.root) / "tmp"
-        path = tmp_dir / f"{os.getpid()}.{threading.get_ident()}.{time.time_ns()}.tmp"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        """A temp file in v1/tmp holding ``data``, fsync-ed if ``durable`` (removed on error).
+
+        mkstemp creates it exclusively (O_EXCL, so never through a planted symlink), 0600,
+        with a random name.
+        """
+        fd, name = tempfile.mkstemp(dir=self._v1(self.root) / "tmp", prefix=f"{os.getpid()}.")
+        path = Path(name)
         try:
             _write_all(fd, data)
             if durable:
@@ -450,6 +688,7 @@ class CacheStore:
             **launch_fields(binary),
             "cubin_sha256": hashlib.sha256(binary.cubin).hexdigest(),
             "cubin_bytes": len(binary.cubin),
+            "launch_sha256": launch_sha256(key, binary),
             "compile_seconds": round(float(compile_seconds), 6),
             "created": now,
             "last_used": now,
@@ -511,6 +750,16 @@ class CacheStore:
         if self._root_dirs("entries", key[:2]):
             self._quarantine(key, reason, expect=None)
 
+    @staticmethod
+    def _spec_of(mpath: Path) -> str | None:
+        """The spec_key a manifest names (to find its alias), or None if it is unreadable."""
+        try:
+            manifest = loads_json(read_regular(mpath, MAX_MANIFEST_BYTES)[0])
+        except (OSError, ValueError):
+            return None
+        spec = manifest.get("spec_key") if isinstance(manifest, dict) else None
+        return spec if isinstance(spec, str) else None
+
     def remove(self, key: str) -> bool:
         """Delete the root's entry for ``key``; False if absent or being compiled right now.
 
@@ -527,12 +776,7 @@ class CacheStore:
         if not lock.try_acquire():
             return False
         try:
-            spec = None
-            try:
-                manifest = json.loads(mpath.read_bytes())
-                spec = manifest.get("spec_key") if isinstance(manifest, dict) else None
-            except (OSError, ValueError):
-                pass
+            spec = self._spec_of(mpath)
             removed = False
             for path in (mpath, cpath):  # manifest first: un-commit before deleting code
                 try:
@@ -543,9 +787,9 @@ class CacheStore:
             if isinstance(spec, str) and _KEY_RE.match(spec):
                 alias = self._v1(self.root) / "aliases" / spec
                 try:
-                    if alias.read_text().strip() == key:
+                    if read_regular(alias, MAX_ALIAS_BYTES)[0].strip() == key.encode():
                         alias.unlink()
-                except OSError:
+                except (OSError, ValueError):
                     pass
             return removed
         finally:

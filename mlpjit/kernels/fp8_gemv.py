@@ -44,6 +44,7 @@ SCALE_FLOOR = 1e-10
 LOG2E = 1.4426950408889634
 LN2_HI = 0.693145751953125  # ln 2 split for an accurate exp (Cody-Waite)
 LN2_LO = 1.428606765330187e-06
+EXP_ARG_MAX = 88.0  # exp(88) < 2^127: |argument| bound of the SiLU's exp
 MAX_THREADS = 32 * plan.MAX_WARPS
 MAX_PENDING_GROUPS = plan.MAX_PENDING_GROUPS
 
@@ -669,7 +670,11 @@ class Fp8Gemv:
             up = ptx.fmax(ptx.fmin(up, lim), Float32(-self.limit))
         # exp(-gate) = 2^j * exp(f), f = -gate - j ln2 in [-ln2/2, ln2/2]: ex2.approx is
         # accurate on the small reduced argument and exact on the integer j.
-        neg = Float32(0.0) - gate
+        # Clamp the argument first: from |gate| ~ 1e10 on, j carries too few bits for f to
+        # stay small, and ex2(f) = inf times ex2(j) = 0 made exp NaN (silu 0 for a large
+        # positive gate). Inside the clamp nothing changes; outside, exp(-gate) is 0 or
+        # over 2^126 either way.
+        neg = ptx.fmax(ptx.fmin(Float32(0.0) - gate, Float32(EXP_ARG_MAX)), Float32(-EXP_ARG_MAX))
         j = ptx.rint(neg * Float32(LOG2E))
         f = ptx.fma_rn(j, Float32(-LN2_HI), neg)
         f = ptx.fma_rn(j, Float32(-LN2_LO), f)
@@ -721,7 +726,7 @@ def compile_cubin(params: Mapping[str, Any], arch: str):
         assumed_align=16,
     )
     stream = cute.runtime.make_fake_stream()
-    with tempfile.TemporaryDirectory(prefix="mlpjit-cute-") as dump_dir:
+    with tempfile.TemporaryDirectory(prefix=f"mlpjit-cute-{os.getpid()}-") as dump_dir:
         # --keep-cubin writes a copy under the dump dir; keep it out of the caller's cwd.
         options = f"--gpu-arch {arch} --keep-cubin --dump-dir {dump_dir}"
         compiled = cute.compile(gemv, m_out, m_x, m_w, m_ws, stream, options=options)

@@ -11,6 +11,7 @@ Compile parameters: ``n`` (vector length), ``scale`` (a float baked into the cod
 # string annotations would name `cute`/`cutlass`, which are imported inside _program only.
 import functools
 import math
+import os
 import shlex
 import tempfile
 from collections.abc import Mapping
@@ -86,7 +87,7 @@ def compile_cubin(params: Mapping[str, Any], arch: str) -> KernelBinary:
     out = make_fake_compact_tensor(cutlass.Float32, (n,), assumed_align=16)
     x = make_fake_compact_tensor(cutlass.Float32, (n,), assumed_align=16)
     # --keep-cubin writes the cubin into the dump dir (default: the cwd); use a private one.
-    with tempfile.TemporaryDirectory(prefix="mlpjit-cubin-") as dump:
+    with tempfile.TemporaryDirectory(prefix=f"mlpjit-cubin-{os.getpid()}-") as dump:
         options = f"--keep-cubin --gpu-arch {shlex.quote(arch)} --dump-dir {shlex.quote(dump)}"
         compiled = cute.compile(
             launch, out, x, make_fake_stream(), scale, n, block, options=options

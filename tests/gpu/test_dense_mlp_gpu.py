@@ -183,6 +183,34 @@ def test_kernels_match_reference(shape: str, m: int, ue8m0: bool, limit: float |
     assert err_act < TOL and err_out < TOL
 
 
+# Per-token magnitudes of one 5-token call each: bf16 takes up to ~3e38; at 1e17 the layer's
+# output is still finite in the reference (it grows with the square of the input).
+MAGNITUDES = ((1.0, 1e8, 1e10, 1e12, 1e15), (1e16, 1e17, 1e-2, 1e4, 1e6))
+
+
+@pytest.mark.parametrize("ue8m0", [True, False], ids=["ue8m0", "f32s"])
+@pytest.mark.parametrize("magnitudes", MAGNITUDES, ids=["up-to-1e15", "extremes"])
+def test_large_and_tiny_magnitude_tokens_match_reference(ue8m0: bool, magnitudes: tuple) -> None:
+    """Each token scaled by its own factor matches the reference row by row (the SiLU's exp
+    once turned NaN for gates beyond ~1e10, zeroing silu of large positive gates)."""
+    shape = "glm4.5-tp8"
+    mlp = mlp_for(shape, ue8m0, None)
+    hidden, inter = SHAPES[shape]
+    factors = torch.tensor(magnitudes, device="cuda").unsqueeze(1)
+    x = (_inputs[shape][:5].float() * factors).to(torch.bfloat16)
+    w = layer(shape)
+    want_act = ref.gemv_reference(x, w["w13"], w["w13_scale"], swiglu=True, ue8m0=ue8m0)
+    want_out = ref.gemv_reference(want_act, w["w2"], w["w2_scale"], swiglu=False, ue8m0=ue8m0)
+    act, out = poisoned(5, inter), poisoned(5, hidden)
+    mlp.forward_into(x, act, out)
+    torch.cuda.synchronize()
+    for i, factor in enumerate(magnitudes):
+        assert torch.isfinite(want_out[i]).all(), f"reference overflowed at {factor:g}"
+        err_act, err_out = rel_l2(act[i], want_act[i]), rel_l2(out[i], want_out[i])
+        print(f"[magnitude] ue8m0={ue8m0!s:5s} x*{factor:<6g} act={err_act:.2e} out={err_out:.2e}")
+        assert err_act < TOL and err_out < TOL, f"token scaled by {factor:g}"
+
+
 @pytest.mark.parametrize("shape", ["glm5-tp8", "glm4.5-tp8"])
 def test_clipping_limit_clips(shape: str) -> None:
     """The LIMIT cases really exercise the clamp: many gate/up values exceed it."""
