@@ -7,6 +7,10 @@ error is one line on stderr, never a traceback: expected errors (mlpjit's own, b
 file problems) as "mlpjit: error: ...", usage errors as argparse's message plus where the
 usage is. A compile error names the file holding the compiler's full output. Standard
 library only; CuTe DSL is imported only when `warm` has to compile.
+
+This module parses arguments and prints results; the work is elsewhere: `warm` resolves
+its request list here and hands it to mlpjit.warm_pool (this process, or --jobs workers),
+the cache commands call mlpjit.jit.maintenance / archive, `doctor` calls mlpjit.doctor.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ import logging
 import os
 import re
 import stat
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -29,7 +32,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
 from mlpjit.errors import MlpjitError
 
 if TYPE_CHECKING:
-    from mlpjit.jit.manager import KernelRequest
+    from mlpjit.jit.spec import KernelRequest
     from mlpjit.jit.store import CacheStore
 
 __all__ = [
@@ -107,7 +110,7 @@ def _scalar(text: str) -> int | float | bool | str | None:
     return text
 
 
-def _param(text: str) -> tuple[str, list[Any]]:
+def _param_arg(text: str) -> tuple[str, list[Any]]:
     """'name=value' or 'name=v1,v2' (each value list multiplies the requests)."""
     name, sep, value = text.partition("=")
     if not sep or not name.strip():
@@ -115,13 +118,13 @@ def _param(text: str) -> tuple[str, list[Any]]:
     return name.strip(), [_scalar(v) for v in value.split(",")]
 
 
-def _arch(text: str) -> str:
-    from mlpjit.jit.config import check_arch
+def _arch_arg(text: str) -> str:
+    from mlpjit.jit.spec import check_arch
 
     return check_arch(text, "--arch")
 
 
-def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+def _arg_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """Turn a ValueError of ``parse`` into an argparse usage error (exit status 2)."""
 
     def convert(text: str) -> Any:
@@ -130,7 +133,7 @@ def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
 
-    convert.__name__ = parse.__name__.lstrip("_")
+    convert.__name__ = parse.__name__.lstrip("_").removesuffix("_arg")  # argparse shows it
     return convert
 
 
@@ -157,7 +160,7 @@ class _OneLineFormatter(logging.Formatter):
         return _one_line(super().format(record))
 
 
-def _human(size: Any) -> str:
+def _human_size(size: Any) -> str:
     if type(size) is not int:
         return "?"
     value = float(size)
@@ -168,7 +171,7 @@ def _human(size: Any) -> str:
     return f"{size} B"
 
 
-def _when(stamp: Any) -> str:
+def _local_time(stamp: Any) -> str:
     if not isinstance(stamp, (int, float)) or isinstance(stamp, bool):
         return "?"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
@@ -189,7 +192,7 @@ def _emit(args: argparse.Namespace, data: Any, lines: Callable[[], Sequence[str]
             print(line)
 
 
-def _store() -> CacheStore:
+def _cache_store() -> CacheStore:
     from mlpjit.jit.store import CacheStore
 
     return CacheStore()
@@ -199,13 +202,13 @@ def _store() -> CacheStore:
 
 
 def _cmd_path(args: argparse.Namespace) -> int:
-    store = _store()
+    store = _cache_store()
     layers = [{"path": str(p), "exists": p.is_dir()} for p in store.layers]
     data = {
         "root": str(store.root),
         "exists": store.root.is_dir(),
         "writable": os.access(
-            store.root if store.root.exists() else _existing(store.root), os.W_OK
+            store.root if store.root.exists() else _nearest_existing(store.root), os.W_OK
         ),
         "layers": layers,
     }
@@ -222,7 +225,7 @@ def _cmd_path(args: argparse.Namespace) -> int:
     return 0
 
 
-def _existing(path: Path) -> Path:
+def _nearest_existing(path: Path) -> Path:
     while not path.exists() and path.parent != path:
         path = path.parent
     return path
@@ -231,7 +234,7 @@ def _existing(path: Path) -> Path:
 def _cmd_ls(args: argparse.Namespace) -> int:
     from mlpjit.jit.maintenance import entry_rows
 
-    rows = entry_rows(_store())
+    rows = entry_rows(_cache_store())
 
     def lines() -> list[str]:
         if not rows:
@@ -245,9 +248,9 @@ def _cmd_ls(args: argparse.Namespace) -> int:
                     str(kernel),
                     _params_text(r["params"]),
                     str(r["arch"]),
-                    _human(r["cubin_bytes"]),
-                    _when(r["created"]),
-                    _when(r["last_used"]),
+                    _human_size(r["cubin_bytes"]),
+                    _local_time(r["created"]),
+                    _local_time(r["last_used"]),
                 )
             )
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
@@ -263,7 +266,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 def _cmd_info(args: argparse.Namespace) -> int:
     from mlpjit.jit.maintenance import find_entry
 
-    key, manifest = find_entry(_store(), args.key)
+    key, manifest = find_entry(_cache_store(), args.key)
     data = {"key": key, **manifest}
     _emit(args, data, lambda: [json.dumps(data, indent=2, sort_keys=True)])
     return 0
@@ -272,18 +275,18 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def _cmd_stats(args: argparse.Namespace) -> int:
     from mlpjit.jit.maintenance import cache_stats
 
-    data = cache_stats(_store())
+    data = cache_stats(_cache_store())
 
     def lines() -> list[str]:
         out = [
             f"root:        {data['root']}",
-            f"entries:     {data['entries']} ({_human(data['bytes'])})",
+            f"entries:     {data['entries']} ({_human_size(data['bytes'])})",
         ]
         for name, slot in data["kernels"].items():
-            out.append(f"  {name}: {slot['entries']} ({_human(slot['bytes'])})")
+            out.append(f"  {name}: {slot['entries']} ({_human_size(slot['bytes'])})")
         for name, slot in data["origins"].items():
             if name != data["root"]:
-                out.append(f"  layer {name}: {slot['entries']} ({_human(slot['bytes'])})")
+                out.append(f"  layer {name}: {slot['entries']} ({_human_size(slot['bytes'])})")
         out += [
             f"unreadable:  {data['unreadable_manifests']}",
             f"quarantined: {data['quarantined']}",
@@ -299,7 +302,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from mlpjit.jit.maintenance import verify_cache
 
-    data = verify_cache(_store())
+    data = verify_cache(_cache_store())
 
     def lines() -> list[str]:
         out = [f"{b['key'][:12]}: BAD, {b['action']}: {b['reason']}" for b in data["bad"]]
@@ -333,13 +336,13 @@ def _leftovers_text(leftovers: dict[str, dict[str, int]]) -> str:
 def _cmd_prune(args: argparse.Namespace) -> int:
     from mlpjit.jit.maintenance import prune_cache
 
-    data = prune_cache(_store(), max_bytes=args.max_size, older_than=args.older_than)
+    data = prune_cache(_cache_store(), max_bytes=args.max_size, older_than=args.older_than)
 
     def lines() -> list[str]:
         busy = f", {len(data['busy'])} busy (being compiled, left alone)" if data["busy"] else ""
         return [
-            f"removed {len(data['removed'])} entries ({_human(data['freed_bytes'])}){busy}; "
-            f"{data['remaining_entries']} left ({_human(data['remaining_bytes'])}); "
+            f"removed {len(data['removed'])} entries ({_human_size(data['freed_bytes'])}){busy}; "
+            f"{data['remaining_entries']} left ({_human_size(data['remaining_bytes'])}); "
             + _leftovers_text(data["leftovers"])
         ]
 
@@ -350,7 +353,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 def _cmd_clear(args: argparse.Namespace) -> int:
     from mlpjit.jit.maintenance import clear_cache
 
-    data = clear_cache(_store())
+    data = clear_cache(_cache_store())
 
     def lines() -> list[str]:
         busy = f", {len(data['busy'])} busy (being compiled, left alone)" if data["busy"] else ""
@@ -366,12 +369,14 @@ def _cmd_clear(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from mlpjit.jit.archive import export_archive
 
-    report = export_archive(_store(), Path(args.file))
+    report = export_archive(_cache_store(), Path(args.file))
     data = asdict(report)
 
     def lines() -> list[str]:
         out = [f"{r['key'][:12]}: skipped ({r['reason']})" for r in report.skipped]
-        out.append(f"exported {report.entries} entries to {report.path} ({_human(report.bytes)})")
+        out.append(
+            f"exported {report.entries} entries to {report.path} ({_human_size(report.bytes)})"
+        )
         return out
 
     _emit(args, data, lines)
@@ -381,7 +386,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_import(args: argparse.Namespace) -> int:
     from mlpjit.jit.archive import import_archive
 
-    report = import_archive(_store(), Path(args.file))
+    report = import_archive(_cache_store(), Path(args.file))
     data = {
         **asdict(report),
         "counts": {
@@ -410,28 +415,23 @@ def _cmd_import(args: argparse.Namespace) -> int:
 def _local_arch() -> str | None:
     """The kernel arch of the current GPU, as DenseMlp picks it ("sm_90a" on Hopper), or
     None without a GPU the kernels run on."""
-    import torch
+    from mlpjit.device import current_cuda_device, kernel_arch
 
-    if not torch.cuda.is_available():
-        return None
-    from mlpjit.dense_mlp import kernel_arch
-
-    return kernel_arch(torch.device("cuda", torch.cuda.current_device()))
+    device = current_cuda_device()
+    return None if device is None else kernel_arch(device)
 
 
 def _resolve_sms(args: argparse.Namespace) -> int:
-    """--sms, else the current GPU's SM count when the kernels run on it, else plan.SMS."""
-    from mlpjit.kernels.plan import SMS
+    """--sms, else the current GPU's SM count when the kernels run on it, else hopper.SMS."""
+    from mlpjit.kernels.hopper import SMS
 
     if args.sms is not None:
         return args.sms
     if _local_arch() is None:
         return SMS
-    import torch
+    from mlpjit.device import current_cuda_device, device_sms
 
-    from mlpjit.dense_mlp import device_sms
-
-    return device_sms(torch.device("cuda", torch.cuda.current_device()))
+    return device_sms(current_cuda_device())
 
 
 def _resolve_arch(args: argparse.Namespace) -> str:
@@ -448,7 +448,7 @@ def _resolve_arch(args: argparse.Namespace) -> str:
 
 def _warm_requests(args: argparse.Namespace, arch: str) -> list[KernelRequest]:
     """The kernel list of `mlpjit warm` from --kernel/--param, --model/--hidden, or --requests."""
-    from mlpjit.jit.manager import KernelRequest
+    from mlpjit.jit.spec import KernelRequest
 
     if args.sms is not None and (args.kernel or args.requests):
         raise ValueError(
@@ -468,7 +468,8 @@ def _warm_requests(args: argparse.Namespace, arch: str) -> list[KernelRequest]:
         if args.arch:  # an explicit --arch retargets the whole list
             requests = [KernelRequest(r.kernel, r.params, args.arch) for r in requests]
         return requests
-    from mlpjit.kernels.plan import MODELS, dense_mlp_requests
+    from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
+    from mlpjit.models import MODELS
 
     if args.model:
         hidden, intermediate = MODELS[args.model]
@@ -493,7 +494,7 @@ def _warm_requests(args: argparse.Namespace, arch: str) -> list[KernelRequest]:
 
 def _why_no_kernels(hidden: int, intermediate: int, tp: int, tokens: Sequence[int]) -> str:
     """What was asked and why no kernel fits it (a plan with 0 kernels warms nothing)."""
-    from mlpjit.kernels.plan import MAX_TOKENS, MAX_WARPS, SLICE
+    from mlpjit.kernels.fp8_gemv.params import MAX_TOKENS, MAX_WARPS, SLICE
 
     inter = intermediate // tp
     lo, hi = min(tokens), max(tokens)
@@ -523,10 +524,11 @@ def _why_no_kernels(hidden: int, intermediate: int, tp: int, tokens: Sequence[in
 def _check_archs(requests: Sequence[KernelRequest]) -> None:
     """Refuse, before any work, a target arch some requested kernel does not compile for."""
     from mlpjit.jit.manager import check_compile_arch
+    from mlpjit.jit.spec import get_spec
 
     for kernel, arch in sorted({(r.kernel, r.arch) for r in requests}):
         try:
-            check_compile_arch(kernel, arch)
+            check_compile_arch(get_spec(kernel), arch)
         except ValueError as err:
             raise ValueError(f"cannot warm for {arch}: {err}") from None
 
@@ -578,7 +580,7 @@ def _request_lines(path: Path) -> Iterator[tuple[int, str]]:
 def _read_requests(path: Path) -> list[KernelRequest]:
     """Requests from a JSON-lines file ({"kernel", "params", "arch"} per line, MLPJIT_RECORD),
     in first-seen order, duplicates dropped."""
-    from mlpjit.jit.manager import KernelRequest
+    from mlpjit.jit.spec import KernelRequest
 
     requests: dict[str, KernelRequest] = {}
     for number, line in _request_lines(path):
@@ -590,110 +592,15 @@ def _read_requests(path: Path) -> list[KernelRequest]:
     return list(requests.values())
 
 
-def _warm_here(args: argparse.Namespace, requests: list[KernelRequest]) -> list[dict[str, Any]]:
-    """Run the manager's warm in this process; one progress line per kernel to stderr."""
-    from mlpjit.jit.key import cache_key, key_components
-    from mlpjit.jit.manager import CompileManager
-
-    keys = [cache_key(key_components(r.kernel, r.params, r.arch)) for r in requests]
-    position = {id(r): i for i, r in enumerate(requests)}
-    manager = CompileManager()
-    records: list[dict[str, Any]] = []
-    prefix = f"w{args.worker_id} " if args.worker_id is not None else ""
-    state = {"t": time.perf_counter(), "compiles": 0}
-
-    def progress(done: int, total: int, request: KernelRequest) -> None:
-        now, compiles = time.perf_counter(), manager.stats.compiles
-        status = "compiled" if compiles > state["compiles"] else "hit"
-        seconds = now - state["t"]
-        state.update(t=now, compiles=compiles)
-        i = position.get(id(request), 0)
-        records.append(
-            {
-                "key": keys[i],
-                "kernel": request.kernel,
-                "params": dict(request.params),
-                "status": status,
-                "seconds": round(seconds, 4),
-            }
-        )
-        print(
-            f"{prefix}[{done}/{total}] {request.kernel} {keys[i][:12]} {status} {seconds:.2f}s",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    manager.warm(requests, progress=progress)
-    order = {key: i for i, key in enumerate(keys)}
-    return sorted(records, key=lambda r: order[r["key"]])
-
-
-def _worker_command(args: argparse.Namespace, arch: str, worker: int) -> list[str]:
-    """The `mlpjit warm` command line of one --jobs worker (same list, this process's arch)."""
-    cmd = [sys.executable, "-m", "mlpjit", "warm", "--json", "--worker-id", str(worker)]
-    if args.arch or not args.requests:
-        cmd += ["--arch", arch]
-    if args.kernel:
-        cmd += ["--kernel", args.kernel]
-        for name, values in args.param:
-            cmd += [
-                "--param",
-                f"{name}={','.join(json.dumps(v) if v is None else str(v) for v in values)}",
-            ]
-    elif args.requests:
-        cmd += ["--requests", args.requests]
-    else:
-        cmd += (
-            ["--model", args.model]
-            if args.model
-            else ["--hidden", str(args.hidden), "--intermediate", str(args.intermediate)]
-        )
-        cmd += ["--tp", str(args.tp), "--tokens", ",".join(map(str, args.tokens))]
-        cmd += ["--sms", str(_resolve_sms(args))]
-        cmd += ["--ue8m0" if args.ue8m0 else "--no-ue8m0"]
-        if args.limit is not None:
-            cmd += ["--limit", repr(args.limit)]
-    return cmd
-
-
-def _warm_jobs(args: argparse.Namespace, arch: str) -> list[dict[str, Any]]:
-    """Run --jobs worker processes over the same list; the cache's try-locks split the work."""
-    procs = [
-        subprocess.Popen(_worker_command(args, arch, w), stdout=subprocess.PIPE, text=True)
-        for w in range(args.jobs)
-    ]
-    merged: dict[str, dict[str, Any]] = {}
-    failed = []
-    for w, proc in enumerate(procs):
-        out, _ = proc.communicate()
-        if proc.returncode != 0:
-            failed.append(f"worker {w} exited with status {proc.returncode}")
-            continue
-        try:
-            records = json.loads(out)["entries"]
-        except (ValueError, KeyError, TypeError):
-            failed.append(f"worker {w} printed no summary (output ends: {out[-200:]!r})")
-            continue
-        for record in records:
-            seen = merged.setdefault(record["key"], {**record, "compiles": 0})
-            if record["status"] == "compiled":
-                seen["compiles"] += 1
-                seen["status"] = "compiled"
-                seen["seconds"] = record["seconds"]
-    if failed:
-        raise MlpjitError("warm failed: " + "; ".join(failed))
-    return list(merged.values())
-
-
 def _dry_run(args: argparse.Namespace, arch: str, requests: list[KernelRequest]) -> int:
     """List what warm would compile (key, kernel, params, already cached?) without compiling."""
-    from mlpjit.jit.key import cache_key, key_components
+    from mlpjit.jit.key import request_key
     from mlpjit.jit.store import CacheStore
 
     cached = {key for key, _ in CacheStore().iter_manifests()}
     rows = []
     for r in requests:
-        key = cache_key(key_components(r.kernel, r.params, r.arch))
+        key = request_key(r)
         rows.append(
             {"key": key, "kernel": r.kernel, "params": dict(r.params), "cached": key in cached}
         )
@@ -725,29 +632,42 @@ def _check_settings() -> None:
     config.lock_timeout()
 
 
+def _register_kernels() -> None:
+    """Register mlpjit's kernels, then those of MLPJIT_KERNEL_MODULES, by importing them
+    (their specs register on import; no compiler is imported)."""
+    import importlib
+
+    import mlpjit.kernels  # noqa: F401
+    from mlpjit.jit import config
+
+    for name in config.kernel_modules():
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ValueError(f"MLPJIT_KERNEL_MODULES: cannot import {name!r} ({err})") from None
+
+
 def _cmd_warm(args: argparse.Namespace) -> int:
     _check_settings()
+    _register_kernels()
     if args.requests:
         # Each line names its arch; --arch (if given) overrides them all.
         requests = _warm_requests(args, args.arch or "")
         arch = ",".join(sorted({r.arch for r in requests})) or (args.arch or "")
     else:
         arch = _resolve_arch(args)
-        if not args.kernel:  # a --model/--hidden plan: query the GPU once, for every worker
-            args.sms = _resolve_sms(args)
         requests = _warm_requests(args, arch)
     _check_archs(requests)
     if args.dry_run:
         return _dry_run(args, arch, requests)
+    from mlpjit.jit.store import CacheStore
+    from mlpjit.warm_pool import warm_in_process, warm_in_workers
+
     t0 = time.perf_counter()
     if args.jobs > 1 and requests:
-        records = _warm_jobs(args, arch)
+        records = warm_in_workers(requests, args.jobs)
     else:
-        records = _warm_here(args, requests)
-        for record in records:
-            record["compiles"] = int(record["status"] == "compiled")
-    from mlpjit.jit.store import CacheStore
-
+        records = warm_in_process(requests, worker_id=args.worker_id)
     compiled = sum(r["status"] == "compiled" for r in records)
     data = {
         "arch": arch,
@@ -773,7 +693,7 @@ def _cmd_warm(args: argparse.Namespace) -> int:
 
 
 def _sm_count(text: str) -> int:
-    from mlpjit.kernels.plan import check_sms
+    from mlpjit.kernels.hopper import check_sms
 
     return check_sms(int(text))
 
@@ -810,9 +730,11 @@ def _build_parser() -> argparse.ArgumentParser:
 
     warm = sub(commands, "warm", _cmd_warm, "compile kernels into the cache (no GPU needed)")
     what = warm.add_mutually_exclusive_group(required=True)
-    what.add_argument("--kernel", help="a registered kernel name (e.g. smoke)")
+    what.add_argument("--kernel", help="a registered kernel name (e.g. fp8_gemv)")
     what.add_argument("--model", choices=("glm5", "glm4.5"), help="a dense-MLP model preset")
-    what.add_argument("--hidden", type=_typed(_positive), help="hidden size (with --intermediate)")
+    what.add_argument(
+        "--hidden", type=_arg_type(_positive), help="hidden size (with --intermediate)"
+    )
     what.add_argument(
         "--from",
         "--requests",
@@ -824,28 +746,28 @@ def _build_parser() -> argparse.ArgumentParser:
         "--param",
         action="append",
         default=[],
-        type=_typed(_param),
+        type=_arg_type(_param_arg),
         metavar="NAME=VALUE[,VALUE...]",
         help="compile parameter of --kernel; a value list multiplies the requests",
     )
-    warm.add_argument("--intermediate", type=_typed(_positive), help="intermediate size")
-    warm.add_argument("--tp", type=_typed(_positive), default=1, help="tensor-parallel size")
+    warm.add_argument("--intermediate", type=_arg_type(_positive), help="intermediate size")
+    warm.add_argument("--tp", type=_arg_type(_positive), default=1, help="tensor-parallel size")
     warm.add_argument(
         "--tokens",
-        type=_typed(parse_tokens),
+        type=_arg_type(parse_tokens),
         default=list(range(1, 9)),
         help=f"token counts, e.g. 1-8 or 1,2,4 (within 1-{MAX_WARM_TOKENS}; the kernels take "
         "1-8, more tokens run the stock path)",
     )
     warm.add_argument(
         "--arch",
-        type=_typed(_arch),
+        type=_arg_type(_arch_arg),
         help="target, e.g. sm_90a, the only one the fp8 kernels compile for (default: "
         "MLPJIT_ARCH, else the GPU's)",
     )
     warm.add_argument(
         "--sms",
-        type=_typed(_sm_count),
+        type=_arg_type(_sm_count),
         default=None,
         help="SM count of the target GPU, which sizes persistent grids (default: the GPU's "
         "here, else 132 as on the H200 and H100 SXM; H100/H800 PCIe 114, H20 78)",
@@ -857,7 +779,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="power-of-two activation scales",
     )
     warm.add_argument("--limit", type=float, default=None, help="clamped-SwiGLU limit")
-    warm.add_argument("--jobs", type=_typed(_positive), default=1, help="worker processes")
+    warm.add_argument("--jobs", type=_arg_type(_positive), default=1, help="worker processes")
     warm.add_argument("--dry-run", action="store_true", help="list the kernels, compile nothing")
     warm.add_argument("--worker-id", type=int, default=None, help=argparse.SUPPRESS)
 
@@ -873,8 +795,12 @@ def _build_parser() -> argparse.ArgumentParser:
     sub(group, "stats", _cmd_stats, "entries, bytes, per kernel, quarantined, lock files")
     sub(group, "verify", _cmd_verify, "re-hash every entry; quarantine bad ones (exit 1 if any)")
     prune = sub(group, "prune", _cmd_prune, "remove least recently used entries")
-    prune.add_argument("--max-size", type=_typed(parse_size), metavar="SIZE", help="e.g. 500M, 2G")
-    prune.add_argument("--older-than", type=_typed(parse_age), metavar="AGE", help="e.g. 7d, 12h")
+    prune.add_argument(
+        "--max-size", type=_arg_type(parse_size), metavar="SIZE", help="e.g. 500M, 2G"
+    )
+    prune.add_argument(
+        "--older-than", type=_arg_type(parse_age), metavar="AGE", help="e.g. 7d, 12h"
+    )
     sub(group, "clear", _cmd_clear, "remove every entry of the writable cache dir")
     export = sub(group, "export", _cmd_export, "write every entry to one portable archive")
     export.add_argument("file", metavar="FILE")

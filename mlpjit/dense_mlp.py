@@ -6,11 +6,12 @@
 
 Path per token count m (``path(m)``):
 - "kernel": CUDA weights on sm_90a, 1 <= m <= 8 and both shapes supported by the fp8_gemv
-  kernel (kernels.plan.kernel_supports): the gate_up kernel (SwiGLU fused) writes act, the
+  kernel (fp8_gemv.tuning.kernel_supports): the gate_up kernel (SwiGLU fused) writes act, the
   down kernel writes out. Kernels come from the compile cache and are loaded by prepare();
 - "stock": other shapes/token counts on a Hopper GPU: torch's block-scaled _scaled_mm
-  (reference.stock_forward), correct but five kernels;
-- "reference": CPU weights or GPUs without block-scaled _scaled_mm: the reference math.
+  (mlpjit.stock), correct but five kernels;
+- "reference": CPU weights or GPUs without block-scaled _scaled_mm: the reference math
+  (mlpjit.reference).
 
 prepare() on CPU weights (or a GPU without the kernels) compiles and loads nothing: no token
 count takes the kernel path there. To fill a cache on a machine without a GPU use
@@ -19,6 +20,11 @@ count takes the kernel path there. To fill a cache on a machine without a GPU us
 The weights are the caller's tensors (no copy is kept or made); weight scales are converted
 to float32 once (scales.to_float32_scale: no copy for contiguous float32 scales) and checked
 once there (finite and >= 0: one reduction and one host sync per tensor, never per call).
+
+Beside the class, each with one job: the checks of the constructor's and prepare's
+arguments, ``_ActBuffers`` (the act buffers kept for eager calls), ``_compile_layer`` and
+``_load_gemv`` (kernels through the compile cache, loaded and checked); the fallback is
+mlpjit.stock.StockLayer and the device facts are mlpjit.device's.
 """
 
 from __future__ import annotations
@@ -32,41 +38,25 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from mlpjit import reference
+from mlpjit.device import device_sms, kernel_arch
 from mlpjit.errors import CaptureError, MlpjitError
-from mlpjit.kernels.plan import (
-    GEMV_PARAM_NAMES,
-    MAX_TOKENS,
-    SMS,
-    dense_mlp_requests,
-    kernel_supports,
-)
+from mlpjit.jit import capture
+from mlpjit.kernels.fp8_gemv.params import KERNEL_ARGS, MAX_TOKENS
+from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
+from mlpjit.kernels.fp8_gemv.tuning import kernel_supports
+from mlpjit.kernels.hopper import SMS
 from mlpjit.scales import BLOCK, to_float32_scale
+from mlpjit.stock import StockLayer
 
 if TYPE_CHECKING:
     from mlpjit.jit.launcher import LoadedKernel
-    from mlpjit.jit.manager import KernelRequest
+    from mlpjit.jit.spec import KernelRequest
+    from mlpjit.jit.store import Entry
 
-__all__ = ["DenseMlp", "MAX_TOKENS", "kernel_arch", "kernel_requests", "kernel_supported"]
+__all__ = ["DenseMlp", "MAX_TOKENS", "kernel_requests", "kernel_supported"]
 
-
-_KERNEL_ARCHS = {(9, 0): "sm_90a"}
 # The fp8_gemv parameter list DenseMlp._launch fills with raw pointers, in order.
-_KERNEL_PARAMS = [(name, "ptr") for name in GEMV_PARAM_NAMES]
-
-
-def kernel_arch(device: torch.device) -> str | None:
-    """The fp8_gemv target arch for ``device`` ("sm_90a" on Hopper), or None: no kernels."""
-    if device.type != "cuda":
-        return None
-    return _KERNEL_ARCHS.get(tuple(torch.cuda.get_device_capability(device)))
-
-
-def device_sms(device: torch.device) -> int:
-    """The SM count of a CUDA ``device`` (plans the persistent grids; SMS off CUDA)."""
-    if device.type != "cuda":
-        return SMS
-    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+_KERNEL_PARAMS = [(name, "ptr") for name in KERNEL_ARGS]
 
 
 def kernel_supported(hidden: int, intermediate: int, m: int) -> bool:
@@ -89,7 +79,7 @@ def kernel_requests(
     """The compile requests (gate_up then down per supported token count) of one layer, for
     a GPU of ``sms`` SMs.
 
-    The same requests as ``mlpjit warm`` for that shard (kernels.plan.dense_mlp_requests with
+    The same requests as ``mlpjit warm`` for that shard (fp8_gemv.plan.dense_mlp_requests with
     tp=1), so a cache warmed by the CLI serves prepare() without compiling. No GPU needed:
     e.g. ``kernel_requests(6144, 1536, range(1, 9), "sm_90a", limit=None, ue8m0=True)``.
     """
@@ -121,13 +111,13 @@ class _ActBuffers:
     """
 
     def __init__(self, device: torch.device, device_index: int, intermediate: int) -> None:
-        from mlpjit.jit.launcher import stream_capturing, stream_handle_getter
+        from mlpjit.jit.launcher import stream_handle_getter
 
         self._device = device
         self._index = device_index
         self._intermediate = intermediate
         self._stream_of = stream_handle_getter()
-        self._capturing = stream_capturing
+        self._capturing = capture.stream_capturing
 
     def keep(self, counts: Iterable[int]) -> None:
         """Make the buffers of these token counts for the calling thread and its stream."""
@@ -152,6 +142,9 @@ class _ActBuffers:
         return act
 
 
+# ---- argument checks (construction and prepare) ---------------------------------------------
+
+
 def _check_weight(w: object, name: str, shape_doc: str) -> Tensor:
     """Type, dtype, rank, size and layout of one FP8 weight (the shapes' agreement is the
     caller's)."""
@@ -174,6 +167,30 @@ def _check_weight(w: object, name: str, shape_doc: str) -> Tensor:
             f"got strides {w.stride()}"
         )
     return w
+
+
+def _check_layer_weights(w13: object, w2: object) -> tuple[Tensor, Tensor, int, int]:
+    """Both FP8 weights checked, on one device, with agreeing shapes: w13 [2*inter, hidden]
+    (gate rows then up rows) and w2 [hidden, inter], hidden and inter multiples of 128.
+    Returns (w13, w2, hidden, inter)."""
+    w13 = _check_weight(w13, "w13", "[2*intermediate, hidden]")
+    w2 = _check_weight(w2, "w2", "[hidden, intermediate]")
+    if w13.device != w2.device:
+        raise ValueError(f"w2 must be on w13's device {w13.device}, got {w2.device}")
+    rows13, hidden = w13.shape
+    if rows13 % 2:
+        raise ValueError(f"w13 must have an even number of rows (gate then up), got {rows13}")
+    inter = rows13 // 2
+    if tuple(w2.shape) != (hidden, inter):
+        raise ValueError(
+            f"w2 must be [hidden, intermediate] = [{hidden}, {inter}] to match w13 "
+            f"[{rows13}, {hidden}], got {list(w2.shape)}"
+        )
+    if hidden % BLOCK or inter % BLOCK:
+        raise ValueError(
+            f"hidden ({hidden}) and intermediate ({inter}) must be multiples of {BLOCK}"
+        )
+    return w13, w2, hidden, inter
 
 
 def _check_limit(limit: object) -> float | None:
@@ -212,6 +229,38 @@ def _token_counts(tokens: Iterable[int]) -> list[int]:
     return counts
 
 
+# ---- kernels: compiled through the cache, loaded and checked ---------------------------------
+
+
+def _compile_layer(requests: list[KernelRequest]) -> dict[tuple[int, bool], Entry]:
+    """The cache entries of a layer's ``requests`` (compiled on a miss), by (tokens, swiglu):
+    (m, True) is the gate_up kernel of m tokens, (m, False) its down kernel."""
+    from mlpjit.jit.manager import default_manager
+
+    entries = default_manager().warm(requests)
+    return {
+        (r.params["tokens"], r.params["swiglu"]): e for r, e in zip(requests, entries, strict=True)
+    }
+
+
+def _load_gemv(entry: Entry, device: torch.device) -> LoadedKernel:
+    """Load one fp8_gemv kernel on ``device`` and check that it takes the (out, x, w,
+    w_scale) pointers DenseMlp._launch passes, raw and in that order, without per-call
+    checks; MlpjitError otherwise."""
+    from mlpjit.jit.launcher import load_kernel
+
+    kernel = load_kernel(entry, device)
+    if [(p.name, p.kind) for p in kernel.params] != _KERNEL_PARAMS:
+        raise MlpjitError(
+            f"kernel {kernel.symbol} ({kernel.key[:12]}) takes "
+            f"{[(p.name, p.kind) for p in kernel.params]}, expected {_KERNEL_PARAMS}"
+        )
+    return kernel
+
+
+# ---- the layer ------------------------------------------------------------------------------
+
+
 class DenseMlp:
     """The dense SwiGLU MLP of a DeepSeek-style FP8 layer, TP-partial (no all-reduce).
 
@@ -241,23 +290,7 @@ class DenseMlp:
         limit: float | None = None,
         ue8m0: bool = False,
     ) -> None:
-        w13 = _check_weight(w13, "w13", "[2*intermediate, hidden]")
-        w2 = _check_weight(w2, "w2", "[hidden, intermediate]")
-        if w13.device != w2.device:
-            raise ValueError(f"w2 must be on w13's device {w13.device}, got {w2.device}")
-        rows13, hidden = w13.shape
-        if rows13 % 2:
-            raise ValueError(f"w13 must have an even number of rows (gate then up), got {rows13}")
-        inter = rows13 // 2
-        if tuple(w2.shape) != (hidden, inter):
-            raise ValueError(
-                f"w2 must be [hidden, intermediate] = [{hidden}, {inter}] to match w13 "
-                f"[{rows13}, {hidden}], got {list(w2.shape)}"
-            )
-        if hidden % BLOCK or inter % BLOCK:
-            raise ValueError(
-                f"hidden ({hidden}) and intermediate ({inter}) must be multiples of {BLOCK}"
-            )
+        w13, w2, hidden, inter = _check_layer_weights(w13, w2)
         for scale, name in ((w13_scale, "w13_scale"), (w2_scale, "w2_scale")):
             if isinstance(scale, Tensor) and scale.device != w13.device:
                 raise ValueError(f"{name} must be on the weights' device {w13.device}")
@@ -272,7 +305,7 @@ class DenseMlp:
         self._w13 = w13
         self._w2 = w2
         # Last of the checks: the scale values cost a host sync, the checks above none.
-        self._w13_scale = to_float32_scale(w13_scale, rows13, hidden, name="w13_scale")
+        self._w13_scale = to_float32_scale(w13_scale, 2 * inter, hidden, name="w13_scale")
         self._w2_scale = to_float32_scale(w2_scale, hidden, inter, name="w2_scale")
         self.arch = kernel_arch(self.device)
         self.sms = device_sms(self.device)  # sizes the persistent grids of its kernels
@@ -284,16 +317,8 @@ class DenseMlp:
         # Programmatic dependent launch: None = as compiled (on), False = off (benchmarks).
         self.pdl: bool | None = None
         self._paths: dict[int, str] = {}
-        self._stock = reference.stock_gemm_supported(self.device)
-        # _scaled_mm's weight-scale operands, prepared once (views unless k/128 % 4 != 0).
-        self._stock_scales = (
-            (
-                reference.stock_weight_scale(self.w13_scale, rows13, hidden),
-                reference.stock_weight_scale(self.w2_scale, hidden, inter),
-            )
-            if self._stock
-            else None
-        )
+        # What token counts off the kernel path run: stock (Hopper) or the reference math.
+        self._fallback = StockLayer(w13, self._w13_scale, w2, self._w2_scale)
 
     # The weights are fixed at construction (checked once there, not per call). Update them
     # in place (copy_, or .data re-pointed to a tensor of the same shape, dtype and layout):
@@ -329,14 +354,14 @@ class DenseMlp:
         """How a call with m tokens runs: "kernel", "stock" (torch _scaled_mm) or "reference"."""
         found = self._paths.get(m)
         if found is None:
-            found = self._plan(m)
+            found = self._choose_path(m)
             self._paths[m] = found
         return found
 
-    def _plan(self, m: int) -> str:
+    def _choose_path(self, m: int) -> str:
         if self.arch is not None and kernel_supported(self.hidden, self.intermediate, m):
             return "kernel"
-        return "stock" if self._stock else "reference"
+        return self._fallback.path
 
     def prepare(self, tokens: Iterable[int]) -> None:
         """Compile (through the cache) and load the kernels for these token counts.
@@ -353,7 +378,11 @@ class DenseMlp:
             self._act_buffers.keep(counts)
 
     def _load(self, counts: list[int]) -> None:
-        """Compile (through the cache) and load the kernels of these kernel-path counts."""
+        """Compile (through the cache) and load the kernels of these kernel-path counts.
+
+        Each count is marked loaded once both of its kernels are, so a failure leaves the
+        counts loaded before it usable.
+        """
         todo = [m for m in counts if m not in self._kernels]
         if not todo:
             return
@@ -362,45 +391,30 @@ class DenseMlp:
                 f"DenseMlp.prepare({todo}) called during CUDA graph capture; "
                 "prepare every token count before capture"
             )
-        from mlpjit.jit.launcher import load_kernel
-        from mlpjit.jit.manager import default_manager
-
-        requests = kernel_requests(
-            self.hidden,
-            self.intermediate,
-            todo,
-            self.arch,
-            limit=self.limit,
-            ue8m0=self.ue8m0,
-            sms=self.sms,
+        entries = _compile_layer(
+            kernel_requests(
+                self.hidden,
+                self.intermediate,
+                todo,
+                self.arch,
+                limit=self.limit,
+                ue8m0=self.ue8m0,
+                sms=self.sms,
+            )
         )
-        entries = default_manager().warm(requests)
-        by_role = {
-            (r.params["tokens"], r.params["swiglu"]): e
-            for r, e in zip(requests, entries, strict=True)
-        }
         if self._act_buffers is None:  # before any count is marked loaded below
             from mlpjit.jit.launcher import stream_handle_getter
 
             self._stream_of = stream_handle_getter()
             self._act_buffers = _ActBuffers(self.device, self._index, self.intermediate)
         for m in todo:
-            gate_up = load_kernel(by_role[(m, True)], self.device)
-            down = load_kernel(by_role[(m, False)], self.device)
-            for kernel in (gate_up, down):
-                # _launch passes raw pointers in this order without per-call checks.
-                if [(p.name, p.kind) for p in kernel.params] != _KERNEL_PARAMS:
-                    raise MlpjitError(
-                        f"kernel {kernel.symbol} ({kernel.key[:12]}) takes "
-                        f"{[(p.name, p.kind) for p in kernel.params]}, expected {_KERNEL_PARAMS}"
-                    )
+            gate_up = _load_gemv(entries[(m, True)], self.device)
+            down = _load_gemv(entries[(m, False)], self.device)
             self._kernels[m] = (gate_up, down)
 
     def _capturing(self) -> bool:
-        if self.device.type != "cuda":
-            return False
-        with torch.cuda.device(self.device):
-            return torch.cuda.is_current_stream_capturing()
+        """Whether the weights' device's current stream is capturing a CUDA graph."""
+        return capture.current_stream_capturing(self.device)
 
     # ---- calls ------------------------------------------------------------------------------
 
@@ -424,6 +438,7 @@ class DenseMlp:
         return m
 
     def _check_buffer(self, buf: object, name: str, m: int, cols: int) -> None:
+        """Validate a caller's act or out buffer: bf16 [m, cols], contiguous, on the device."""
         if not isinstance(buf, Tensor):
             raise ValueError(f"{name} must be a torch.Tensor [{m}, {cols}] bf16 or None")
         if buf.dtype != torch.bfloat16:
@@ -448,7 +463,7 @@ class DenseMlp:
             self._check_buffer(out, "out", m, self.hidden)
         kernels = self._kernels.get(m)
         if kernels is None:
-            return self._slow_call(x, m, None, out)
+            return self._call_without_kernels(x, m, None, out)
         stream = self._stream_of(self._index)
         act = self._act_buffers.get(x, m, stream)
         if out is None:
@@ -465,7 +480,7 @@ class DenseMlp:
         self._check_buffer(out, "out", m, self.hidden)
         kernels = self._kernels.get(m)
         if kernels is None:
-            return self._slow_call(x, m, act, out)
+            return self._call_without_kernels(x, m, act, out)
         self._launch(kernels, x, act, out, self._stream_of(self._index))
         return out
 
@@ -492,41 +507,32 @@ class DenseMlp:
             stream,
         )
 
-    def _slow_call(self, x: Tensor, m: int, act: Tensor | None, out: Tensor | None) -> Tensor:
-        """First call for a token count, or a fallback path."""
-        if self.path(m) == "kernel":
-            if self._capturing():
-                raise CaptureError(
-                    f"DenseMlp called with {m} tokens during CUDA graph capture, but that "
-                    f"token count is not prepared: call prepare(tokens) with {m} in it "
-                    "before capture (a compile or module load cannot be captured)"
-                )
-            self._load([m])  # not prepare(): no act buffer is made inside a call
-            if act is None:
-                return self(x, out)
-            return self.forward_into(x, act, out)
-        new_act, new_out = self._fallback(x)
+    def _call_without_kernels(
+        self, x: Tensor, m: int, act: Tensor | None, out: Tensor | None
+    ) -> Tensor:
+        """A call whose token count has no kernels loaded: a kernel-path count not prepared
+        yet is loaded now (never during capture) and then called; any other count runs the
+        fallback. ``act`` None: called as ``__call__``, else as ``forward_into``."""
+        if self.path(m) != "kernel":
+            return self._call_fallback(x, act, out)
+        if self._capturing():
+            raise CaptureError(
+                f"DenseMlp called with {m} tokens during CUDA graph capture, but that "
+                f"token count is not prepared: call prepare(tokens) with {m} in it "
+                "before capture (a compile or module load cannot be captured)"
+            )
+        self._load([m])  # not prepare(): no act buffer is made inside a call
+        if act is None:
+            return self(x, out)
+        return self.forward_into(x, act, out)
+
+    def _call_fallback(self, x: Tensor, act: Tensor | None, out: Tensor | None) -> Tensor:
+        """The stock path or the reference math (see ``path``), into the caller's buffers
+        when given."""
+        new_act, new_out = self._fallback(x, limit=self.limit, ue8m0=self.ue8m0)
         if act is not None:
             act.copy_(new_act)
         if out is None:
             return new_out
         out.copy_(new_out)
         return out
-
-    def _fallback(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        if self._stock_scales is not None:
-            w13_b, w2_b = self._stock_scales
-            return reference.stock_forward(
-                x,
-                self.w13,
-                self.w2,
-                w13_b,
-                w2_b,
-                limit=self.limit,
-                ue8m0=self.ue8m0,
-            )
-        act = reference.gemv_reference(
-            x, self.w13, self.w13_scale, swiglu=True, limit=self.limit, ue8m0=self.ue8m0
-        )
-        out = reference.gemv_reference(act, self.w2, self.w2_scale, swiglu=False, ue8m0=self.ue8m0)
-        return act, out

@@ -95,26 +95,9 @@ def _dist_version(*names: str) -> dict[str, str]:
 
 def _gpus() -> list[dict[str, Any]]:
     """Visible CUDA devices: index, name, capability, kernel arch (None: stock path), SMs."""
-    import torch
+    from mlpjit.device import visible_gpus
 
-    from mlpjit.dense_mlp import device_sms, kernel_arch
-
-    if not torch.cuda.is_available():
-        return []
-    devices = []
-    for i in range(torch.cuda.device_count()):
-        device = torch.device("cuda", i)
-        major, minor = torch.cuda.get_device_capability(device)
-        devices.append(
-            {
-                "index": i,
-                "name": torch.cuda.get_device_name(device),
-                "capability": f"{major}.{minor}",
-                "kernel_arch": kernel_arch(device),
-                "sms": device_sms(device),
-            }
-        )
-    return devices
+    return visible_gpus()
 
 
 # --------------------------------------------------------------------- checks
@@ -169,7 +152,7 @@ def _check_gpu(gpus: list[dict[str, Any]]) -> Check:
             details,
             hint="set MLPJIT_ARCH=sm_90a on a CPU-only build machine",
         )
-    from mlpjit.kernels.plan import SMS
+    from mlpjit.kernels.hopper import SMS
 
     names = "; ".join(
         f"cuda:{g['index']} {g['name']} (sm {g['capability']}, {g.get('sms', '?')} SMs, "
@@ -184,7 +167,7 @@ def _check_gpu(gpus: list[dict[str, Any]]) -> Check:
         return Check(
             "gpu",
             OK,
-            f"{names}; kernels planned for {counts} SMs (plan's measured configs are for "
+            f"{names}; kernels planned for {counts} SMs (the measured configs are for "
             f"{SMS}, so its heuristic picks here); warm caches for this GPU elsewhere with "
             f"`mlpjit warm --sms {other[0]}`",
             details,
@@ -231,25 +214,13 @@ def _check_settings() -> Check:
     return Check("settings", OK, f"lock timeout {values['MLPJIT_LOCK_TIMEOUT']:g} s", values)
 
 
-def _unsafe(path: Path) -> str | None:
-    """Why the store would refuse ``path`` as a cache dir, or None if it would not."""
-    st = os.stat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{path} is not a directory"
-    if st.st_mode & _UNSAFE_BITS:
-        return f"{path} is writable by group or other users (mode {stat.filemode(st.st_mode)})"
-    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
-        return f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-    return None
-
-
 def _check_cache_dir() -> Check:
     from mlpjit.errors import CacheDirError
     from mlpjit.jit import config
     from mlpjit.jit.maintenance import cache_stats
-    from mlpjit.jit.store import CacheStore
+    from mlpjit.jit.store import CacheStore, unsafe_dir_reason
 
-    root = config.cache_dir().absolute()
+    root = Path(os.path.realpath(config.cache_dir()))  # resolved once, as the store does
     details: dict[str, Any] = {"path": str(root)}
     if not root.exists():
         parent = next((p for p in root.parents if p.exists()), None)
@@ -266,7 +237,7 @@ def _check_cache_dir() -> Check:
     dirs = [root, *sorted(p for p in (root / "v1").rglob("*") if p.is_dir())]
     if (root / "v1").is_dir():
         dirs.insert(1, root / "v1")
-    bad = [reason for reason in (_unsafe(p) for p in dirs) if reason]
+    bad = [reason for reason in (unsafe_dir_reason(p) for p in dirs) if reason]
     try:
         stats = cache_stats(CacheStore(root, layers=()))
     except CacheDirError as err:
@@ -297,6 +268,7 @@ def _check_cache_dir() -> Check:
 
 def _check_layers() -> list[Check]:
     from mlpjit.jit import config
+    from mlpjit.jit.store import unsafe_dir_reason
 
     checks = []
     for layer in config.cache_path():
@@ -305,7 +277,7 @@ def _check_layers() -> list[Check]:
         if not layer.exists():
             checks.append(Check(name, WARN, "missing: skipped", {"path": str(layer)}))
             continue
-        reason = _unsafe(layer)
+        reason = unsafe_dir_reason(Path(os.path.realpath(layer)))  # resolved, as the store does
         if reason and "owned by" not in reason:  # layers may belong to another user
             checks.append(
                 Check(name, WARN, f"skipped by the store: {reason}", hint=f"chmod go-w {layer}")

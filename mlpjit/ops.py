@@ -59,18 +59,20 @@ _registry: OrderedDict[tuple, DenseMlp] = OrderedDict()
 _capacity = DEFAULT_CAPACITY
 
 
-def _identity(t: Tensor) -> tuple:
+def _tensor_identity(t: Tensor) -> tuple:
+    """What names a weight's memory in the registry: address, shape, dtype, device."""
     return (t.data_ptr(), tuple(t.shape), t.dtype, t.device)
 
 
-def _key(
+def _registry_key(
     w13: Tensor, w13_scale: Tensor, w2: Tensor, w2_scale: Tensor, limit: float | None, ue8m0: bool
 ) -> tuple:
+    """The registry key of one layer: its four weights' identities and its options."""
     return (
-        _identity(w13),
-        _identity(w13_scale),
-        _identity(w2),
-        _identity(w2_scale),
+        _tensor_identity(w13),
+        _tensor_identity(w13_scale),
+        _tensor_identity(w2),
+        _tensor_identity(w2_scale),
         None if limit is None else float(limit),
         bool(ue8m0),
     )
@@ -98,7 +100,7 @@ def get_mlp(
     """The registry's DenseMlp for these weights, built (and validated) once on a miss."""
     _check_scale(w13_scale, "w13_scale")
     _check_scale(w2_scale, "w2_scale")
-    key = _key(w13, w13_scale, w2, w2_scale, limit, ue8m0)
+    key = _registry_key(w13, w13_scale, w2, w2_scale, limit, ue8m0)
     with _lock:
         mlp = _registry.get(key)
         if mlp is not None:

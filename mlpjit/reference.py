@@ -1,13 +1,10 @@
-"""The stock five-kernel dense-MLP path, written in torch.
+"""The reference: the stock five-kernel dense-MLP math in plain torch, every rounding spelled out.
 
-Two flavours of the same math (DESIGN.md §1):
-
-- the *reference* (``quantize_activation`` ... ``dense_mlp_reference``): plain torch ops that
-  run on CPU or GPU tensors and spell every rounding step out; the kernels are tested against it;
-- the *stock path* (``stock_dense_mlp``): what a user would run instead of mlpjit on Hopper,
-  built from torch's block-scaled ``torch._scaled_mm`` (cuBLAS); DenseMlp uses it as the
-  fallback for shapes the kernels cannot take, and the benchmark times it. Where that GEMM is
-  unavailable (CPU, non-Hopper GPUs) it computes the reference math instead.
+These functions run on CPU or GPU tensors and define what the kernels compute; the kernel
+tests compare against them, and DenseMlp runs them where neither the kernels nor torch's
+block-scaled GEMM exist (CPU weights, non-Hopper GPUs). The production stock path on
+Hopper, built from torch._scaled_mm, is mlpjit.stock; it quantizes activations and applies
+SwiGLU with the functions here, so both follow one rule.
 
 Numbers the kernels must reproduce:
 - activation scale per (token, 128-group): ``max(amax, 1e-10) / 448``, with ue8m0 rounded UP
@@ -33,12 +30,7 @@ __all__ = [
     "swiglu",
     "gemv_reference",
     "dense_mlp_reference",
-    "stock_gemm_supported",
-    "stock_weight_scale",
-    "stock_quantize",
-    "stock_gemm",
-    "stock_forward",
-    "stock_dense_mlp",
+    "expand_block_rows",
 ]
 
 GROUP = 128  # activation quantization group and weight scale block (along K)
@@ -91,15 +83,15 @@ def quantize_activation(x: Tensor, ue8m0: bool) -> tuple[Tensor, Tensor]:
     return q.reshape(m, k), scale
 
 
-def _expand_rows(w_scale: Tensor, n: int) -> Tensor:
-    """Block scales [ceil(n/128), G] -> per-row scales [n, G]."""
+def expand_block_rows(w_scale: Tensor, n: int) -> Tensor:
+    """Block scales [ceil(n/128), G] -> per-row scales [n, G] (float32)."""
     return w_scale.float().repeat_interleave(GROUP, dim=0)[:n]
 
 
 def dequantize_weight(w: Tensor, w_scale: Tensor) -> Tensor:
     """FP8 weight [n, k] with float32 block scales [n/128, k/128] -> float32 [n, k]."""
     n, k = w.shape
-    per_row = _expand_rows(w_scale, n).repeat_interleave(GROUP, dim=1)[:, :k]
+    per_row = expand_block_rows(w_scale, n).repeat_interleave(GROUP, dim=1)[:, :k]
     return w.float() * per_row
 
 
@@ -111,7 +103,7 @@ def block_scaled_gemm(xq: Tensor, xs: Tensor, w: Tensor, w_scale: Tensor) -> Ten
     """
     m, k = xq.shape
     n = w.shape[0]
-    ws_rows = _expand_rows(w_scale, n)  # [n, G]
+    ws_rows = expand_block_rows(w_scale, n)  # [n, G]
     xf = xq.float()
     wf = w.float()
     out = torch.zeros(m, n, dtype=torch.float32, device=xq.device)
@@ -167,95 +159,3 @@ def dense_mlp_reference(
     """The whole stock path in reference math: x [m, hidden] -> BF16 [m, hidden]."""
     act = gemv_reference(x, w13, w13_scale, swiglu=True, limit=limit, ue8m0=ue8m0)
     return gemv_reference(act, w2, w2_scale, swiglu=False, ue8m0=ue8m0)
-
-
-# --------------------------------------------------------------------------------------------
-# The stock path on the GPU: torch's block-scaled _scaled_mm (cuBLAS, CUDA >= 12.9, sm_90).
-# --------------------------------------------------------------------------------------------
-
-_M_ALIGN = 4  # pad tokens so the outer-dim-major activation scales have 16-byte columns
-
-
-def stock_gemm_supported(device: torch.device) -> bool:
-    """True when torch's block-scaled FP8 _scaled_mm can run on ``device`` (Hopper only)."""
-    if device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
-        return False
-    major, _minor = torch.cuda.get_device_capability(device)
-    # torch implements the DeepSeek-style 1x128 / 128x128 recipes for compute capability 9.x only.
-    return major == 9
-
-
-def stock_weight_scale(w_scale: Tensor, n: int, k: int) -> Tensor:
-    """The ``scale_b`` operand of torch._scaled_mm for a weight [n, k] with scales [n/128, k/128].
-
-    With k/128 a multiple of 4 this is the 128x128 recipe and a view of ``w_scale`` (no copy).
-    cuBLAS wants the 128x128 scale rows padded to 4 blocks (16 bytes), which the legacy
-    _scaled_mm layout check does not allow, so otherwise the scales are expanded once to the
-    1x128 recipe ([k/128, n] contiguous, n*k/32 bytes).
-    """
-    scale = w_scale.float().contiguous()
-    if (k // GROUP) % 4 == 0:
-        return scale.t()
-    return _expand_rows(scale, n).t().contiguous()
-
-
-def stock_quantize(x: Tensor, ue8m0: bool) -> tuple[Tensor, Tensor]:
-    """Quantize x for _scaled_mm: rows padded to a multiple of 4; scales outer-dim-major."""
-    m = x.shape[0]
-    pad = (-m) % _M_ALIGN
-    if pad:
-        x = torch.nn.functional.pad(x, (0, 0, 0, pad))
-    xq, xs = quantize_activation(x, ue8m0)
-    return xq, xs.t().contiguous().t()
-
-
-def stock_gemm(xq: Tensor, xs: Tensor, w: Tensor, w_scale_b: Tensor) -> Tensor:
-    """BF16 [m_padded, n] = block-scaled xq . w^T through torch._scaled_mm.
-
-    ``xq``/``xs`` come from ``stock_quantize``; ``w_scale_b`` from ``stock_weight_scale``.
-    """
-    return torch._scaled_mm(xq, w.t(), scale_a=xs, scale_b=w_scale_b, out_dtype=torch.bfloat16)
-
-
-def stock_forward(
-    x: Tensor,
-    w13: Tensor,
-    w2: Tensor,
-    w13_scale_b: Tensor,
-    w2_scale_b: Tensor,
-    *,
-    limit: float | None = None,
-    ue8m0: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """The stock five kernels on a Hopper GPU -> (act BF16 [m, inter], out BF16 [m, hidden]).
-
-    quant, _scaled_mm, SwiGLU, quant, _scaled_mm; ``*_scale_b`` from ``stock_weight_scale``.
-    """
-    m = x.shape[0]
-    xq, xs = stock_quantize(x, ue8m0)
-    act = swiglu(stock_gemm(xq, xs, w13, w13_scale_b), limit)
-    aq, as_ = stock_quantize(act, ue8m0)
-    out = stock_gemm(aq, as_, w2, w2_scale_b)
-    return act[:m], out[:m]
-
-
-def stock_dense_mlp(
-    x: Tensor,
-    w13: Tensor,
-    w13_scale: Tensor,
-    w2: Tensor,
-    w2_scale: Tensor,
-    *,
-    limit: float | None = None,
-    ue8m0: bool = False,
-) -> Tensor:
-    """The stock path x [m, hidden] -> BF16 [m, hidden] with float32 block scales.
-
-    torch's block-scaled _scaled_mm where available (``stock_forward``), else the reference.
-    """
-    if not stock_gemm_supported(x.device):
-        return dense_mlp_reference(x, w13, w13_scale, w2, w2_scale, limit=limit, ue8m0=ue8m0)
-    hidden, inter = w2.shape
-    w13_b = stock_weight_scale(w13_scale, 2 * inter, hidden)
-    w2_b = stock_weight_scale(w2_scale, hidden, inter)
-    return stock_forward(x, w13, w2, w13_b, w2_b, limit=limit, ue8m0=ue8m0)[1]

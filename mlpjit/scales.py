@@ -20,6 +20,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from mlpjit.jit.capture import current_stream_capturing
+
 __all__ = ["BLOCK", "ScaleForm", "check_scale_values", "scale_shape", "to_float32_scale"]
 
 # The form a block-scale tensor came in: decides how its bad values are described.
@@ -77,10 +79,7 @@ def _describe_bad_values(scale: Tensor, name: str, form: ScaleForm) -> str:
 def _capturing(scale: Tensor) -> bool:
     """True when ``scale`` is a CUDA tensor and its device's current stream is capturing a
     CUDA graph: a host sync there would invalidate the capture."""
-    if scale.device.type != "cuda":
-        return False
-    with torch.cuda.device(scale.device):
-        return torch.cuda.is_current_stream_capturing()
+    return current_stream_capturing(scale.device)
 
 
 def check_scale_values(scale: Tensor, name: str, *, form: ScaleForm = "float32") -> None:

@@ -7,9 +7,13 @@ baseline: each worker calls cute.compile on the same 16 kernels itself, with CuT
           CompileCallable._compile, and base_dsl/dsl.py), so every worker compiles all 16.
 Also: the warm start of a fresh process (all 16 kernels ready), mlpjit (cache lookups) vs the
 baseline (which must compile again). Prints a markdown table; writes
-bench/results/compile_cache.json.
+bench/results/compile_cache.json (the numbers: docs/BENCHMARKS.md).
 
     python3 scripts/bench_compile_cache.py [--workers 1 2 4 8] [--kernels 16]
+    python3 scripts/bench_compile_cache.py --kernel fp8_gemv \
+        --out bench/results/compile_cache_fp8_gemv.json
+
+``--kernel fp8_gemv`` takes the 16 GLM-5 TP8 DenseMlp kernels instead of the smoke kernel.
 """
 
 from __future__ import annotations
@@ -36,13 +40,17 @@ def _params(i: int) -> dict:
 
 def _requests(kernel: str, count: int) -> list:
     """``count`` distinct requests: smoke kernels, or the GLM-5 TP8 DenseMlp kernels."""
-    from mlpjit.jit.manager import KernelRequest
+    from mlpjit.jit.spec import KernelRequest
 
     if kernel == "smoke":
-        return [KernelRequest("smoke", _params(i), ARCH) for i in range(count)]
-    from mlpjit.kernels.plan import dense_mlp_requests
+        import mlpjit.testing.smoke  # noqa: F401  (registers the smoke kernel)
 
-    found = dense_mlp_requests(6144, 12288, 8, range(1, 9), ARCH)
+        return [KernelRequest("smoke", _params(i), ARCH) for i in range(count)]
+    from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
+    from mlpjit.models import MODELS
+
+    hidden, inter = MODELS["glm5"]
+    found = dense_mlp_requests(hidden, inter, 8, range(1, 9), ARCH)
     if count > len(found):
         raise SystemExit(f"--kernels must be <= {len(found)} with --kernel fp8_gemv")
     return found[:count]
@@ -73,16 +81,16 @@ def worker_baseline(kernel: str, count: int) -> dict:
     t0 = time.perf_counter()
     if kernel == "fp8_gemv":
         # compile_cubin is one cute.compile of the kernel for fake tensors, with no cache
-        from mlpjit.kernels.fp8_gemv import compile_cubin
+        from mlpjit.kernels.fp8_gemv.kernel import compile_cubin
 
         for request in _requests(kernel, count):
-            compile_cubin(request.params, ARCH)
+            compile_cubin(request.spec.make_params(request.params), ARCH)
         return {"ready_s": time.perf_counter() - t0, "compiles": count}
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
-    from mlpjit.kernels.smoke import _program
+    from mlpjit.testing.smoke import _program
 
     launch = _program()  # the same @cute.jit program mlpjit compiles
     for i in range(count):
@@ -139,8 +147,8 @@ def run_group(kind: str, kernel: str, workers: int, count: int, env: dict) -> di
 
 
 def _env(**extra: str) -> dict:
+    """This environment without MLPJIT_* and CUTE_DSL_* settings, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLPJIT_", "CUTE_DSL_"))}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env.update(extra)
     return env
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark DenseMlp against the stock path and the HBM floor on one GPU (issue 4).
+"""Benchmark DenseMlp against the stock path and the HBM floor on one GPU.
 
 Per shape and token count, each method runs a chain of distinct layers whose weights total at
 least ``--l2-multiple`` x the GPU's L2 (so weights come from HBM, not L2), captured once in a
@@ -12,7 +12,8 @@ Methods, all in the same run:
   bf16          BF16 weights: torch.mm, SiLU-and-mul, torch.mm
   floor         FP8 weight (+scale) bytes / device-to-device copy bandwidth (same run)
 plus the host time of an eager DenseMlp call. Writes JSON (bench/results/ by default), prints
-a markdown table, and with --plot draws a PNG (matplotlib).
+a markdown table, and with --plot draws a PNG (matplotlib). The numbers, and the command
+behind docs/BENCHMARKS.md's table: docs/BENCHMARKS.md.
 
     MLPJIT_CACHE_DIR=.gpu-cache python3 scripts/bench_dense_mlp.py            # full run
     python3 scripts/bench_dense_mlp.py --quick                                 # smoke run
@@ -36,29 +37,21 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from mlpjit.testing.layers import (
+    DENSE_SHAPES,
+    TIMING_SCALE,
+    copy_bandwidth,
+    graph_times,
+    layer_bytes,
+    random_fp8_layer,
+)
 
-from scripts.gpu_timing import copy_bandwidth, graph_times  # noqa: E402
-
+REPO = Path(__file__).resolve().parent.parent
 # name -> (hidden, intermediate per TP shard)
-SHAPES = {
-    "glm5-tp8": (6144, 12288 // 8),
-    "glm5-tp4": (6144, 12288 // 4),
-    "glm5-tp1": (6144, 12288),
-    "glm4.5-tp8": (5120, 12288 // 8),
-}
+SHAPES = {name: DENSE_SHAPES[name] for name in ("glm5-tp8", "glm5-tp4", "glm5-tp1", "glm4.5-tp8")}
 DEFAULT_TOKENS = (1, 2, 4, 8)
 L2_BYTES_H200 = 60 * 1024 * 1024  # used when the device does not report its L2 size
 METHODS = ("mlpjit", "mlpjit_nopdl", "stock", "scaled_mm", "bf16")
-
-
-def layer_bytes(hidden: int, inter: int) -> int:
-    """FP8 weight bytes of one layer (gate_up + down) plus its float32 block scales."""
-    weights = 3 * inter * hidden
-    scales = 3 * (inter // 128) * (hidden // 128) * 4
-    return weights + scales
 
 
 def layers_needed(hidden: int, inter: int, l2_bytes: int, multiple: float) -> int:
@@ -90,7 +83,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host-calls", type=int, default=100, help="eager calls per host batch")
     p.add_argument("--fp32-scales", action="store_true", help="activation scales not ue8m0")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {METHODS}")
-    p.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--json", type=Path, default=None, help="exact JSON path (else in --out-dir)")
     p.add_argument("--plot", type=Path, default=None, help="write a PNG plot here")
     p.add_argument("--plot-from", type=Path, default=None, help="plot/table an existing JSON")
@@ -154,38 +147,21 @@ def host_overhead_us(call: Callable[[], object], calls: int, batches: int = 20) 
 # ---- one shape --------------------------------------------------------------------------------
 
 
-def make_fp8_layer(hidden: int, inter: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    def fp8(n: int, k: int) -> torch.Tensor:
-        w = torch.randn(n, k, generator=gen, device="cuda") * 64
-        return w.clamp_(-448, 448).to(torch.float8_e4m3fn)
-
-    def scales(n: int, k: int) -> torch.Tensor:
-        return (torch.rand(n // 128, k // 128, generator=gen, device="cuda") + 0.5) / (64 * 64)
-
-    return {
-        "w13": fp8(2 * inter, hidden),
-        "w13_scale": scales(2 * inter, hidden),
-        "w2": fp8(hidden, inter),
-        "w2_scale": scales(hidden, inter),
-    }
-
-
 def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -> list[dict]:
-    from mlpjit import DenseMlp
-    from mlpjit import reference as ref
+    from mlpjit import DenseMlp, stock
 
     hidden, inter = SHAPES[name]
     n_layers = layers_needed(hidden, inter, l2_bytes, args.l2_multiple)
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     ue8m0 = not args.fp32_scales
-    fp8_layers = [make_fp8_layer(hidden, inter, gen) for _ in range(n_layers)]
+    fp8_layers = [random_fp8_layer(hidden, inter, gen, scale=TIMING_SCALE) for _ in range(n_layers)]
     mlps = [DenseMlp(**w, ue8m0=ue8m0) for w in fp8_layers]
     for mlp in mlps:
         mlp.prepare(args.token_list)
     stock_scales = [
         (
-            ref.stock_weight_scale(w["w13_scale"], 2 * inter, hidden),
-            ref.stock_weight_scale(w["w2_scale"], hidden, inter),
+            stock.weight_scale_operand(w["w13_scale"], 2 * inter, hidden),
+            stock.weight_scale_operand(w["w2_scale"], hidden, inter),
         )
         for w in fp8_layers
     ]
@@ -207,9 +183,9 @@ def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -
     rows = []
     for m in args.token_list:
         x = (torch.randn(m, hidden, generator=gen, device="cuda")).to(torch.bfloat16)
-        xq, xs = ref.stock_quantize(x, ue8m0)
+        xq, xs = stock.quantize_operand(x, ue8m0)
         act = torch.randn(m, inter, generator=gen, device="cuda").to(torch.bfloat16)
-        aq, as_ = ref.stock_quantize(act, ue8m0)
+        aq, as_ = stock.quantize_operand(act, ue8m0)
 
         def run_mlpjit(x: torch.Tensor = x) -> torch.Tensor:
             y = x
@@ -220,13 +196,13 @@ def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -
         def run_stock(x: torch.Tensor = x) -> torch.Tensor:
             y = x
             for w, (s13, s2) in zip(fp8_layers, stock_scales, strict=True):
-                y = ref.stock_forward(y, w["w13"], w["w2"], s13, s2, ue8m0=ue8m0)[1]
+                y = stock.forward(y, w["w13"], w["w2"], s13, s2, ue8m0=ue8m0)[1]
             return y
 
         def run_scaled_mm(xq=xq, xs=xs, aq=aq, as_=as_) -> None:
             for w, (s13, s2) in zip(fp8_layers, stock_scales, strict=True):
-                ref.stock_gemm(xq, xs, w["w13"], s13)
-                ref.stock_gemm(aq, as_, w["w2"], s2)
+                stock.gemm(xq, xs, w["w13"], s13)
+                stock.gemm(aq, as_, w["w2"], s2)
 
         def run_bf16(x: torch.Tensor = x) -> torch.Tensor:
             y = x
@@ -389,8 +365,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in args.shape_list:
             hidden, inter = SHAPES[name]
             n = layers_needed(hidden, inter, L2_BYTES_H200, args.l2_multiple)
-            paths = {m: "kernel" if kernel_supported(hidden, inter, m) else "stock"
-                     for m in args.token_list}  # fmt: skip
+            paths = {
+                m: "kernel" if kernel_supported(hidden, inter, m) else "stock"
+                for m in args.token_list
+            }
             print(
                 f"{name}: hidden {hidden}, intermediate {inter}, {n} layers x "
                 f"{layer_bytes(hidden, inter) / 2**20:.1f} MiB; tokens -> path {paths}"

@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Write the kernel requests the GPU tests and benchmarks need, as JSON lines.
 
-The output feeds ``mlpjit warm --requests FILE`` on a machine without a GPU, so the GPU run
-needs no compiler (the GPU.md workflow):
+Each source below lists its kernels in ``kernel_requests(arch)``; the output feeds
+``mlpjit warm --from FILE`` on a machine without a GPU, so the GPU run needs no compiler
+(README: running the GPU tests and benchmarks on an H200):
 
     python3 scripts/gpu_requests.py --arch sm_90a -o .gpu-cache/requests.jsonl
-    MLPJIT_CACHE_DIR=.gpu-cache mlpjit warm --from .gpu-cache/requests.jsonl --jobs 2
+    MLPJIT_CACHE_DIR=.gpu-cache mlpjit warm --from .gpu-cache/requests.jsonl --arch sm_90a --jobs 2
+
+The demos (serve_demo.py, tp_demo.py at TP 8 and 2) use GLM-5 shards that
+tests/gpu/test_dense_mlp_gpu.py lists already.
 """
 
 from __future__ import annotations
@@ -13,19 +17,24 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parent.parent
+from mlpjit.jit.spec import KernelRequest
+
+REPO = Path(__file__).resolve().parent.parent
 SOURCES = (
-    ROOT / "tests" / "gpu" / "test_dense_mlp_gpu.py",
-    ROOT / "tests" / "gpu" / "test_fp8_gemv_gpu.py",
-    ROOT / "tests" / "gpu" / "test_launcher_gpu.py",
-    ROOT / "scripts" / "bench_dense_mlp.py",
+    REPO / "tests" / "gpu" / "test_dense_mlp_gpu.py",
+    REPO / "tests" / "gpu" / "test_fp8_gemv_gpu.py",
+    REPO / "tests" / "gpu" / "test_launcher_gpu.py",
+    REPO / "scripts" / "bench_dense_mlp.py",
+    REPO / "scripts" / "bench_launch.py",
 )
 
 
 def _load(path: Path) -> ModuleType:
+    """Import a test module or script by file name (neither is a package module)."""
     spec = importlib.util.spec_from_file_location(f"_requests_{path.stem}", path)
     if spec is None or spec.loader is None:
         raise ValueError(f"cannot import {path}")
@@ -34,9 +43,9 @@ def _load(path: Path) -> ModuleType:
     return module
 
 
-def requests(arch: str) -> list:
-    """Distinct KernelRequests of every source's kernel_requests(arch)."""
-    seen: list = []
+def requests(arch: str) -> list[KernelRequest]:
+    """Distinct KernelRequests of every source's kernel_requests(arch), in source order."""
+    seen: list[KernelRequest] = []
     for path in SOURCES:
         for r in _load(path).kernel_requests(arch):
             if r not in seen:
@@ -44,13 +53,11 @@ def requests(arch: str) -> list:
     return seen
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--arch", default="sm_90a", help="target arch (default sm_90a)")
     p.add_argument("-o", "--output", type=Path, default=None, help="file (default stdout)")
     args = p.parse_args(argv)
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     lines = [r.to_json_line() for r in requests(args.arch)]
     text = "\n".join(lines) + "\n"
     if args.output is None:

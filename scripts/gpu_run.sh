@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One full GPU session on the H200 device machine (see docs/GPU_WORKFLOW in README):
-# installs carried wheels, runs the GPU tests against the carried cache, then the benchmarks.
-# Usage (on the device): scripts/gpu_run.sh [pytest args...]; logs land in $OUT.
+# The GPU tests on an H200 machine with a cache compiled elsewhere (README: running the GPU
+# tests and benchmarks on an H200): installs carried wheels (.whl/, no index), puts the
+# repository on PYTHONPATH (mlpjit need not be installed there), runs tests/gpu against
+# $MLPJIT_CACHE_DIR (default .gpu-cache). The benchmarks run after it, as the README shows.
+# Usage (on the GPU machine): scripts/gpu_run.sh [pytest args...]; logs land in $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

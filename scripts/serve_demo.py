@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Start-up of a multi-worker server that uses mlpjit, measured per worker (issue 5).
+"""Start-up of a multi-worker server that uses mlpjit, measured per worker.
 
 W worker processes (torch.multiprocessing, spawn; like tensor-parallel ranks) each:
   1. import torch and mlpjit                                         -> import ms
@@ -12,24 +12,23 @@ W worker processes (torch.multiprocessing, spawn; like tensor-parallel ranks) ea
      replay decode steps                                             -> step us (m=1, m=8)
 
 Without a GPU, ``--arch sm_90a`` (or MLPJIT_ARCH) runs the compile side only: each worker
-warms the model's kernel list (kernels.plan.dense_mlp_requests, once per layer, the way each
+warms the model's kernel list (fp8_gemv.plan.dense_mlp_requests, once per layer, the way each
 layer's prepare() asks for it) through the process's compile manager, and reports the same
-breakdown without capture and decode.
+breakdown without capture and decode. The measured numbers: docs/SERVER.md.
 
     python3 scripts/serve_demo.py --workers 4 --cold --arch sm_90a          # CPU, cold cache
     MLPJIT_CACHE_DIR=.gpu-cache python3 scripts/serve_demo.py --workers 8   # GPU, warm cache
     python3 scripts/serve_demo.py --workers 4 --cold --arch sm_90a --json out.json
 
 ``--cold`` points MLPJIT_CACHE_DIR at a fresh temporary directory (removed afterwards).
-The top of this file imports the standard library only, so a spawned worker's import time is
-its own.
+The top of this file imports no torch and nothing of mlpjit that does, so a spawned
+worker's import time is its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -40,33 +39,15 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from scripts import startup_report  # noqa: E402
+from mlpjit.testing.layers import (
+    ms,
+    output_digest,
+    random_fp8_layer,
+    startup_stats,
+    startup_table,
+)
 
 # --------------------------------------------------------------------- worker side
-
-
-def _random_layer(torch: Any, hidden: int, inter: int, device: Any, seed: int) -> dict:
-    """Random FP8 weights with power-of-two float32 block scales for one dense layer."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-
-    def fp8(n: int, k: int) -> Any:
-        w = torch.randn(n, k, generator=gen, device=device) * 48
-        return w.clamp(-448, 448).to(torch.float8_e4m3fn)
-
-    def scale(n: int, k: int) -> Any:
-        e = torch.randint(-12, -8, (n // 128, k // 128), generator=gen, device=device)
-        return 2.0 ** e.float()
-
-    return {
-        "w13": fp8(2 * inter, hidden),
-        "w13_scale": scale(2 * inter, hidden),
-        "w2": fp8(hidden, inter),
-        "w2_scale": scale(hidden, inter),
-    }
 
 
 def _capture_and_decode(torch: Any, layers: list, tokens: list[int], hidden: int, steps: int):
@@ -118,8 +99,7 @@ def _capture_and_decode(torch: Any, layers: list, tokens: list[int], hidden: int
     for m, (graph, _, _, outs) in graphs.items():
         graph.replay()
         torch.cuda.synchronize(device)
-        raw = outs[-1].view(torch.int16).cpu().numpy().tobytes()
-        digests[m] = hashlib.sha256(raw).hexdigest()[:16]
+        digests[m] = output_digest(outs[-1])
     return capture_s, step_us, digests
 
 
@@ -132,11 +112,12 @@ def _worker_body(rank: int, opts: dict, barrier: Any, spawned_at: float) -> dict
     from mlpjit.dense_mlp import DenseMlp
     from mlpjit.jit.manager import default_manager
 
+    import_s = time.perf_counter() - t0
     result: dict[str, Any] = {
         "rank": rank,
         "pid": os.getpid(),
-        "spawn_ms": startup_report.ms(entered - spawned_at),
-        "import_ms": startup_report.ms(time.perf_counter() - t0),
+        "spawn_ms": ms(entered - spawned_at),
+        "import_ms": ms(import_s),
     }
     hidden, inter = opts["hidden"], opts["intermediate"] // opts["tp"]
     tokens: list[int] = opts["tokens"]
@@ -145,42 +126,36 @@ def _worker_body(rank: int, opts: dict, barrier: Any, spawned_at: float) -> dict
     if gpu:
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-        layers = [
-            DenseMlp(**_random_layer(torch, hidden, inter, device, seed=i), ue8m0=opts["ue8m0"])
-            for i in range(opts["layers"])
-        ]
+        layers = []
+        for seed in range(opts["layers"]):  # the same weights on every worker
+            gen = torch.Generator(device).manual_seed(seed)
+            weights = random_fp8_layer(hidden, inter, gen, w_std=48, pow2_exponents=(-12, -8))
+            layers.append(DenseMlp(**weights, ue8m0=opts["ue8m0"]))
         torch.cuda.synchronize(device)
         result.update(mode="gpu", device=f"{device} {torch.cuda.get_device_name(device)}")
     else:
-        from mlpjit.kernels.plan import dense_mlp_requests
+        from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
 
         requests = dense_mlp_requests(
             hidden, opts["intermediate"], opts["tp"], tokens, opts["arch"], ue8m0=opts["ue8m0"]
         )
         result.update(mode="compile-only", device=f"cpu (arch {opts['arch']})")
-    result["build_ms"] = startup_report.ms(time.perf_counter() - t0)
+    result["build_ms"] = ms(time.perf_counter() - t0)
 
     barrier.wait()
-    manager = default_manager()
-    before = manager.stats
-    t0 = time.perf_counter()
-    if gpu:
-        for layer in layers:
-            layer.prepare(tokens)
+    if not gpu:  # each layer asks for the model's kernel list, as its prepare() would
+        manager = default_manager()
+        result.update(
+            startup_stats(lambda: [manager.warm(requests) for _ in range(opts["layers"])])
+        )
     else:
-        for _ in range(opts["layers"]):
-            manager.warm(requests)
-    result["prepare_ms"] = startup_report.ms(time.perf_counter() - t0)
-    result.update(startup_report.stats_delta(before, manager.stats))
-    result["cutlass_imported"] = "cutlass" in sys.modules
-    if gpu:
-        paths = sorted({layer.path(m) for layer in layers for m in tokens})
-        result["paths"] = paths
+        result.update(startup_stats(lambda: [layer.prepare(tokens) for layer in layers]))
+        result["paths"] = sorted({layer.path(m) for layer in layers for m in tokens})
         capture_s, step_us, digests = _capture_and_decode(
             torch, layers, tokens, hidden, opts["steps"]
         )
         result["output_sha256"] = {str(m): d for m, d in digests.items()}
-        result["capture_ms"] = startup_report.ms(capture_s)
+        result["capture_ms"] = ms(capture_s)
         result["step_us"] = {str(m): us for m, us in step_us.items()}
     return result
 
@@ -234,47 +209,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _row(r: dict) -> list[str]:
-    if "error" in r:
-        return [str(r["rank"]), "error", *["-"] * (len(HEADER) - 2)]
-    steps = r.get("step_us", {})
-    return [
-        str(r["rank"]),
-        r["mode"],
-        f"{r['spawn_ms']:.0f}",
-        f"{r['import_ms']:.0f}",
-        f"{r['build_ms']:.0f}",
-        f"{r['prepare_ms']:.0f}",
-        str(r["hits"]),
-        str(r["compiles"]),
-        f"{r['compile_seconds']:.2f}",
-        f"{r['lock_waits']} ({r['wait_seconds']:.2f} s)",
-        "yes" if r["cutlass_imported"] else "no",
-        f"{r['capture_ms']:.0f}" if "capture_ms" in r else "-",
-        " / ".join(f"{v:.1f}" for v in steps.values()) if steps else "-",
-    ]
-
-
-HEADER = [
-    "worker",
-    "mode",
-    "spawn ms",
-    "import ms",
-    "build ms",
-    "prepare ms",
-    "hits",
-    "compiles",
-    "compile s",
-    "lock waits",
-    "cutlass",
-    "capture ms",
-    "step us (m min/max)",
-]
-
-
 def format_table(results: list[dict]) -> str:
     """A markdown table, one row per process, plus a totals line."""
-    return startup_report.format_table(results, HEADER, _row)
+    return startup_table(results, "worker", ("spawn", "import", "build"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.multiprocessing as mp
 
     from mlpjit.jit import config
+    from mlpjit.jit.spec import check_arch
 
     gpu = torch.cuda.is_available()
     arch = args.arch or config.arch_override()
@@ -294,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if arch is not None:
-        config.check_arch(arch, "--arch")
+        check_arch(arch, "--arch")
     if args.intermediate % args.tp:
         print(f"serve_demo: --tp {args.tp} must divide --intermediate", file=sys.stderr)
         return 2

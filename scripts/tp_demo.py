@@ -1,51 +1,48 @@
 #!/usr/bin/env python3
-"""GLM-5 dense MLP layers as a tensor-parallel job, start-up and accuracy per rank (issue 6).
+"""GLM-5 dense MLP layers as a tensor-parallel job: start-up and accuracy per rank.
 
-Builds ``--layers`` full GLM-5 dense layers (hidden 6144, intermediate 12288) of seeded
-random FP8 weights, shards them for TP size ``--tp`` (``shard_layer``) and runs them with
-DenseMlp. The model is a chain of residual blocks, ``h = h + all_reduce(mlp_r(h))`` per layer
-(residual adds keep the activations at a steady scale over any number of layers; a chain
-without them shrinks or grows layer by layer). The accuracy check, for each
-``--check-tokens`` count and each layer: the all-reduced TP output of the layer against
-``mlpjit.reference.dense_mlp_reference`` (the reference float math) of the full (TP=1) layer
-on one device, given the same input (the TP run's own input to that layer), within 1e-2
-relative L2. The final ``h`` against an independently computed reference chain is reported
-too, as information only: FP8 re-quantization of each layer's input amplifies bf16-level
-differences, so even two correct chains differ by about 4e-2 after 3 layers (see
-``layer_errors``).
+Builds ``--layers`` full dense layers (GLM-5: hidden 6144, intermediate 12288) of seeded
+random FP8 weights, shards them for TP size ``--tp`` (``shard_layer``) and runs the shards
+with DenseMlp. The model is a chain of residual blocks, ``h = h + all_reduce(mlp_r(h))`` per
+layer (residual adds keep the activations at a steady scale over any number of layers).
+
+The check, for each ``--check-tokens`` count and each layer: the all-reduced TP output of
+the layer against ``mlpjit.reference.dense_mlp_reference`` of the full (TP=1) layer given
+the same input (the TP run's own input to that layer), within TOL relative L2. The final
+``h`` against an independently computed reference chain is reported as information only
+(``layer_errors`` says why).
 
 Real mode (``torch.cuda.device_count() >= --tp``): one spawned process per rank on cuda:r,
-torch.distributed with NCCL (NVLS / multicast off). Each rank times: import, process-group
-init, build (generate the full layers on its GPU from the seed, keep its shards), prepare of
-tokens 1..8 (with the compile manager's stats deltas: hits, compiles, lock waits), capture of
-one CUDA graph per token count of the whole L-layer decode step *including* the NCCL
-all-reduce, and the decode step time (median of single-replay CUDA event times) at the
-smallest and largest token count. Rank 0 runs the reference check; every rank's output digest
-must agree.
+torch.distributed with NCCL (NVLS / multicast off). Each rank times its import, process
+group init, build (the full layers generated on its GPU from the seed, its shards kept),
+prepare of every --tokens count (with the compile manager's hits, compiles and lock waits),
+capture of one CUDA graph per token count of the whole L-layer step *including* the NCCL
+all-reduce, and the step time (median of single-replay CUDA event times) at the smallest
+and largest token count. Rank 0 runs the check; every rank's output digest must agree.
 
-Emulated mode (fewer GPUs than --tp, or ``--emulate``): ONE process on cuda:0 (or on CPU with
-``--emulate`` and no GPU: reference math, no kernels, no graphs) builds every rank's shards,
-prepares each rank's DenseMlps (the shards share kernel shapes: after the first rank all hits),
-captures and times each rank's L layers *without* the all-reduce, and for the check sums the
-ranks' partial outputs in float32 (what the all-reduce computes; NCCL itself adds bf16 values
-hop by hop, rounding to bf16 at each of up to tp-1 steps: the JSON also reports that variant,
-summed sequentially in bf16). It does not cover NCCL, start-up concurrency of the ranks, or the
-capture of the all-reduce.
+Emulated mode (fewer GPUs than --tp, or ``--emulate``): ONE process on cuda:0 (or on CPU
+with ``--emulate`` and no GPU: reference math, no kernels, no graphs) builds every rank's
+shards, prepares each rank's DenseMlps (the shards share kernel shapes: after the first
+rank all hits), captures and times each rank's layers *without* the all-reduce, and for the
+check sums the ranks' partial outputs in float32 (what the all-reduce computes; NCCL adds
+bf16 values hop by hop, rounding at each of up to tp-1 steps: the JSON reports that variant
+too). It does not cover NCCL, the ranks' concurrent start-up or the capture of the
+all-reduce.
 
     python3 scripts/tp_demo.py --dry-run                       # CPU: args, shard shapes, plan
     MLPJIT_CACHE_DIR=.gpu-cache python3 scripts/tp_demo.py --emulate --json tp.json  # 1 GPU
     MLPJIT_CACHE_DIR=.gpu-cache python3 scripts/tp_demo.py --tp 8 --json tp.json     # 8 GPUs
 
-``kernel_requests(arch)`` lists the kernels the GPU run needs (warm a cache on a CPU machine:
-``mlpjit warm --model glm5 --tp 8 --tokens 1-8 --arch sm_90a`` gives the same list). The top
-of this file imports the standard library only, so a spawned rank's import time is its own.
+``kernel_requests(arch)`` lists the kernels the GPU run needs (the same list as ``mlpjit
+warm --model glm5 --tp 8 --tokens 1-8 --arch sm_90a``). The top of this file imports no
+torch and nothing of mlpjit that does, so a spawned rank's import time is its own. Measured
+runs, and the bugs the first real runs found: docs/SERVER.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import faulthandler
-import hashlib
 import json
 import os
 import shutil
@@ -55,30 +52,36 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from mlpjit.models import MODELS
+from mlpjit.testing.layers import (
+    BLOCK,
+    ms,
+    output_digest,
+    random_fp8_layer,
+    rel_l2,
+    replay_times,
+    startup_stats,
+    startup_table,
+)
 
-from scripts import startup_report  # noqa: E402
-
-HIDDEN, INTERMEDIATE = 6144, 12288  # GLM-5 dense layer (mlpjit.kernels.plan.MODELS["glm5"])
-BLOCK = 128  # weight-scale block
+HIDDEN, INTERMEDIATE = MODELS["glm5"]
 MAX_TOKENS = 8  # the fused kernels take 1..8 tokens
 TOL = 1e-2  # relative L2 error allowed against the full TP=1 reference
-W_STD = 64.0  # std of the FP8 weight values before clamping (uses e4m3's range; 448 = 7 std)
 SEED = 1234
-# Multicast / NVLS stay off (the lent machines do not support it; see the device notes).
-# Seconds the ranks get to tear NCCL down once all results are in.
-TEARDOWN_GRACE_S = 20
+# Multicast / NVLS stay off in every rank: the GPUs this ran on do not support it.
 NO_MULTICAST_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
+TEARDOWN_GRACE_S = 20  # seconds the ranks get to tear NCCL down once all results are in
+FAILURE_GRACE_S = 30  # seconds the others get after a rank failed (they would wait in NCCL)
+# What the ranks need of the arguments (the JSON's "options").
+OPTIONS = ("tp", "layers", "hidden", "intermediate", "tokens", "check_tokens", "steps", "timeout")
 
 
 # --------------------------------------------------------------------- weights and shards
@@ -99,32 +102,15 @@ def check_shapes(hidden: int, intermediate: int, tp: int) -> None:
 
 
 def random_layer(hidden: int, intermediate: int, *, seed: int, device: Any) -> dict:
-    """One full dense layer of seeded random FP8 weights with float32 128x128 block scales.
-
-    Weights: ``randn * 64`` clamped to +-448, as float8_e4m3fn. Scales: positive float32,
-    ``1/(64*sqrt(k))`` times a per-block factor in [2^-0.5, 2^0.5), so each dequantized weight
-    matrix has a standard deviation near 1/sqrt(k) (unit-scale activations stay unit-scale).
-    The same seed gives the same layer on the same device type; nothing depends on the rank.
-    """
+    """One full dense layer {w13, w13_scale, w2, w2_scale} of seeded random FP8 weights
+    (mlpjit.testing.layers.random_fp8_layer), sized so unit-scale activations stay
+    unit-scale: each dequantized matrix has a standard deviation near 1/sqrt(k). The same
+    seed gives the same layer on the same device type; nothing depends on the rank."""
     import torch
 
     check_shapes(hidden, intermediate, 1)
     gen = torch.Generator(device=device).manual_seed(seed)
-
-    def weight(n: int, k: int) -> Any:
-        w = torch.randn(n, k, generator=gen, device=device)
-        return w.mul_(W_STD).clamp_(-448.0, 448.0).to(torch.float8_e4m3fn)
-
-    def scale(n: int, k: int) -> Any:
-        jitter = torch.rand(n // BLOCK, k // BLOCK, generator=gen, device=device) - 0.5
-        return (2.0**jitter) / (W_STD * k**0.5)
-
-    return {
-        "w13": weight(2 * intermediate, hidden),
-        "w13_scale": scale(2 * intermediate, hidden),
-        "w2": weight(hidden, intermediate),
-        "w2_scale": scale(hidden, intermediate),
-    }
+    return random_fp8_layer(hidden, intermediate, gen, gate_up_std=1.0, out_std=1.0)
 
 
 def random_input(m: int, hidden: int, *, device: Any, seed: int = SEED) -> Any:
@@ -180,35 +166,33 @@ def kernel_requests(
     tokens: Iterable[int] = range(1, MAX_TOKENS + 1),
 ) -> list:
     """The compile requests the GPU run needs: both kernels of a TP-``tp`` shard, ue8m0 on.
-
-    The full TP=1 layer is only used by the reference (plain torch), so it needs no kernel.
-    The same list as ``mlpjit warm --model glm5 --tp 8 --tokens 1-8 --arch sm_90a``.
-    """
-    from mlpjit.kernels.plan import dense_mlp_requests
+    The full TP=1 layer is only used by the reference (plain torch), so it needs no kernel."""
+    from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
 
     check_shapes(hidden, intermediate, tp)
     return dense_mlp_requests(hidden, intermediate, tp, list(tokens), arch, ue8m0=True)
 
 
-def rel_l2(got: Any, want: Any) -> float:
-    """||got - want|| / ||want|| in float64."""
-    g, w = got.double(), want.double()
-    return float((g - w).norm() / w.norm().clamp_min(1e-30))
+# --------------------------------------------------------------------- the check
+
+
+def _reference(layer: dict, h: Any) -> Any:
+    from mlpjit.reference import dense_mlp_reference
+
+    return dense_mlp_reference(h, **layer, ue8m0=True)
 
 
 def reference_chain(full_layers: Sequence[dict], x: Any) -> Any:
     """The residual chain with the full layers in reference math: h += dense_mlp_reference(h)."""
-    from mlpjit.reference import dense_mlp_reference
-
     h = x
     for layer in full_layers:
-        h = h + dense_mlp_reference(
-            h, layer["w13"], layer["w13_scale"], layer["w2"], layer["w2_scale"], ue8m0=True
-        )
+        h = h + _reference(layer, h)
     return h
 
 
-def layer_errors(full_layers: Sequence[dict], inputs: Sequence[Any], outputs: Sequence[Any]):
+def layer_errors(
+    full_layers: Sequence[dict], inputs: Sequence[Any], outputs: Sequence[Any]
+) -> list[float]:
     """Relative L2 error of each layer's TP output (the all-reduced partial sum) against the
     full layer's reference output, both computed from the same input: the TP run's own input
     to that layer (x for the first, the previous h after that).
@@ -219,15 +203,10 @@ def layer_errors(full_layers: Sequence[dict], inputs: Sequence[Any], outputs: Se
     6 to 12 percent of the value), so two correct chains drift apart by a few 1e-2 after
     three layers (measured on CPU: 2.7e-3 per layer, 4e-2 for the chain of 3).
     """
-    from mlpjit.reference import dense_mlp_reference
-
-    errors = []
-    for layer, h, got in zip(full_layers, inputs, outputs, strict=True):
-        want = dense_mlp_reference(
-            h, layer["w13"], layer["w13_scale"], layer["w2"], layer["w2_scale"], ue8m0=True
-        )
-        errors.append(rel_l2(got, want))
-    return errors
+    return [
+        rel_l2(got, _reference(layer, h))
+        for layer, h, got in zip(full_layers, inputs, outputs, strict=True)
+    ]
 
 
 def emulated_chain(
@@ -267,14 +246,7 @@ def check_entry(full_layers: Sequence[dict], x: Any, h: Any, inputs: list, outpu
     }
 
 
-def _digest(t: Any) -> str:
-    import torch
-
-    raw = t.detach().contiguous().view(torch.int16).cpu().numpy().tobytes()
-    return hashlib.sha256(raw).hexdigest()[:16]
-
-
-# --------------------------------------------------------------------- CUDA graphs
+# --------------------------------------------------------------------- prepare, capture, time
 
 
 class StepGraph(NamedTuple):
@@ -292,14 +264,16 @@ class StepGraph(NamedTuple):
     hs: list
 
 
-def _capture(torch: Any, mlps: Sequence[Any], m: int, hidden: int, reduce: Any) -> StepGraph:
+def _capture(mlps: Sequence[Any], m: int, hidden: int, reduce: Any) -> StepGraph:
     """One CUDA graph of the L-layer step ``h += reduce(mlp(h))`` for m tokens.
 
     ``reduce`` is the in-place all-reduce (real mode) or None (one rank's compute only).
-    Returns the graph with its buffers (input, per-layer act, out and h). Warm-up runs on a side
-    stream first (also initialises NCCL's per-stream state before capture). Capture is
-    thread-local, so NCCL's watchdog thread may keep querying its events meanwhile.
+    Warm-up runs on a side stream first (also initialises NCCL's per-stream state before
+    capture). Capture is thread-local, so NCCL's watchdog thread may keep querying its
+    events meanwhile.
     """
+    import torch
+
     device = mlps[0].device
     x = random_input(m, hidden, device=device)
     acts = [torch.empty(m, mlp.intermediate, device=device, dtype=torch.bfloat16) for mlp in mlps]
@@ -327,22 +301,46 @@ def _capture(torch: Any, mlps: Sequence[Any], m: int, hidden: int, reduce: Any) 
     return StepGraph(graph, x, acts, outs, hs)
 
 
-def _median_replay_us(torch: Any, graph: Any, steps: int, before: Any = None) -> float:
-    """Median over ``steps`` single replays, each timed with its own pair of CUDA events."""
-    for _ in range(10):
-        graph.replay()
-    if before is not None:
-        before()
-    events = []
-    for _ in range(steps):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        events.append((start, end))
-    torch.cuda.synchronize()
-    return round(statistics.median(s.elapsed_time(e) for s, e in events) * 1000.0, 2)
+def run_rank(
+    mlps: Sequence[Any],
+    opts: dict,
+    reduce: Callable[[Any], None] | None = None,
+    sync: Callable[[], object] | None = None,
+    progress: Callable[[str], None] = lambda phase: None,
+) -> tuple[dict, dict[int, StepGraph]]:
+    """One rank's layers after build: prepare every token count (timed, with the compile
+    manager's stats and the paths taken); on a GPU also one graph per token count
+    (capture_ms) and the median step time at the smallest and largest count (step_us).
+
+    ``reduce``: the all-reduce inside the graph (None: this rank's compute only); ``sync``:
+    a barrier across ranks before prepare, capture and each timed series. Returns the
+    numbers and the graphs (empty off the GPU).
+    """
+    import torch
+
+    tokens: list[int] = opts["tokens"]
+    if sync is not None:
+        sync()  # every rank starts preparing at once
+    row = startup_stats(lambda: [mlp.prepare(tokens) for mlp in mlps])
+    row["paths"] = sorted({mlp.path(m) for mlp in mlps for m in tokens})
+    progress("prepared")
+    device = mlps[0].device
+    if device.type != "cuda":
+        return row, {}
+    if sync is not None:
+        sync()
+    t0 = time.perf_counter()
+    graphs = {m: _capture(mlps, m, opts["hidden"], reduce) for m in tokens}
+    torch.cuda.synchronize(device)
+    row["capture_ms"] = ms(time.perf_counter() - t0)
+    progress("graphs captured")
+    row["step_us"] = {
+        str(m): round(
+            statistics.median(replay_times(graphs[m].graph, opts["steps"], 10, sync)) * 1000.0, 2
+        )
+        for m in sorted({tokens[0], tokens[-1]})
+    }
+    return row, graphs
 
 
 # --------------------------------------------------------------------- real mode (one rank)
@@ -362,15 +360,15 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
     import mlpjit  # noqa: F401  (timed: what a server pays to import it)
     from mlpjit.dense_mlp import DenseMlp
 
+    import_s = time.perf_counter() - t0
     result: dict[str, Any] = {
         "rank": rank,
         "mode": "real",
         "pid": os.getpid(),
-        "spawn_ms": startup_report.ms(entered - spawned_at),
-        "import_ms": startup_report.ms(time.perf_counter() - t0),
+        "spawn_ms": ms(entered - spawned_at),
+        "import_ms": ms(import_s),
     }
     tp, hidden, inter = opts["tp"], opts["hidden"], opts["intermediate"]
-    tokens: list[int] = opts["tokens"]
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
     result["device"] = f"{device} {torch.cuda.get_device_name(device)}"
@@ -390,7 +388,7 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
     warm = torch.ones(1, device=device)
     dist.all_reduce(warm)  # create the communicator now (timed as init)
     torch.cuda.synchronize(device)
-    result["init_ms"] = startup_report.ms(time.perf_counter() - t0)
+    result["init_ms"] = ms(time.perf_counter() - t0)
     _progress(rank, "NCCL communicator up")
     if warm.item() != tp:
         raise RuntimeError(f"all_reduce of ones gave {warm.item()}, expected {tp}")
@@ -399,41 +397,28 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
     full_layers, mlps = [], []
     for layer in range(opts["layers"]):
         full = random_layer(hidden, inter, seed=SEED + layer, device=device)
-        w13, s13, w2, s2 = shard_layer(
-            full["w13"], full["w13_scale"], full["w2"], full["w2_scale"], rank, tp
-        )
-        mlps.append(DenseMlp(w13, s13, w2, s2, ue8m0=True))
+        mlps.append(DenseMlp(*shard_layer(*full.values(), rank, tp), ue8m0=True))
         if rank == 0:
             full_layers.append(full)  # the reference's weights
         del full
     torch.cuda.synchronize(device)
-    result["build_ms"] = startup_report.ms(time.perf_counter() - t0)
+    result["build_ms"] = ms(time.perf_counter() - t0)
     _progress(rank, "weights built")
 
-    dist.barrier()  # every rank starts preparing at once
-    result.update(startup_report.timed_prepare(mlps, tokens))
-    _progress(rank, "prepared")
-
-    def reduce(out: Any) -> None:
-        dist.all_reduce(out)
-
-    dist.barrier()
-    t0 = time.perf_counter()
-    graphs = {m: _capture(torch, mlps, m, hidden, reduce) for m in tokens}
-    torch.cuda.synchronize(device)
-    result["capture_ms"] = startup_report.ms(time.perf_counter() - t0)
-    _progress(rank, "graphs captured")
-
-    result["step_us"] = {
-        str(m): _median_replay_us(torch, graphs[m].graph, opts["steps"], before=dist.barrier)
-        for m in sorted({tokens[0], tokens[-1]})
-    }
+    row, graphs = run_rank(
+        mlps,
+        opts,
+        reduce=dist.all_reduce,
+        sync=dist.barrier,
+        progress=lambda phase: _progress(rank, phase),
+    )
+    result.update(row)
     digests, snapshots, step = {}, {}, None
-    for m in tokens:  # every rank replays the same graphs in the same order (collectives)
+    for m in opts["tokens"]:  # every rank replays the same graphs in the same order
         step = graphs[m]
         step.graph.replay()
         torch.cuda.synchronize(device)
-        digests[str(m)] = _digest(step.hs[-1])
+        digests[str(m)] = output_digest(step.hs[-1])
         if rank == 0 and m in opts["check_tokens"]:
             inputs = [step.x, *step.hs[:-1]]
             snapshots[m] = (
@@ -448,7 +433,7 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
         result["check"] = {
             str(m): check_entry(full_layers, *snapshot) for m, snapshot in snapshots.items()
         }
-        result["reference_ms"] = startup_report.ms(time.perf_counter() - t0)
+        result["reference_ms"] = ms(time.perf_counter() - t0)
     dist.barrier()
     # Graphs that captured NCCL collectives keep the communicator busy: drop them before
     # teardown (destroy_process_group can still hang after capture, pytorch#115388).
@@ -457,17 +442,9 @@ def _rank_body(rank: int, opts: dict, spawned_at: float) -> dict:
     return result
 
 
-def _teardown(rank: int, out_dir: str) -> None:
-    """Destroy the process group; a marker file tells the parent it returned."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    Path(out_dir, f"rank-{rank}.teardown").write_text("ok")
-
-
 def _rank_main(rank: int, opts: dict, spawned_at: float, out_dir: str) -> None:
-    """Process entry of one rank: run it and write its result (or its error) as JSON.
+    """Process entry of one rank: run it and write its result (or its error) as JSON, then
+    tear the process group down and leave a marker file that says it returned.
 
     A rank still running 20 s before the deadline dumps every thread's stack to stderr, so
     a hang (NCCL init, capture, a collective) shows where it is.
@@ -485,7 +462,11 @@ def _rank_main(rank: int, opts: dict, spawned_at: float, out_dir: str) -> None:
     os.replace(tmp, path)
     if "error" in result:
         raise SystemExit(1)
-    _teardown(rank, out_dir)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    Path(out_dir, f"rank-{rank}.teardown").write_text("ok")
 
 
 def _free_port() -> int:
@@ -495,8 +476,9 @@ def _free_port() -> int:
 
 
 def run_real(opts: dict) -> list[dict]:
-    """Spawn one process per rank; return their results (rank order). A rank that fails
-    makes the others be stopped after a grace period (they would wait in NCCL)."""
+    """Spawn one process per rank; return their results (rank order). Once a rank failed the
+    others are stopped after FAILURE_GRACE_S (they would wait in NCCL), once all results are
+    in after TEARDOWN_GRACE_S, and all of them at the --timeout deadline."""
     import torch.multiprocessing as mp
 
     os.environ.update(NO_MULTICAST_ENV)
@@ -504,6 +486,7 @@ def run_real(opts: dict) -> list[dict]:
     os.environ["MASTER_PORT"] = str(_free_port())
     ctx = mp.get_context("spawn")
     out_dir = Path(tempfile.mkdtemp(prefix="mlpjit-tp-demo-"))
+    result_paths = [out_dir / f"rank-{rank}.json" for rank in range(opts["tp"])]
     try:
         procs = []
         for rank in range(opts["tp"]):
@@ -511,19 +494,18 @@ def run_real(opts: dict) -> list[dict]:
             proc.start()
             procs.append(proc)
         deadline = time.monotonic() + opts["timeout"]
-        failed_at = None
-        done_at = None  # when every rank had written its result
+        failed_at = done_at = None
         while any(p.is_alive() for p in procs):
+            now = time.monotonic()
             if failed_at is None and any(p.exitcode not in (None, 0) for p in procs):
-                failed_at = time.monotonic()
-            if done_at is None and all(
-                (out_dir / f"rank-{r}.json").exists() for r in range(len(procs))
+                failed_at = now
+            if done_at is None and all(path.exists() for path in result_paths):
+                done_at = now
+            if (
+                now > deadline
+                or (failed_at is not None and now > failed_at + FAILURE_GRACE_S)
+                or (done_at is not None and now > done_at + TEARDOWN_GRACE_S)
             ):
-                done_at = time.monotonic()
-            grace_over = (failed_at is not None and time.monotonic() > failed_at + 30) or (
-                done_at is not None and time.monotonic() > done_at + TEARDOWN_GRACE_S
-            )
-            if grace_over or time.monotonic() > deadline:
                 for p in procs:  # only the processes started above
                     if p.is_alive():
                         p.terminate()
@@ -532,22 +514,21 @@ def run_real(opts: dict) -> list[dict]:
         for p in procs:
             p.join(timeout=30)
         results = []
-        for rank, proc in enumerate(procs):
-            path = out_dir / f"rank-{rank}.json"
-            if path.exists():
-                result = json.loads(path.read_text())
-                if "error" not in result:
-                    clean = (out_dir / f"rank-{rank}.teardown").exists()
-                    result["teardown"] = (
-                        "clean"
-                        if clean
-                        else f"hung in destroy_process_group; stopped after "
-                        f"{TEARDOWN_GRACE_S} s (pytorch#115388)"
-                    )
-                results.append(result)
-            else:
+        for rank, (proc, path) in enumerate(zip(procs, result_paths, strict=True)):
+            if not path.exists():
                 msg = f"exited {proc.exitcode} without a result (stopped, or killed)"
                 results.append({"rank": rank, "error": msg})
+                continue
+            result = json.loads(path.read_text())
+            if "error" not in result:
+                clean = (out_dir / f"rank-{rank}.teardown").exists()
+                result["teardown"] = (
+                    "clean"
+                    if clean
+                    else f"hung in destroy_process_group; stopped after {TEARDOWN_GRACE_S} s "
+                    "(pytorch#115388)"
+                )
+            results.append(result)
         return results
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
@@ -563,12 +544,10 @@ def run_emulated(opts: dict, device_name: str) -> tuple[list[dict], dict]:
     from mlpjit.dense_mlp import DenseMlp
 
     tp, hidden, inter = opts["tp"], opts["hidden"], opts["intermediate"]
-    tokens: list[int] = opts["tokens"]
     device = torch.device(device_name)
-    gpu = device.type == "cuda"
 
     def sync() -> None:
-        if gpu:
+        if device.type == "cuda":
             torch.cuda.synchronize(device)
 
     t0 = time.perf_counter()
@@ -577,46 +556,31 @@ def run_emulated(opts: dict, device_name: str) -> tuple[list[dict], dict]:
         for layer in range(opts["layers"])
     ]
     sync()
-    build_full_ms = startup_report.ms(time.perf_counter() - t0)
+    build_full_ms = ms(time.perf_counter() - t0)
 
     rows, rank_mlps = [], []
     for rank in range(tp):
         row: dict[str, Any] = {"rank": rank, "mode": "emulated", "device": str(device)}
         t0 = time.perf_counter()
-        mlps = []
-        for full in full_layers:
-            shards = shard_layer(
-                full["w13"], full["w13_scale"], full["w2"], full["w2_scale"], rank, tp
-            )
-            mlps.append(DenseMlp(*shards, ue8m0=True))
+        mlps = [
+            DenseMlp(*shard_layer(*full.values(), rank, tp), ue8m0=True) for full in full_layers
+        ]
         sync()
-        row["build_ms"] = startup_report.ms(
-            time.perf_counter() - t0
-        )  # shard + DenseMlp (full layers: once)
-        row.update(startup_report.timed_prepare(mlps, tokens))
-        if gpu:  # this rank's L layers without the all-reduce
-            t0 = time.perf_counter()
-            graphs = {m: _capture(torch, mlps, m, hidden, None) for m in tokens}
-            sync()
-            row["capture_ms"] = startup_report.ms(time.perf_counter() - t0)
-            row["step_us"] = {
-                str(m): _median_replay_us(torch, graphs[m].graph, opts["steps"])
-                for m in sorted({tokens[0], tokens[-1]})
-            }
-            del graphs
-        rows.append(row)
+        row["build_ms"] = ms(time.perf_counter() - t0)  # shard + DenseMlp (full layers: once)
+        numbers, graphs = run_rank(mlps, opts)  # this rank's layers without the all-reduce
+        del graphs
+        rows.append({**row, **numbers})
         rank_mlps.append(mlps)
 
     check: dict[str, Any] = {"full_build_ms": build_full_ms, "per_m": {}, "bf16_sum": {}}
     t0 = time.perf_counter()
     for m in opts["check_tokens"]:
         x = random_input(m, hidden, device=device)
-        check["per_m"][str(m)] = check_entry(full_layers, x, *emulated_chain(rank_mlps, x))
-        check["bf16_sum"][str(m)] = check_entry(
-            full_layers, x, *emulated_chain(rank_mlps, x, bf16_sum=True)
-        )
+        for key, bf16_sum in (("per_m", False), ("bf16_sum", True)):
+            chain = emulated_chain(rank_mlps, x, bf16_sum=bf16_sum)
+            check[key][str(m)] = check_entry(full_layers, x, *chain)
     sync()
-    check["check_ms"] = startup_report.ms(time.perf_counter() - t0)
+    check["check_ms"] = ms(time.perf_counter() - t0)
     return rows, check
 
 
@@ -666,9 +630,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--check-tokens", type=_parse_tokens, default=[1, 8], help="checked counts (1,8)"
     )
-    p.add_argument("--hidden", type=_positive, default=HIDDEN, help="hidden size (6144)")
+    p.add_argument("--hidden", type=_positive, default=HIDDEN, help=f"hidden size ({HIDDEN})")
     p.add_argument(
-        "--intermediate", type=_positive, default=INTERMEDIATE, help="full intermediate (12288)"
+        "--intermediate",
+        type=_positive,
+        default=INTERMEDIATE,
+        help=f"full intermediate ({INTERMEDIATE})",
     )
     p.add_argument("--steps", type=_positive, default=200, help="timed replays per token count")
     p.add_argument("--timeout", type=_positive, default=540, help="real mode: seconds in all")
@@ -693,84 +660,44 @@ def dry_run(opts: dict) -> list[str]:
     from mlpjit.dense_mlp import kernel_supported
 
     tp, hidden, inter = opts["tp"], opts["hidden"], opts["intermediate"]
-    meta = torch.device("meta")
-    full = {
-        "w13": torch.empty(2 * inter, hidden, dtype=torch.float8_e4m3fn, device=meta),
-        "w13_scale": torch.empty(2 * inter // BLOCK, hidden // BLOCK, device=meta),
-        "w2": torch.empty(hidden, inter, dtype=torch.float8_e4m3fn, device=meta),
-        "w2_scale": torch.empty(hidden // BLOCK, inter // BLOCK, device=meta),
-    }
     c = inter // tp
-    want = [
-        (2 * c, hidden),
-        (2 * c // BLOCK, hidden // BLOCK),
-        (hidden, c),
-        (hidden // BLOCK, c // BLOCK),
+
+    def layer_shapes(n: int) -> list[tuple[int, int]]:  # w13, s13, w2, s2, intermediate n
+        return [
+            (2 * n, hidden),
+            (2 * n // BLOCK, hidden // BLOCK),
+            (hidden, n),
+            (hidden // BLOCK, n // BLOCK),
+        ]
+
+    def text(dims: list[tuple[int, int]]) -> str:
+        w13, s13, w2, s2 = (list(d) for d in dims)
+        return f"w13 {w13} s13 {s13}, w2 {w2} s2 {s2}"
+
+    dtypes = (torch.float8_e4m3fn, torch.float32) * 2
+    full = [
+        torch.empty(dims, dtype=dtype, device="meta")
+        for dims, dtype in zip(layer_shapes(inter), dtypes, strict=True)
     ]
     for rank in range(tp):
-        got = shard_layer(full["w13"], full["w13_scale"], full["w2"], full["w2_scale"], rank, tp)
-        shapes = [tuple(t.shape) for t in got]
-        if shapes != want:
-            raise RuntimeError(f"rank {rank}: shard shapes {shapes}, expected {want}")
+        got = [tuple(t.shape) for t in shard_layer(*full, rank, tp)]
+        if got != layer_shapes(c):
+            raise RuntimeError(f"rank {rank}: shard shapes {got}, expected {layer_shapes(c)}")
     paths = {m: "kernel" if kernel_supported(hidden, c, m) else "stock" for m in opts["tokens"]}
     n_requests = len(kernel_requests("sm_90a", hidden=hidden, intermediate=inter, tp=tp))
     return [
         f"tp_demo dry run: tp {tp}, {opts['layers']} layers, hidden {hidden}, intermediate "
         f"{inter} (per rank {c}), tokens {opts['tokens']}, check tokens {opts['check_tokens']}",
-        f"full layer: w13 [{2 * inter}, {hidden}] s13 [{2 * inter // BLOCK}, {hidden // BLOCK}], "
-        f"w2 [{hidden}, {inter}] s2 [{hidden // BLOCK}, {inter // BLOCK}]",
-        f"every rank's shard: w13 {list(want[0])} s13 {list(want[1])}, w2 {list(want[2])} "
-        f"s2 {list(want[3])} (checked for ranks 0..{tp - 1})",
+        f"full layer: {text(layer_shapes(inter))}",
+        f"every rank's shard: {text(layer_shapes(c))} (checked for ranks 0..{tp - 1})",
         f"path on sm_90a per token count: {paths}; kernel_requests: {n_requests} kernels",
         "no CUDA used",
     ]
 
 
-HEADER = [
-    "rank",
-    "mode",
-    "import ms",
-    "init ms",
-    "build ms",
-    "prepare ms",
-    "hits",
-    "compiles",
-    "compile s",
-    "lock waits",
-    "cutlass",
-    "capture ms",
-    "step us (m min / max)",
-]
-
-
-def _row(r: dict) -> list[str]:
-    if "error" in r:
-        return [str(r["rank"]), "error", *["-"] * (len(HEADER) - 2)]
-    steps = r.get("step_us", {})
-
-    def num(key: str) -> str:
-        return f"{r[key]:.0f}" if key in r else "-"
-
-    return [
-        str(r["rank"]),
-        r["mode"],
-        num("import_ms"),
-        num("init_ms"),
-        num("build_ms"),
-        num("prepare_ms"),
-        str(r["hits"]),
-        str(r["compiles"]),
-        f"{r['compile_seconds']:.2f}",
-        f"{r['lock_waits']} ({r['wait_seconds']:.2f} s)",
-        "yes" if r["cutlass_imported"] else "no",
-        num("capture_ms"),
-        " / ".join(f"{v:.1f}" for v in steps.values()) if steps else "-",
-    ]
-
-
 def format_table(results: list[dict]) -> str:
     """A markdown table, one row per process, plus a totals line."""
-    return startup_report.format_table(results, HEADER, _row)
+    return startup_table(results, "rank", ("import", "init", "build"))
 
 
 def format_check(per_m: dict[str, dict]) -> tuple[str, bool]:
@@ -800,16 +727,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; 0 when every rank ran and the check passed, 1 otherwise, 2 for usage."""
     t_start = time.perf_counter()
     args = parse_args(argv)
-    opts = {
-        "tp": args.tp,
-        "layers": args.layers,
-        "hidden": args.hidden,
-        "intermediate": args.intermediate,
-        "tokens": args.tokens,
-        "check_tokens": args.check_tokens,
-        "steps": args.steps,
-        "timeout": args.timeout,
-    }
+    opts = {name: getattr(args, name) for name in OPTIONS}
     if args.dry_run:
         print("\n".join(dry_run(opts)))
         return 0
@@ -818,7 +736,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import mlpjit  # noqa: F401
 
-    import_ms = startup_report.ms(time.perf_counter() - t0)
+    import_s = time.perf_counter() - t0
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus == 0 and not args.emulate:
         print(
@@ -828,28 +746,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     mode = "real" if gpus >= args.tp and not args.emulate else "emulated"
-    check_ok, extra = False, {}
     if mode == "real":
         results = run_real(opts)
         per_m = next((r["check"] for r in results if "check" in r), {})
         digests = [r["output_sha256"] for r in results if "output_sha256" in r]
         same = len(digests) == args.tp and all(d == digests[0] for d in digests)
-        extra["outputs_identical_across_ranks"] = same
+        extra: dict[str, Any] = {"outputs_identical_across_ranks": same}
         header = f"tp_demo: REAL tensor-parallel run, {args.tp} processes x 1 GPU, NCCL"
+        footer = [f"outputs identical across ranks: {same}"]
+        teardown = [f"rank {r['rank']} {r['teardown']}" for r in results if "teardown" in r]
+        footer += ["teardown: " + "; ".join(teardown)] if teardown else []
     else:
         device = "cuda:0" if gpus else "cpu"
         if not args.emulate:
             print(f"tp_demo: {gpus} GPU(s) < --tp {args.tp}: emulating", file=sys.stderr)
         results, check = run_emulated(opts, device)
-        results[0]["import_ms"] = import_ms  # the one process's import (shown on rank 0)
+        results[0]["import_ms"] = ms(import_s)  # the one process's import (shown on rank 0)
         per_m = check["per_m"]
-        extra["check"] = check
-        extra["note"] = EMULATION_NOTE.format(tp=args.tp, device=device)
+        extra = {"note": EMULATION_NOTE.format(tp=args.tp, device=device), "emulation": check}
         header = (
             f"tp_demo: {extra['note']}\nfull layers built once in {check['full_build_ms']:.0f} ms"
         )
         if not gpus:
             header += "\nOn CPU: reference math, no kernels, no graphs, no step times."
+        bf16 = ", ".join(f"m={m}: {e['max']:.2e}" for m, e in check["bf16_sum"].items())
+        footer = [
+            f"(ranks summed in bf16 one after the other instead, as NCCL rounds: max per "
+            f"layer {bf16})"
+        ]
     wall = time.perf_counter() - t_start
 
     print(
@@ -863,22 +787,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in failed:
         print(f"\nrank {r['rank']} failed:\n{r['error']}", file=sys.stderr)
     check_text, check_ok = format_check(per_m)
-    print("\n" + check_text)
-    if mode == "real":
-        print(f"outputs identical across ranks: {extra['outputs_identical_across_ranks']}")
-        teardown = {r["rank"]: r["teardown"] for r in results if "teardown" in r}
-        if teardown:
-            print("teardown: " + "; ".join(f"rank {k} {v}" for k, v in teardown.items()))
-        check_ok = check_ok and extra["outputs_identical_across_ranks"]
-    else:
-        bf16 = extra["check"]["bf16_sum"]
-        print(
-            "(ranks summed in bf16 one after the other instead, as NCCL rounds: max per layer "
-            + ", ".join(f"m={m}: {e['max']:.2e}" for m, e in bf16.items())
-            + ")"
-        )
+    print("\n" + check_text + "\n" + "\n".join(footer))
+    passed = check_ok and extra.get("outputs_identical_across_ranks", True) and not failed
     if args.json:
-        env = {k: os.environ.get(k) for k in (*NO_MULTICAST_ENV, "MLPJIT_CACHE_DIR")}
         data = {
             "mode": mode,
             "options": opts,
@@ -886,15 +797,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tol": TOL,
             "check_rel_l2": {m: e["max"] for m, e in per_m.items()},
             "check": per_m,
-            "passed": check_ok and not failed,
+            "passed": passed,
             "wall_s": round(wall, 3),
-            "env": env,
+            "env": {k: os.environ.get(k) for k in (*NO_MULTICAST_ENV, "MLPJIT_CACHE_DIR")},
             "results": results,
-            **{k: v for k, v in extra.items() if k != "check"},
-            **({"emulation": extra["check"]} if "check" in extra else {}),
+            **extra,
         }
         Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
-    return 0 if check_ok and not failed else 1
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

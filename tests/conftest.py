@@ -1,7 +1,7 @@
 """Shared fixtures: every CPU test gets its own private, empty compile cache.
 
 tests/gpu is left alone so a run on the GPU machine can use a prebuilt cache it was given
-(MLPJIT_CACHE_DIR=.gpu-cache, see GPU.md).
+(MLPJIT_CACHE_DIR=.gpu-cache, see the README's GPU section).
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+import mlpjit.kernels  # noqa: F401  (registers fp8_gemv)
+import mlpjit.testing.smoke  # noqa: F401  (registers the smoke kernel)
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_TESTS = REPO / "tests" / "gpu"
@@ -39,7 +42,13 @@ def isolated_cache(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch) 
         return None
     root = tmp_path / "mlpjit-cache"
     monkeypatch.setenv("MLPJIT_CACHE_DIR", str(root))
-    for name in ("MLPJIT_CACHE_PATH", "MLPJIT_RECORD", "MLPJIT_LOCK_TIMEOUT", "MLPJIT_ARCH"):
+    for name in (
+        "MLPJIT_CACHE_PATH",
+        "MLPJIT_RECORD",
+        "MLPJIT_LOCK_TIMEOUT",
+        "MLPJIT_ARCH",
+        "MLPJIT_KERNEL_MODULES",
+    ):
         monkeypatch.delenv(name, raising=False)
     return root
 
@@ -59,7 +68,7 @@ def smoke_params(i: int) -> dict:
 @pytest.fixture
 def smoke_request() -> Callable:
     """Factory: smoke_request(i, arch="sm_90a") -> KernelRequest of smoke kernel number i."""
-    from mlpjit.jit.manager import KernelRequest
+    from mlpjit.jit.spec import KernelRequest
 
     def make(i: int = 0, arch: str = "sm_90a"):
         return KernelRequest("smoke", smoke_params(i), arch)

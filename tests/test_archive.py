@@ -18,7 +18,8 @@ from mlpjit.jit import archive as archive_module
 from mlpjit.jit.archive import ARCHIVE_VERSION, INDEX_NAME, export_archive, import_archive
 from mlpjit.jit.key import canonical_json
 from mlpjit.jit.locks import KeyLock
-from mlpjit.jit.manager import CompileManager, KernelRequest
+from mlpjit.jit.manager import CompileManager
+from mlpjit.jit.spec import KernelRequest
 from mlpjit.jit.store import CacheStore
 
 

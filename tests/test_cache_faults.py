@@ -20,7 +20,8 @@ import pytest
 
 from mlpjit.errors import CacheDirError
 from mlpjit.jit import store as storemod
-from mlpjit.jit.manager import CompileManager, KernelRequest
+from mlpjit.jit.manager import CompileManager
+from mlpjit.jit.spec import KernelRequest
 from mlpjit.jit.store import CacheStore
 
 

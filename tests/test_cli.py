@@ -37,6 +37,7 @@ def mlpjit(cache: Path, *args: str, env: dict | None = None) -> subprocess.Compl
     full["TMPDIR"] = str(tmpdir)
     for name in ("MLPJIT_CACHE_PATH", "MLPJIT_ARCH", "MLPJIT_RECORD"):
         full.pop(name, None)
+    full["MLPJIT_KERNEL_MODULES"] = "mlpjit.testing.smoke"  # the tests' cheap kernel
     full.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "mlpjit", *args],

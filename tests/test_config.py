@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from mlpjit.jit import config
+from mlpjit.jit.spec import check_arch
 
 
 def test_every_reader_has_a_documented_variable():
@@ -17,6 +18,11 @@ def test_every_reader_has_a_documented_variable():
         "MLPJIT_LOCK_TIMEOUT",
         "MLPJIT_ARCH",
         "MLPJIT_RECORD",
+        "MLPJIT_KERNEL_MODULES",
+        "MLPJIT_REMOTE_CACHE",
+        "MLPJIT_REMOTE_PREFIX",
+        "MLPJIT_REMOTE_TTL",
+        "MLPJIT_REMOTE_TIMEOUT",
     }
     for name, var in config.ENV_VARS.items():
         assert var.name == name and len(var.doc) > 20 and var.default
@@ -58,10 +64,10 @@ def test_arch_override(monkeypatch):
 
 def test_check_arch():
     for good in ("sm_90a", "sm_100a", "sm_80", "sm_120f"):
-        assert config.check_arch(good) == good
+        assert check_arch(good) == good
     for bad in ("sm90a", "SM_90A", "sm_9", "", None, "sm_90a "):
         with pytest.raises(ValueError, match="arch"):
-            config.check_arch(bad)
+            check_arch(bad)
 
 
 def test_record_file(monkeypatch, tmp_path):

@@ -308,6 +308,7 @@ def kernel_weights() -> dict[str, torch.Tensor]:
 @pytest.fixture()
 def fake_kernel_path(monkeypatch, kernel_weights):
     """A DenseMlp whose planning believes it is on sm_90a, with fake manager and launcher."""
+    import mlpjit.jit.capture as capture
     import mlpjit.jit.launcher as launcher
     import mlpjit.jit.manager as manager
 
@@ -318,7 +319,7 @@ def fake_kernel_path(monkeypatch, kernel_weights):
     # CPU stand-ins for torch's current stream handle and the driver's capture query.
     streams = {"current": 0, "capturing": set()}
     monkeypatch.setattr(launcher, "stream_handle_getter", lambda: lambda index: streams["current"])
-    monkeypatch.setattr(launcher, "stream_capturing", lambda h: h in streams["capturing"])
+    monkeypatch.setattr(capture, "stream_capturing", lambda h: h in streams["capturing"])
     monkeypatch.setattr(dense_mlp, "_KEPT_ACT", {})  # a fresh process-wide act registry
     mlp = _mlp(kernel_weights, limit=2.0, ue8m0=True)
     mlp.arch = "sm_90a"
@@ -474,7 +475,7 @@ def test_kernel_path_prepares_lazily_and_refuses_during_capture(
 
 def test_kernel_requests_match_the_cli_plan() -> None:
     from mlpjit.dense_mlp import kernel_requests, kernel_supported
-    from mlpjit.kernels.plan import dense_mlp_requests
+    from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
 
     mine = kernel_requests(6144, 1536, range(1, 9), "sm_90a", limit=None, ue8m0=True)
     cli = dense_mlp_requests(6144, 12288, 8, range(1, 9), "sm_90a", ue8m0=True)

@@ -15,6 +15,7 @@ from mlpjit.jit.binary import KernelBinary, KernelParam
 from mlpjit.jit.key import cache_key, key_components
 from mlpjit.jit.locks import KeyLock
 from mlpjit.jit.store import CacheStore
+from mlpjit.testing.smoke import SPEC as SMOKE
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,7 +28,7 @@ def _check(report: doctor.DoctorReport, name: str) -> doctor.Check:
 
 def _publish(store: CacheStore, i: int = 0) -> str:
     """A fake but well-formed entry (no compile needed)."""
-    components = key_components("smoke", {"n": 1024 + 32 * i, "scale": 2.0, "block": 128}, "sm_90a")
+    components = key_components(SMOKE, {"n": 1024 + 32 * i, "scale": 2.0, "block": 128}, "sm_90a")
     key = cache_key(components)
     binary = KernelBinary(
         cubin=b"\x7fELF fake cubin %d" % i,

@@ -1,5 +1,5 @@
 """CPU checks of the fp8_gemv kernel: it compiles for sm_90a without a GPU, and its SASS has
-the shape DESIGN.md section 2 promises (no spills, FP8 mma, 16-byte weight loads issued
+the shape kernel.py's docstring promises (no spills, FP8 mma, 16-byte weight loads issued
 before griddepcontrol.wait, pointer parameters matching the launcher's list).
 
 Every kernel of GLM-5 at TP 1/2/4/8 x tokens 1..8 (gate_up and down, 64 kernels, about
@@ -23,8 +23,12 @@ import pytest
 
 pytest.importorskip("cutlass")
 
-from mlpjit.jit.cubin_info import find_cuobjdump, param_mismatches  # noqa: E402
-from mlpjit.kernels import plan  # noqa: E402
+from mlpjit import models  # noqa: E402
+from mlpjit.kernels import hopper  # noqa: E402
+from mlpjit.kernels.fp8_gemv import SPEC, tuning  # noqa: E402
+from mlpjit.kernels.fp8_gemv import params as gemv_params  # noqa: E402
+from mlpjit.kernels.fp8_gemv import plan as fp8_plan  # noqa: E402
+from mlpjit.testing.cubin_info import find_cuobjdump, param_mismatches  # noqa: E402
 
 ARCH = "sm_90a"
 MAX_REGS = 255
@@ -34,13 +38,13 @@ _DEPBAR = re.compile(r"DEPBAR\.LE SB0, 0x([0-9a-f]+)")
 
 
 def _glm5_requests() -> list:
-    hidden, inter = plan.MODELS["glm5"]
+    hidden, inter = models.MODELS["glm5"]
     fast = os.environ.get("MLPJIT_TEST_FAST") == "1"
     tps = (8, 1) if fast else (1, 2, 4, 8)
     tokens = (1, 8) if fast else range(1, 9)
     requests = []
     for tp in tps:
-        requests += plan.dense_mlp_requests(hidden, inter, tp, list(tokens), ARCH, ue8m0=True)
+        requests += fp8_plan.dense_mlp_requests(hidden, inter, tp, list(tokens), ARCH, ue8m0=True)
     return requests
 
 
@@ -56,9 +60,9 @@ def _freeze(params) -> tuple:
 
 @functools.cache
 def _compiled(frozen: tuple):
-    from mlpjit.kernels.fp8_gemv import compile_cubin
+    from mlpjit.kernels.fp8_gemv.kernel import compile_cubin
 
-    return compile_cubin(dict(frozen), ARCH)
+    return compile_cubin(SPEC.make_params(dict(frozen)), ARCH)
 
 
 @functools.cache
@@ -104,17 +108,19 @@ def test_glm5_kernel_sass(request_) -> None:
     assert not any(op.startswith(("LDL", "STL")) for op in facts["ops"])
     assert facts["regs"] <= MAX_REGS
     threads = binary.block[0]
-    assert facts["regs"] * threads * p["ctas_per_sm"] <= plan.REGS_PER_SM
-    assert binary.smem_bytes == plan.smem_bytes(p["k"], p["tokens"], p["tiles"], p["in_regs"], spw)
-    assert binary.smem_bytes + facts["static_smem"] <= plan.SMEM_PER_CTA_MAX
-    assert binary.smem_bytes <= plan.smem_budget(p["ctas_per_sm"])
+    assert facts["regs"] * threads * p["ctas_per_sm"] <= hopper.REGS_PER_SM
+    assert binary.smem_bytes == gemv_params.smem_bytes(
+        p["k"], p["tokens"], p["tiles"], p["in_regs"], spw
+    )
+    assert binary.smem_bytes + facts["static_smem"] <= hopper.SMEM_PER_CTA_MAX
+    assert binary.smem_bytes <= hopper.smem_budget(p["ctas_per_sm"])
 
     # Launch geometry: one CTA per 16*tiles rows, or a persistent grid of one resident wave
-    # (plan.grid_ctas); 32 threads per (tile, spw 512-K slices).
+    # (gemv_params.grid_ctas); 32 threads per (tile, spw 512-K slices).
     tiles_total = p["rows"] // (16 * p["tiles"])
-    grid = plan.grid_ctas(p["rows"], p["k"], p["tiles"], p["in_regs"], p["ctas_per_sm"], spw)
+    grid = gemv_params.grid_ctas(p["rows"], p["k"], p["tiles"], p["in_regs"], p["ctas_per_sm"], spw)
     assert binary.grid == (grid, 1, 1)
-    assert grid == tiles_total or grid == plan.SMS * p["ctas_per_sm"] < tiles_total
+    assert grid == tiles_total or grid == hopper.SMS * p["ctas_per_sm"] < tiles_total
     persistent = grid < tiles_total
     assert binary.block == (32 * p["tiles"] * p["k"] // 512 // spw, 1, 1)
     assert binary.pdl is True
@@ -134,11 +140,11 @@ def test_glm5_kernel_sass(request_) -> None:
     cp_async = [i for i, op in enumerate(ops) if op.startswith("LDGSTS.E.BYPASS.")]
     assert all(ops[i] in ("LDGSTS.E.BYPASS.128", "LDGSTS.E.BYPASS.LTC128B.128") for i in cp_async)
     assert count["LDG.E.NA.128.CONSTANT"] == 2 * in_regs * copies * spw
-    assert len(cp_async) == 2 * (plan.STEPS - in_regs) * copies * spw
+    assert len(cp_async) == 2 * (gemv_params.STEPS - in_regs) * copies * spw
     # PDL: the first tile's cp.async share is issued before the dependency wait (ACQBULK).
     assert ops.count("ACQBULK") == 1
     wait = ops.index("ACQBULK")
-    assert sum(i < wait for i in cp_async) == 2 * (plan.STEPS - in_regs) * spw
+    assert sum(i < wait for i in cp_async) == 2 * (gemv_params.STEPS - in_regs) * spw
     # The PDL trigger (PREEXIT): after the wait, or with early_launch before any weight load.
     assert ops.count("PREEXIT") == 1
     trigger = ops.index("PREEXIT")
@@ -156,7 +162,7 @@ def test_glm5_kernel_sass(request_) -> None:
     cluster = p.get("cluster", 1)
     assert binary.cluster == (cluster, 1, 1) and grid % cluster == 0
     if cluster > 1:
-        assert not persistent or cluster <= plan.MAX_PERSISTENT_CLUSTER
+        assert not persistent or cluster <= tuning.MAX_PERSISTENT_CLUSTER
         assert count["UCGABAR_ARV"] == 2 and count["UCGABAR_WAIT"] == 2
         assert ops.index("UCGABAR_ARV") < wait
         assert count["ST.E.128"] > 0
@@ -243,7 +249,7 @@ def test_wide_warps_compile_clean(changes, persistent) -> None:
     # cp.async waits: groups commit in (slice, step) order, one per staged step. Without a
     # row-tile loop the waits count down from N-1 to 0 (N = spw * staged); the persistent
     # loop keeps N groups in flight (a refill per consumed slot), so every wait is N-1.
-    n = spw * (plan.STEPS - p["in_regs"])
+    n = spw * (gemv_params.STEPS - p["in_regs"])
     waits = [int(m, 16) for m in _DEPBAR.findall(facts["sass"])]
     assert waits == ([n - 1] * n if persistent else list(range(n - 1, -1, -1))), waits
     if p.get("early_launch"):  # the PDL trigger before any weight load
@@ -251,10 +257,12 @@ def test_wide_warps_compile_clean(changes, persistent) -> None:
         first_load = min(i for i, op in enumerate(ops) if op.startswith(("LDGSTS", "LDG.E.NA")))
         assert ops.index("PREEXIT") < first_load
     assert binary.block == (32 * p["tiles"] * p["k"] // 512 // spw, 1, 1)
-    assert binary.smem_bytes == plan.smem_bytes(p["k"], p["tokens"], p["tiles"], p["in_regs"], spw)
-    grid = plan.grid_ctas(p["rows"], p["k"], p["tiles"], p["in_regs"], p["ctas_per_sm"], spw)
+    assert binary.smem_bytes == gemv_params.smem_bytes(
+        p["k"], p["tokens"], p["tiles"], p["in_regs"], spw
+    )
+    grid = gemv_params.grid_ctas(p["rows"], p["k"], p["tiles"], p["in_regs"], p["ctas_per_sm"], spw)
     assert binary.grid == (grid, 1, 1)
-    assert facts["regs"] * binary.block[0] * p["ctas_per_sm"] <= plan.REGS_PER_SM
+    assert facts["regs"] * binary.block[0] * p["ctas_per_sm"] <= hopper.REGS_PER_SM
 
 
 @pytest.mark.parametrize(
@@ -306,15 +314,17 @@ def test_clusters_compile_clean(changes) -> None:
 )
 def test_untuned_cluster_defaults_compile_clean(rows, k, tokens, swiglu) -> None:
     """From 5 tokens on, plan's heuristic picks run in clusters of 2; they must not spill,
-    including a 14-warp CTA whose launch bound leaves 128 registers (plan._reg_budget)."""
-    assert (rows, k, swiglu) not in plan.TUNED_H200
-    request = plan.gemv_request(rows, k, tokens, swiglu=swiglu, limit=None, ue8m0=True, arch=ARCH)
+    including a 14-warp CTA whose launch bound leaves 128 registers (hopper.reg_budget)."""
+    assert (rows, k, swiglu) not in tuning.TUNED_H200
+    request = fp8_plan.gemv_request(
+        rows, k, tokens, swiglu=swiglu, limit=None, ue8m0=True, arch=ARCH
+    )
     assert request.params["cluster"] == 2
     binary = _compiled(_freeze(request.params))
     facts = _facts(_freeze(request.params))
     assert facts["stack"] == 0 and facts["local"] == 0, facts
     threads, cps = binary.block[0], request.params["ctas_per_sm"]
-    assert facts["regs"] <= plan._reg_budget(threads, cps)
+    assert facts["regs"] <= hopper.reg_budget(threads, cps)
 
 
 @pytest.mark.parametrize(
@@ -325,8 +335,10 @@ def test_untuned_cluster_defaults_compile_clean(rows, k, tokens, swiglu) -> None
 def test_untuned_wide_defaults_compile_clean(rows, k, tokens, swiglu) -> None:
     """plan's wide persistent heuristic (GLM-4.5 at TP1/TP2 has no measured entry) must not
     spill: its register estimate is what keeps it from doing so."""
-    assert (rows, k, swiglu) not in plan.TUNED_H200
-    request = plan.gemv_request(rows, k, tokens, swiglu=swiglu, limit=None, ue8m0=True, arch=ARCH)
+    assert (rows, k, swiglu) not in tuning.TUNED_H200
+    request = fp8_plan.gemv_request(
+        rows, k, tokens, swiglu=swiglu, limit=None, ue8m0=True, arch=ARCH
+    )
     assert request.params["slices_per_warp"] > 1
     facts = _facts(_freeze(request.params))
     assert facts["stack"] == 0 and facts["local"] == 0, facts
@@ -338,7 +350,7 @@ def test_sms_sizes_the_persistent_grid() -> None:
     p = _variant(rows=24576, tokens=2, in_regs=0, ctas_per_sm=1, slices_per_warp=3)
     h200 = _compiled(_freeze(p))
     h20 = _compiled(_freeze({**p, "sms": 78}))
-    assert h200.grid == (plan.SMS, 1, 1) and h20.grid == (78, 1, 1)
+    assert h200.grid == (hopper.SMS, 1, 1) and h20.grid == (78, 1, 1)
     assert (h20.block, h20.smem_bytes) == (h200.block, h200.smem_bytes)
     assert _facts(_freeze({**p, "sms": 78}))["stack"] == 0
     assert _compiled(_freeze({**p, "sms": 132})).cubin == h200.cubin
@@ -361,8 +373,9 @@ def test_deterministic_across_processes() -> None:
     here = _compiled(_freeze(params)).cubin
     code = (
         "import sys, hashlib\n"
-        "from mlpjit.kernels.fp8_gemv import compile_cubin\n"
-        f"b = compile_cubin({params!r}, {ARCH!r})\n"
+        "from mlpjit.kernels.fp8_gemv import SPEC\n"
+        "from mlpjit.kernels.fp8_gemv.kernel import compile_cubin\n"
+        f"b = compile_cubin(SPEC.make_params({params!r}), {ARCH!r})\n"
         "sys.stdout.write(hashlib.sha256(b.cubin).hexdigest() + ' ' + b.symbol)\n"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -394,30 +407,27 @@ def test_deterministic_across_processes() -> None:
     ],
 )
 def test_bad_params(changes, match) -> None:
-    from mlpjit.kernels.fp8_gemv import build
-
     with pytest.raises(ValueError, match=match):
-        build(_variant(**changes))
+        SPEC.make_params(_variant(**changes))
 
 
 def test_bad_param_names_and_arch() -> None:
-    from mlpjit.kernels.fp8_gemv import build, compile_cubin
+    from mlpjit.jit.manager import check_compile_arch
 
-    with pytest.raises(ValueError, match="unknown names"):
-        build({**_variant(), "bogus": 1})
+    with pytest.raises(ValueError, match="'bogus' is not a parameter of kernel 'fp8_gemv'"):
+        SPEC.make_params({**_variant(), "bogus": 1})
     with pytest.raises(ValueError, match="early_launch must be a bool"):
-        build({**_variant(), "early_launch": 1})
-    assert build({**_variant(), "early_launch": True}).early_launch
-    assert not build(_variant()).early_launch
+        SPEC.make_params({**_variant(), "early_launch": 1})
+    assert SPEC.make_params({**_variant(), "early_launch": True}).early_launch
+    assert not SPEC.make_params(_variant()).early_launch
     with pytest.raises(ValueError, match="missing"):
-        build({k: v for k, v in _variant().items() if k != "ue8m0"})
-    with pytest.raises(ValueError, match="arch must be"):
-        compile_cubin(_variant(), "hopper")
+        SPEC.make_params({k: v for k, v in _variant().items() if k != "ue8m0"})
+    with pytest.raises(ValueError, match="compiles for sm_90a, not 'hopper'"):
+        check_compile_arch(SPEC, "hopper")
 
 
 def test_dense_mlp_fills_the_kernel_parameters_in_order() -> None:
     """DenseMlp launches with raw pointers in this order, without per-call checks."""
     from mlpjit import dense_mlp
-    from mlpjit.kernels import fp8_gemv
 
-    assert [(name, "ptr") for name in fp8_gemv.PARAM_NAMES] == dense_mlp._KERNEL_PARAMS
+    assert [(name, "ptr") for name in gemv_params.KERNEL_ARGS] == dense_mlp._KERNEL_PARAMS

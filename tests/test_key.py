@@ -14,12 +14,15 @@ import pytest
 
 from mlpjit.jit import key as keymod
 from mlpjit.jit.key import cache_key, key_components, spec_key
+from mlpjit.kernels.fp8_gemv import SPEC as FP8_GEMV
+from mlpjit.testing.smoke import SPEC as SMOKE
 
 REPO = Path(__file__).resolve().parent.parent
 PARAMS = {"n": 4096, "scale": 2.0, "block": 128}
 PRINT_KEY = (
     "import json, sys; from mlpjit.jit.key import key_components, cache_key; "
-    "c = key_components('smoke', {'n': 4096, 'scale': 2.0, 'block': 128}, 'sm_90a'); "
+    "from mlpjit.testing.smoke import SPEC; "
+    "c = key_components(SPEC, {'n': 4096, 'scale': 2.0, 'block': 128}, 'sm_90a'); "
     "print(json.dumps({'key': cache_key(c), 'cutlass': 'cutlass' in sys.modules}))"
 )
 
@@ -41,8 +44,8 @@ def _copy_package(dest: Path) -> Path:
 
 
 def test_key_shape_and_determinism():
-    c1 = key_components("smoke", PARAMS, "sm_90a")
-    c2 = key_components("smoke", dict(reversed(list(PARAMS.items()))), "sm_90a")
+    c1 = key_components(SMOKE, PARAMS, "sm_90a")
+    c2 = key_components(SMOKE, dict(reversed(list(PARAMS.items()))), "sm_90a")
     assert c1 == c2
     assert set(c1) == {"format", "kernel", "source", "params", "arch", "toolchain"}
     k = cache_key(c1)
@@ -52,7 +55,7 @@ def test_key_shape_and_determinism():
 
 
 def test_every_component_changes_the_key():
-    base = key_components("smoke", PARAMS, "sm_90a")
+    base = key_components(SMOKE, PARAMS, "sm_90a")
     variants = {
         "format": base["format"] + 1,
         "kernel": "fp8_gemv",
@@ -68,20 +71,20 @@ def test_every_component_changes_the_key():
         seen.add(k)
     # Through key_components too: every parameter and the arch.
     for change in ({"n": 4128}, {"scale": 3.0}, {"block": 256}):
-        assert cache_key(key_components("smoke", {**PARAMS, **change}, "sm_90a")) not in seen
-    assert cache_key(key_components("smoke", PARAMS, "sm_100a")) == cache_key(
+        assert cache_key(key_components(SMOKE, {**PARAMS, **change}, "sm_90a")) not in seen
+    assert cache_key(key_components(SMOKE, PARAMS, "sm_100a")) == cache_key(
         {**base, "arch": "sm_100a"}
     )
 
 
 def test_param_types_are_part_of_the_key():
-    a = cache_key(key_components("smoke", {**PARAMS, "scale": 2}, "sm_90a"))
-    b = cache_key(key_components("smoke", PARAMS, "sm_90a"))
+    a = cache_key(key_components(SMOKE, {**PARAMS, "scale": 2}, "sm_90a"))
+    b = cache_key(key_components(SMOKE, PARAMS, "sm_90a"))
     assert a != b  # 2 and 2.0 are different JSON; kernels see different Python types
 
 
 def test_spec_key_ignores_only_the_toolchain():
-    base = key_components("smoke", PARAMS, "sm_90a")
+    base = key_components(SMOKE, PARAMS, "sm_90a")
     other_tc = {**base, "toolchain": {"nvidia-cutlass-dsl": "0.0.1"}}
     assert spec_key(base) == spec_key(other_tc)
     assert cache_key(base) != cache_key(other_tc)
@@ -132,23 +135,31 @@ def test_real_toolchain_matches_importlib_metadata():
 
 
 @pytest.mark.parametrize(
-    ("kernel", "params", "arch", "match"),
+    ("spec", "params", "arch", "match"),
     [
-        ("nope", PARAMS, "sm_90a", "fp8_gemv, smoke"),
-        ("smoke", {**PARAMS, "bogus": 1}, "sm_90a", "'bogus'"),
-        ("smoke", {**PARAMS, "n": [1]}, "sm_90a", "'n' must be"),
-        ("smoke", {**PARAMS, "scale": float("nan")}, "sm_90a", "finite"),
-        ("smoke", [("n", 1)], "sm_90a", "mapping"),
-        ("smoke", PARAMS, "90a", "arch"),
+        ("smoke", PARAMS, "sm_90a", "spec must be a KernelSpec"),
+        (SMOKE, {**PARAMS, "bogus": 1}, "sm_90a", "'bogus'"),
+        (SMOKE, {**PARAMS, "n": [1]}, "sm_90a", "'n' must be"),
+        (SMOKE, {**PARAMS, "scale": float("nan")}, "sm_90a", "finite"),
+        (SMOKE, [("n", 1)], "sm_90a", "mapping"),
+        (SMOKE, {"n": 64}, "sm_90a", "smoke param.s. scale, block missing"),
+        (SMOKE, PARAMS, "90a", "arch"),
     ],
 )
-def test_bad_input_is_a_clear_value_error(kernel, params, arch, match):
+def test_bad_input_is_a_clear_value_error(spec, params, arch, match):
     with pytest.raises(ValueError, match=match):
-        key_components(kernel, params, arch)
+        key_components(spec, params, arch)
+
+
+def test_unregistered_kernel_names_the_registered_ones():
+    from mlpjit.jit.spec import get_spec
+
+    with pytest.raises(ValueError, match="fp8_gemv, smoke"):
+        get_spec("nope")
 
 
 def test_no_paths_or_hostname_in_components():
-    text = json.dumps(key_components("smoke", PARAMS, "sm_90a"))
+    text = json.dumps(key_components(SMOKE, PARAMS, "sm_90a"))
     assert str(REPO) not in text and "/" not in text
     assert socket.gethostname() not in text
 
@@ -164,7 +175,7 @@ def test_key_independent_of_cwd_install_path_and_env(tmp_path):
         env={"HOME": str(tmp_path), "FOO": "bar", "CUTE_DSL_ARCH": "sm_100a", "USER": "other"},
     )
     assert there["key"] == here["key"]
-    assert cache_key(key_components("smoke", PARAMS, "sm_90a")) == here["key"]
+    assert cache_key(key_components(SMOKE, PARAMS, "sm_90a")) == here["key"]
 
 
 def test_key_independent_of_hostname(tmp_path):
@@ -178,25 +189,64 @@ def test_key_independent_of_hostname(tmp_path):
     )
     if out.returncode != 0:
         pytest.skip(f"unshare --uts not permitted here: {out.stderr.strip()[:200]}")
-    assert json.loads(out.stdout)["key"] == cache_key(key_components("smoke", PARAMS, "sm_90a"))
+    assert json.loads(out.stdout)["key"] == cache_key(key_components(SMOKE, PARAMS, "sm_90a"))
 
 
-def test_source_edit_changes_the_key(tmp_path):
+@pytest.mark.parametrize("edited", ["testing/smoke.py", "jit/binary.py", "jit/spec.py"])
+def test_source_edit_changes_the_key(tmp_path, edited):
+    """An edit to the kernel's own file or to any mlpjit module it imports (binary.py,
+    spec.py) changes the key: the hashed files follow the imports, no list to keep."""
     moved = _copy_package(tmp_path / "edited")
-    smoke = moved / "mlpjit" / "kernels" / "smoke.py"
-    smoke.write_text(smoke.read_text() + "\n# an edit\n")
-    edited = _key_in_subprocess(moved, cwd=tmp_path)
-    assert edited["key"] != cache_key(key_components("smoke", PARAMS, "sm_90a"))
-    assert keymod.source_hash("smoke", moved / "mlpjit") != keymod.source_hash("smoke")
+    path = moved / "mlpjit" / edited
+    path.write_text(path.read_text() + "\n# an edit\n")
+    edited_key = _key_in_subprocess(moved, cwd=tmp_path)
+    assert edited_key["key"] != cache_key(key_components(SMOKE, PARAMS, "sm_90a"))
+
+
+def test_source_files_follow_the_imports():
+    """fp8_gemv's hash covers its whole package and the mlpjit modules it imports, and
+    nothing that cannot change its code (no cli, store or manager)."""
+    names = [rel for rel, _ in keymod.source_files(FP8_GEMV.sources)]
+    package = {
+        f"mlpjit/kernels/fp8_gemv/{p.name}"
+        for p in (REPO / "mlpjit" / "kernels" / "fp8_gemv").glob("*.py")
+    }
+    assert package <= set(names)
+    for imported in ("mlpjit/kernels/ptx.py", "mlpjit/kernels/hopper.py", "mlpjit/jit/binary.py"):
+        assert imported in names
+    for unrelated in ("mlpjit/cli.py", "mlpjit/jit/store.py", "mlpjit/jit/manager.py"):
+        assert unrelated not in names
+    assert names == sorted(names)
+    smoke = [rel for rel, _ in keymod.source_files(SMOKE.sources)]
+    assert smoke[0] == "mlpjit/jit/binary.py" and "mlpjit/testing/smoke.py" in smoke
+
+
+def test_imports_are_read_not_executed():
+    """The import scan resolves relative imports, `from pkg import submodule` and
+    parenthesized lists, and ignores other packages."""
+    text = (
+        "import os, mlpjit.jit.binary\n"
+        "from . import ptx\n"
+        "from ..jit import (\n    spec,\n    binary as b,\n)\n"
+        "from mlpjit.kernels.hopper import SMS\n"
+        "from cutlass import Float32\n"
+    )
+    found = keymod._imports(text, "mlpjit.kernels")
+    assert found == {
+        "mlpjit.jit.binary",
+        "mlpjit.kernels.ptx",
+        "mlpjit.jit.spec",
+        "mlpjit.kernels.hopper",
+    }
 
 
 def test_a_default_valued_optional_param_keys_like_leaving_it_out() -> None:
     base = {"rows": 3072, "k": 6144, "tokens": 1, "tiles": 1, "in_regs": 3, "ctas_per_sm": 2,
             "swiglu": True, "limit": None, "ue8m0": True}  # fmt: skip
-    plain = cache_key(key_components("fp8_gemv", base, "sm_90a"))
-    explicit = cache_key(key_components("fp8_gemv", {**base, "early_launch": False}, "sm_90a"))
-    early = cache_key(key_components("fp8_gemv", {**base, "early_launch": True}, "sm_90a"))
+    plain = cache_key(key_components(FP8_GEMV, base, "sm_90a"))
+    explicit = cache_key(key_components(FP8_GEMV, {**base, "early_launch": False}, "sm_90a"))
+    early = cache_key(key_components(FP8_GEMV, {**base, "early_launch": True}, "sm_90a"))
     assert plain == explicit != early
-    # The default compares by type too: 0 is not False.
-    zero = key_components("fp8_gemv", {**base, "early_launch": 0}, "sm_90a")
-    assert zero["params"]["early_launch"] == 0
+    # The params dataclass checks types: 0 is not False.
+    with pytest.raises(ValueError, match="early_launch must be a bool"):
+        key_components(FP8_GEMV, {**base, "early_launch": 0}, "sm_90a")

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from mlpjit.jit.binary import KernelBinary, KernelParam
-from mlpjit.jit.cubin_info import cubin_kernel_params, find_cuobjdump, param_mismatches
 from mlpjit.jit.launcher import PARAM_SIZES, LoadedKernel, load_kernel
-from mlpjit.jit.manager import CompileManager, KernelRequest
+from mlpjit.jit.manager import CompileManager
+from mlpjit.jit.spec import KernelRequest
 from mlpjit.jit.store import CacheStore
+from mlpjit.testing.cubin_info import cubin_kernel_params, find_cuobjdump, param_mismatches
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -106,7 +107,7 @@ def test_launcher_import_is_lazy() -> None:
     """Importing the launcher adds no cuda-python or cutlass module beyond what torch loads."""
     code = (
         "import sys, torch; before=set(sys.modules);"
-        "import mlpjit.jit.launcher, mlpjit.jit.cubin_info;"
+        "import mlpjit.jit.launcher, mlpjit.testing.cubin_info;"
         "bad=[m for m in set(sys.modules)-before if m.startswith(('cuda','cutlass'))];"
         "bad+=[m for m in sys.modules if m.startswith('cutlass')];"
         "print(bad); sys.exit(1 if bad else 0)"

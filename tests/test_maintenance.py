@@ -53,7 +53,7 @@ time.sleep(120)
 SLOW_COMPILE = """
 import sys, time
 import cutlass.cute as cute
-from mlpjit.kernels import smoke
+from mlpjit.testing import smoke
 real = cute.compile
 def held(*args, options="", **kw):
     compiled = real(*args, options=options, **kw)
@@ -61,7 +61,7 @@ def held(*args, options="", **kw):
     time.sleep(120)
     return compiled
 cute.compile = held
-smoke.compile_cubin({"n": int(sys.argv[1]), "scale": 1.0, "block": 64}, "sm_90a")
+smoke.compile_cubin(smoke.SmokeParams(n=int(sys.argv[1]), scale=1.0, block=64), "sm_90a")
 """
 
 
@@ -200,7 +200,7 @@ def test_scratch_dirs_of_killed_compiles_go(cache_dir, tmpdir_, tmp_path):
     try:
         killed_dir, running_dir = _wait_for_dump_dir(killed), _wait_for_dump_dir(running)
         assert killed_dir.parent == tmpdir_ == running_dir.parent
-        assert killed_dir.name.startswith(f"mlpjit-cubin-{killed.pid}-")
+        assert killed_dir.name.startswith(f"mlpjit-cute-{killed.pid}-")
         _kill(killed)
         assert any(killed_dir.iterdir())  # the dump a kill -9 leaves behind
         legacy_old = tmpdir_ / "mlpjit-cute-abc12345"  # named before the pid was in it
@@ -256,8 +256,10 @@ def test_compile_scratch_dirs_carry_the_pid(monkeypatch, tmp_path):
     """Both kernels compile in a scratch dir named by scratch_prefix (what cleanup parses)."""
     import cutlass.cute as cute
 
-    from mlpjit.kernels import fp8_gemv, smoke
-    from mlpjit.kernels.plan import gemv_request
+    from mlpjit.kernels.fp8_gemv import SPEC
+    from mlpjit.kernels.fp8_gemv.kernel import compile_cubin as gemv_compile
+    from mlpjit.kernels.fp8_gemv.plan import gemv_request
+    from mlpjit.testing import smoke
 
     seen = []
 
@@ -272,15 +274,15 @@ def test_compile_scratch_dirs_carry_the_pid(monkeypatch, tmp_path):
     monkeypatch.setattr(cute, "compile", record)
     params = gemv_request(3072, 6144, 1, swiglu=True, limit=None, ue8m0=True, arch="sm_90a")
     for compile_cubin, args in (
-        (fp8_gemv.compile_cubin, (params.params, "sm_90a")),
-        (smoke.compile_cubin, ({"n": 64, "scale": 1.0, "block": 64}, "sm_90a")),
+        (gemv_compile, (SPEC.make_params(params.params), "sm_90a")),
+        (smoke.compile_cubin, (smoke.SmokeParams(n=64, scale=1.0, block=64), "sm_90a")),
     ):
         with pytest.raises(Stop):
             compile_cubin(*args)
     (cute_name, cute_made), (cubin_name, cubin_made) = seen
     assert cute_made and cubin_made
     assert cute_name.startswith(scratch.scratch_prefix("cute"))
-    assert cubin_name.startswith(scratch.scratch_prefix("cubin"))
+    assert cubin_name.startswith(scratch.scratch_prefix("cute"))
     (tmp_path / cute_name).mkdir()  # as a kill would leave it: kept while this pid lives
     assert scratch.remove_dead_scratch(tmp_path) == {"removed": 0, "kept": 1}
 

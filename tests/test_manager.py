@@ -15,8 +15,9 @@ import pytest
 from mlpjit.errors import CaptureError, CompilerUnavailableError, MlpjitError
 from mlpjit.jit import key as keymod
 from mlpjit.jit import manager as managermod
-from mlpjit.jit.key import cache_key, key_components
-from mlpjit.jit.manager import CacheStats, CompileManager, KernelRequest, default_manager
+from mlpjit.jit.key import request_key
+from mlpjit.jit.manager import CacheStats, CompileManager, default_manager
+from mlpjit.jit.spec import KernelRequest
 from mlpjit.jit.store import CacheStore
 
 HOLD_KEY_LOCK = (
@@ -33,7 +34,7 @@ def test_miss_compiles_once_then_hits(cache_dir, smoke_request, caplog):
         entry = manager.get(req)
         again = manager.get(req)
     assert entry.persisted and again.cubin == entry.cubin
-    assert entry.key == cache_key(key_components(req.kernel, req.params, req.arch))
+    assert entry.key == request_key(req)
     assert entry.cubin[:4] == b"\x7fELF"
     binary = entry.binary()
     assert binary.symbol.encode() in entry.cubin
@@ -121,7 +122,7 @@ def _no_toolchain(monkeypatch):
 def test_missing_compiler_error_names_key_and_fix(cache_dir, smoke_request, monkeypatch):
     _no_toolchain(monkeypatch)
     req = smoke_request(3)
-    short = cache_key(key_components(req.kernel, req.params, req.arch))[:12]
+    short = request_key(req)[:12]
     with pytest.raises(CompilerUnavailableError) as info:
         CompileManager().get(req)
     text = str(info.value)
@@ -150,7 +151,7 @@ def test_bad_request_is_a_value_error(cache_dir):
 def test_timed_out_waiter_compiles_and_publishes(cache_dir, smoke_request, caplog):
     manager = CompileManager(lock_timeout=0.3)
     req = smoke_request(5)
-    key = cache_key(key_components(req.kernel, req.params, req.arch))
+    key = request_key(req)
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_KEY_LOCK, str(manager.store.lock_path(key))],
         stdout=subprocess.PIPE,
@@ -180,7 +181,7 @@ def test_hung_compiler_costs_one_timeout_not_one_per_process(cache_dir, run_work
     """A process holds the key lock and never finishes; a worker with MLPJIT_LOCK_TIMEOUT=1
     waits it out, compiles and publishes; the next fresh process hits without waiting."""
     req = KernelRequest("smoke", {"n": 1024 + 32 * 7, "scale": 2.0, "block": 128}, "sm_90a")
-    key = cache_key(key_components(req.kernel, req.params, req.arch))
+    key = request_key(req)
     hold = (
         "import sys, time; from pathlib import Path; from mlpjit.jit.locks import KeyLock; "
         "from mlpjit.jit.store import CacheStore; "
@@ -239,32 +240,32 @@ def test_bad_lock_timeout_argument_fails_at_construction(bad):
 
 
 def test_unsupported_arch_is_refused_before_compiling(cache_dir, smoke_request):
-    from mlpjit.jit.manager import COMPILE_ARCHS, check_compile_arch
-    from mlpjit.kernels.registry import kernel_names
+    from mlpjit.jit.manager import check_compile_arch
+    from mlpjit.kernels.fp8_gemv import SPEC as FP8_GEMV
 
-    assert set(COMPILE_ARCHS) == set(kernel_names())
-    assert check_compile_arch("fp8_gemv", "sm_90a") == "sm_90a"
+    assert check_compile_arch(FP8_GEMV, "sm_90a") == "sm_90a"
     manager = CompileManager()
     for arch in ("sm_80", "sm_999", "sm_110a"):
         with pytest.raises(ValueError, match=r"kernel smoke compiles for sm_90, sm_90a, .*"):
             manager.get(smoke_request(0, arch=arch))
     with pytest.raises(ValueError, match=r"fp8_gemv compiles for sm_90a, not 'sm_100a'"):
-        check_compile_arch("fp8_gemv", "sm_100a")
+        check_compile_arch(FP8_GEMV, "sm_100a")
     assert manager.stats.compiles == 0
 
 
 def test_smoke_compiles_for_every_listed_arch(cache_dir):
-    """COMPILE_ARCHS names only targets this toolchain builds (and that CuTe DSL knows)."""
+    """Specs name only targets this toolchain builds (and that CuTe DSL knows)."""
     from cutlass.base_dsl.enums import Arch
 
-    from mlpjit.jit.manager import COMPILE_ARCHS
+    from mlpjit.kernels.fp8_gemv import SPEC as FP8_GEMV
+    from mlpjit.testing.smoke import SPEC as SMOKE
 
-    assert {a for archs in COMPILE_ARCHS.values() for a in archs} <= {a.name for a in Arch}
+    assert {*FP8_GEMV.archs, *SMOKE.archs} <= {a.name for a in Arch}
     manager = CompileManager()
     params = {"n": 96, "scale": 1.0, "block": 32}
-    for arch in COMPILE_ARCHS["smoke"]:
+    for arch in SMOKE.archs:
         assert manager.get(KernelRequest("smoke", params, arch)).binary().symbol
-    assert manager.stats.compiles == len(COMPILE_ARCHS["smoke"])
+    assert manager.stats.compiles == len(SMOKE.archs)
 
 
 @pytest.mark.filterwarnings("ignore:(?s).*TYPE_FLOAT_LITERAL_OVERFLOW")
@@ -274,7 +275,7 @@ def test_compile_failure_is_one_line_with_a_log_file(cache_dir, monkeypatch, tmp
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
     req = KernelRequest("smoke", {"n": 64, "scale": 1e308, "block": 64}, "sm_90a")
-    key = cache_key(key_components(req.kernel, req.params, req.arch))
+    key = request_key(req)
     with pytest.raises(MlpjitError) as info:
         CompileManager().get(req)
     message = str(info.value)
@@ -304,7 +305,7 @@ def test_hit_in_fresh_process_imports_no_cutlass(cache_dir, smoke_request, run_w
 
 
 def test_request_json_line_round_trip() -> None:
-    from mlpjit.jit.manager import KernelRequest
+    from mlpjit.jit.spec import KernelRequest
 
     request = KernelRequest("smoke", {"n": 4096, "scale": 2.0, "block": 128}, "sm_90a")
     line = request.to_json_line()

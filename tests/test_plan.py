@@ -1,4 +1,4 @@
-"""kernels/plan.py: shape support, default configs within sm_90 limits, compile requests."""
+"""fp8_gemv tuning and plan: shape support, default configs in sm_90 limits, compile requests."""
 
 from __future__ import annotations
 
@@ -8,15 +8,19 @@ from dataclasses import replace
 
 import pytest
 
-from mlpjit.kernels import plan
-from mlpjit.kernels.plan import GemvConfig
+from mlpjit import models
+from mlpjit.kernels import hopper
+from mlpjit.kernels.fp8_gemv import params as gemv_params
+from mlpjit.kernels.fp8_gemv import plan as fp8_plan
+from mlpjit.kernels.fp8_gemv import tuning
+from mlpjit.kernels.fp8_gemv.params import GemvConfig
 
 ARCH = "sm_90a"
 
 
 def _all_model_shapes() -> list[tuple[int, int, bool]]:
     shapes = []
-    for hidden, inter in plan.MODELS.values():
+    for hidden, inter in models.MODELS.values():
         for tp in (1, 2, 4, 8):
             shapes.append((2 * inter // tp, hidden, True))
             shapes.append((hidden, inter // tp, False))
@@ -24,7 +28,7 @@ def _all_model_shapes() -> list[tuple[int, int, bool]]:
 
 
 def test_plan_imports_no_cutlass() -> None:
-    code = "import sys, mlpjit.kernels.plan; print('cutlass' in sys.modules)"
+    code = "import sys, mlpjit.kernels.fp8_gemv.plan; print('cutlass' in sys.modules)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "False"
 
@@ -43,53 +47,53 @@ def test_plan_imports_no_cutlass() -> None:
     ],
 )
 def test_kernel_supports(rows: int, k: int, tokens: int, ok: bool) -> None:
-    assert plan.kernel_supports(rows, k, tokens) is ok
+    assert tuning.kernel_supports(rows, k, tokens) is ok
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True, "8"])
 def test_kernel_supports_rejects_non_positive_ints(bad) -> None:
     with pytest.raises(ValueError, match="must be a positive int"):
-        plan.kernel_supports(bad, 6144, 1)
+        tuning.kernel_supports(bad, 6144, 1)
     with pytest.raises(ValueError, match="tokens"):
-        plan.kernel_supports(3072, 6144, bad)
+        tuning.kernel_supports(3072, 6144, bad)
 
 
 @pytest.mark.parametrize("shape", _all_model_shapes(), ids=lambda s: f"{s[0]}x{s[1]}-{s[2]}")
 @pytest.mark.parametrize("tokens", [1, 4, 8])
 def test_choose_config_within_limits(shape, tokens: int) -> None:
     rows, k, swiglu = shape
-    cfg = plan.choose_config(rows, k, tokens, swiglu)
-    warps = cfg.tiles * k // plan.SLICE
+    cfg = tuning.choose_config(rows, k, tokens, swiglu)
+    warps = cfg.tiles * k // gemv_params.SLICE
     threads = 32 * warps
-    assert warps <= plan.MAX_WARPS
+    assert warps <= gemv_params.MAX_WARPS
     assert rows % (16 * cfg.tiles) == 0
-    assert 0 <= cfg.in_regs <= plan.STEPS
-    assert threads * cfg.ctas_per_sm <= plan.THREADS_PER_SM
-    smem = plan.smem_bytes(k, tokens, cfg.tiles, cfg.in_regs)
-    assert smem <= plan.smem_budget(cfg.ctas_per_sm)
-    assert cfg.ctas_per_sm * (smem + plan.SMEM_CTA_OVERHEAD) <= plan.SMEM_PER_SM
+    assert 0 <= cfg.in_regs <= gemv_params.STEPS
+    assert threads * cfg.ctas_per_sm <= hopper.THREADS_PER_SM
+    smem = gemv_params.smem_bytes(k, tokens, cfg.tiles, cfg.in_regs)
+    assert smem <= hopper.smem_budget(cfg.ctas_per_sm)
+    assert cfg.ctas_per_sm * (smem + hopper.SMEM_CTA_OVERHEAD) <= hopper.SMEM_PER_SM
     # Registers the in-register weights need fit the launch bound.
-    budget = plan.REGS_PER_SM // (threads * cfg.ctas_per_sm)
-    assert plan.BASE_REGS + 8 * cfg.in_regs <= min(255, budget)
+    budget = hopper.REGS_PER_SM // (threads * cfg.ctas_per_sm)
+    assert tuning.BASE_REGS + 8 * cfg.in_regs <= min(255, budget)
 
 
 def test_choose_config_one_wave_when_possible() -> None:
     # GLM-5 TP8: both kernels fit on the 132 SMs in a single wave of resident CTAs.
     for rows, k in ((3072, 6144), (6144, 1536)):
         for tokens in (1, 8):
-            cfg = plan.choose_config(rows, k, tokens, swiglu=rows == 3072)
-            ctas = plan.grid_ctas(
+            cfg = tuning.choose_config(rows, k, tokens, swiglu=rows == 3072)
+            ctas = gemv_params.grid_ctas(
                 rows, k, cfg.tiles, cfg.in_regs, cfg.ctas_per_sm, cfg.slices_per_warp
             )
-            assert ctas <= plan.SMS * cfg.ctas_per_sm, (rows, k, tokens, cfg)
-            assert ctas >= plan.SMS // 2  # and spread over the SMs
+            assert ctas <= hopper.SMS * cfg.ctas_per_sm, (rows, k, tokens, cfg)
+            assert ctas >= hopper.SMS // 2  # and spread over the SMs
 
 
 def test_smem_bytes_matches_design_formula() -> None:
     # warps * (STEPS - in_regs) * 1 KB + max(tokens*k, warps*512) + tokens * k/128 * 4
-    assert plan.smem_bytes(6144, 8, 1, 3) == 12 * 5 * 1024 + 8 * 6144 + 8 * 48 * 4
-    assert plan.smem_bytes(1536, 1, 2, 8) == 0 + 6 * 512 + 1 * 12 * 4
-    assert plan.choose_config(6144, 1536, 1, False).in_regs <= plan.STEPS - 1
+    assert gemv_params.smem_bytes(6144, 8, 1, 3) == 12 * 5 * 1024 + 8 * 6144 + 8 * 48 * 4
+    assert gemv_params.smem_bytes(1536, 1, 2, 8) == 0 + 6 * 512 + 1 * 12 * 4
+    assert tuning.choose_config(6144, 1536, 1, False).in_regs <= gemv_params.STEPS - 1
 
 
 @pytest.mark.parametrize(
@@ -102,13 +106,13 @@ def test_smem_bytes_matches_design_formula() -> None:
 )
 def test_choose_config_errors(args, match) -> None:
     with pytest.raises(ValueError, match=match):
-        plan.choose_config(*args)
+        tuning.choose_config(*args)
 
 
 def test_gemv_request_params() -> None:
-    req = plan.gemv_request(3072, 6144, 2, swiglu=True, limit=7, ue8m0=True, arch=ARCH)
+    req = fp8_plan.gemv_request(3072, 6144, 2, swiglu=True, limit=7, ue8m0=True, arch=ARCH)
     assert req.kernel == "fp8_gemv" and req.arch == ARCH
-    cfg = plan.choose_config(3072, 6144, 2, True)
+    cfg = tuning.choose_config(3072, 6144, 2, True)
     assert not cfg.early_launch
     assert dict(req.params) == {
         "rows": 3072,
@@ -121,9 +125,9 @@ def test_gemv_request_params() -> None:
         "limit": 7.0,
         "ue8m0": True,
     }
-    from mlpjit.kernels.registry import kernel_def
+    from mlpjit.kernels.fp8_gemv import SPEC
 
-    assert kernel_def("fp8_gemv").param_names - set(req.params) == {
+    assert set(SPEC.field_names()) - set(req.params) == {
         "early_launch",
         "slices_per_warp",
         "cluster",
@@ -136,21 +140,21 @@ def test_early_launch_is_in_the_request_only_when_set() -> None:
     base = GemvConfig(2, 2, 1)
     early = GemvConfig(2, 2, 1, early_launch=True)
     kwargs = {"swiglu": True, "limit": None, "ue8m0": True, "arch": ARCH}
-    plain = plan.gemv_request(3072, 6144, 8, **kwargs, config=base)
-    marked = plan.gemv_request(3072, 6144, 8, **kwargs, config=early)
+    plain = fp8_plan.gemv_request(3072, 6144, 8, **kwargs, config=base)
+    marked = fp8_plan.gemv_request(3072, 6144, 8, **kwargs, config=early)
     assert "early_launch" not in plain.params and marked.params["early_launch"] is True
     assert {**plain.params, "early_launch": True} == dict(marked.params)
     # The tuned table sets it on gate_up only (after down a server runs no mlpjit kernel).
-    tuned = [c for entries in plan.TUNED_H200.values() for _, c in entries if c.early_launch]
+    tuned = [c for entries in tuning.TUNED_H200.values() for _, c in entries if c.early_launch]
     assert tuned and all(
-        swiglu for (_, _, swiglu), entries in plan.TUNED_H200.items()
+        swiglu for (_, _, swiglu), entries in tuning.TUNED_H200.items()
         for _, c in entries if c.early_launch
     )  # fmt: skip
-    assert plan.choose_config(3072, 5120, 8, True) == early  # GLM-4.5 TP8 gate_up
+    assert tuning.choose_config(3072, 5120, 8, True) == early  # GLM-4.5 TP8 gate_up
 
 
 def test_gemv_request_limit_only_for_swiglu_and_explicit_config() -> None:
-    req = plan.gemv_request(
+    req = fp8_plan.gemv_request(
         6144, 1536, 2, swiglu=False, limit=7.0, ue8m0=False, arch=ARCH, config=GemvConfig(1, 4, 1)
     )
     assert req.params["limit"] is None
@@ -170,12 +174,12 @@ def test_gemv_request_limit_only_for_swiglu_and_explicit_config() -> None:
 def test_gemv_request_errors(kwargs, match) -> None:
     base = {"swiglu": True, "limit": None, "ue8m0": True, "arch": ARCH}
     with pytest.raises(ValueError, match=match):
-        plan.gemv_request(3072, 6144, 1, **{**base, **kwargs})
+        fp8_plan.gemv_request(3072, 6144, 1, **{**base, **kwargs})
 
 
 def test_dense_mlp_requests_glm5_tp8() -> None:
-    hidden, inter = plan.MODELS["glm5"]
-    reqs = plan.dense_mlp_requests(hidden, inter, 8, range(1, 9), ARCH)
+    hidden, inter = models.MODELS["glm5"]
+    reqs = fp8_plan.dense_mlp_requests(hidden, inter, 8, range(1, 9), ARCH)
     assert len(reqs) == 16
     gate_up, down = reqs[0].params, reqs[1].params
     assert (gate_up["rows"], gate_up["k"], gate_up["swiglu"]) == (3072, 6144, True)
@@ -186,9 +190,9 @@ def test_dense_mlp_requests_glm5_tp8() -> None:
 
 def test_dense_mlp_requests_skips_unsupported() -> None:
     # Token counts above 8 and DeepSeek-V3's TP8 shard (k = 2304) take the stock path.
-    assert plan.dense_mlp_requests(6144, 12288, 8, [9, 16], ARCH) == []
-    assert plan.dense_mlp_requests(7168, 18432, 8, [1], ARCH) == []
-    reqs = plan.dense_mlp_requests(5120, 12288, 8, 3, ARCH, ue8m0=False, limit=5.0)
+    assert fp8_plan.dense_mlp_requests(6144, 12288, 8, [9, 16], ARCH) == []
+    assert fp8_plan.dense_mlp_requests(7168, 18432, 8, [1], ARCH) == []
+    reqs = fp8_plan.dense_mlp_requests(5120, 12288, 8, 3, ARCH, ue8m0=False, limit=5.0)
     assert [r.params["limit"] for r in reqs] == [5.0, None]
     assert all(r.params["ue8m0"] is False for r in reqs)
 
@@ -204,16 +208,16 @@ def test_dense_mlp_requests_skips_unsupported() -> None:
 )
 def test_dense_mlp_requests_errors(args, match) -> None:
     with pytest.raises(ValueError, match=match):
-        plan.dense_mlp_requests(*args, ARCH)
+        fp8_plan.dense_mlp_requests(*args, ARCH)
 
 
 def test_tuned_table_fits_every_token_count_it_covers():
     """Each measured entry is a valid config for every token count it is used for."""
-    for (rows, k, swiglu), entries in plan.TUNED_H200.items():
+    for (rows, k, swiglu), entries in tuning.TUNED_H200.items():
         bounds = [bound for bound, _ in entries]
-        assert bounds == sorted(bounds) and bounds[-1] == plan.MAX_TOKENS
-        for tokens in range(1, plan.MAX_TOKENS + 1):
-            config = plan.choose_config(rows, k, tokens, swiglu)
+        assert bounds == sorted(bounds) and bounds[-1] == gemv_params.MAX_TOKENS
+        for tokens in range(1, gemv_params.MAX_TOKENS + 1):
+            config = tuning.choose_config(rows, k, tokens, swiglu)
             expected = next(c for bound, c in entries if tokens <= bound)
             assert config == expected, (rows, k, swiglu, tokens)
 
@@ -221,48 +225,50 @@ def test_tuned_table_fits_every_token_count_it_covers():
 def test_heuristic_keeps_few_steps_in_registers():
     # a shape outside the table (GLM-5 TP 16 would not fit 512; take hidden 4096, inter 2048)
     for tokens in (1, 8):
-        config = plan.choose_config(4096, 2048, tokens, False)
-        assert (4096, 2048, False) not in plan.TUNED_H200
-        assert config.in_regs <= plan.HEURISTIC_MAX_IN_REGS
+        config = tuning.choose_config(4096, 2048, tokens, False)
+        assert (4096, 2048, False) not in tuning.TUNED_H200
+        assert config.in_regs <= tuning.HEURISTIC_MAX_IN_REGS
 
 
 def test_wide_persistent_heuristic_follows_the_measured_picks(monkeypatch) -> None:
     """Untuned shapes with two or more waves of row tiles and large k get a persistent grid
     with several slices per warp, as measured best for GLM-5 TP1/TP2/TP4 (variant 12)."""
-    monkeypatch.setattr(plan, "TUNED_H200", {})
+    monkeypatch.setattr(tuning, "TUNED_H200", {})
     # GLM-5 TP1 gate_up: 2 CTAs per SM at 1-2 tokens, one when x no longer fits beside them.
-    assert plan.choose_config(24576, 6144, 1, True) == GemvConfig(1, 0, 2, slices_per_warp=3)
+    assert tuning.choose_config(24576, 6144, 1, True) == GemvConfig(1, 0, 2, slices_per_warp=3)
     # From 5 tokens on in clusters of 2 (HEURISTIC_CLUSTER_MIN_TOKENS).
-    assert plan.choose_config(24576, 6144, 8, True) == GemvConfig(
+    assert tuning.choose_config(24576, 6144, 8, True) == GemvConfig(
         1, 0, 1, slices_per_warp=2, cluster=2
     )
     # GLM-5 TP1 down at 8 tokens: register steps where shared memory runs out, 3 slices per
     # warp there (2 spilled with ptxas 13.0).
-    assert plan.choose_config(6144, 12288, 8, False) == GemvConfig(
+    assert tuning.choose_config(6144, 12288, 8, False) == GemvConfig(
         1, 3, 1, slices_per_warp=3, cluster=2
     )
     # Fewer than two waves of row tiles (GLM-5 TP8 gate_up) or small k keep the old heuristic.
-    assert plan.choose_config(3072, 6144, 1, True).slices_per_warp == 1
-    assert plan.choose_config(6144, 3072, 1, False).slices_per_warp == 1
+    assert tuning.choose_config(3072, 6144, 1, True).slices_per_warp == 1
+    assert tuning.choose_config(6144, 3072, 1, False).slices_per_warp == 1
     for rows, k, m in ((24576, 5120, 1), (5120, 12288, 5), (5120, 6144, 8)):
-        config = plan.choose_config(rows, k, m, rows > k)
+        config = tuning.choose_config(rows, k, m, rows > k)
         spw = config.slices_per_warp
-        assert spw > 1 and (k // plan.SLICE) % spw == 0
-        grid = plan.grid_ctas(rows, k, 1, config.in_regs, config.ctas_per_sm, spw)
-        assert grid == plan.SMS * config.ctas_per_sm < rows // 16  # persistent
+        assert spw > 1 and (k // gemv_params.SLICE) % spw == 0
+        grid = gemv_params.grid_ctas(rows, k, 1, config.in_regs, config.ctas_per_sm, spw)
+        assert grid == hopper.SMS * config.ctas_per_sm < rows // 16  # persistent
 
 
 def test_glm45_tp4_gate_up_keeps_the_measured_one_token_pick() -> None:
     """The wide heuristic lost there (pair_sweep_heuristic_glm45_h200.txt); 2+ tokens use it."""
-    assert plan.choose_config(6144, 5120, 1, True) == GemvConfig(2, 3, 1)
-    assert plan.choose_config(6144, 5120, 2, True).slices_per_warp == 2
+    assert tuning.choose_config(6144, 5120, 1, True) == GemvConfig(2, 3, 1)
+    assert tuning.choose_config(6144, 5120, 2, True).slices_per_warp == 2
 
 
 def test_cluster_is_in_the_request_only_when_set() -> None:
     """cluster=1 (no cluster) is the kernel's default: one key for the plain kernel."""
     kwargs = {"swiglu": True, "limit": None, "ue8m0": True, "arch": ARCH}
-    plain = plan.gemv_request(3072, 6144, 8, **kwargs, config=GemvConfig(1, 3, 1))
-    clustered = plan.gemv_request(3072, 6144, 8, **kwargs, config=GemvConfig(1, 3, 1, cluster=2))
+    plain = fp8_plan.gemv_request(3072, 6144, 8, **kwargs, config=GemvConfig(1, 3, 1))
+    clustered = fp8_plan.gemv_request(
+        3072, 6144, 8, **kwargs, config=GemvConfig(1, 3, 1, cluster=2)
+    )
     assert "cluster" not in plain.params and clustered.params["cluster"] == 2
     assert {**plain.params, "cluster": 2} == dict(clustered.params)
 
@@ -270,34 +276,34 @@ def test_cluster_is_in_the_request_only_when_set() -> None:
 def test_fits_checks_cluster_sizes_and_residency() -> None:
     # GLM-5 TP8 gate_up at 8 tokens: a persistent grid of 132 CTAs (one per SM).
     persistent = GemvConfig(1, 3, 1)
-    assert plan.grid_ctas(3072, 6144, 1, 3, 1) == plan.SMS < 3072 // 16
-    assert plan._fits(3072, 6144, 8, replace(persistent, cluster=2))
+    assert gemv_params.grid_ctas(3072, 6144, 1, 3, 1) == hopper.SMS < 3072 // 16
+    assert tuning.config_fits(3072, 6144, 8, replace(persistent, cluster=2))
     # Clusters of 4 would not all be resident at once (30 x 4 CTAs on the H200), nor in a
     # one-wave grid of 132 CTAs that is not persistent (2112 rows: 132 tiles).
-    assert not plan._fits(3072, 6144, 8, replace(persistent, cluster=4))
-    assert plan.grid_ctas(2112, 6144, 1, 3, 1) == plan.SMS
-    assert not plan._fits(2112, 6144, 1, GemvConfig(1, 3, 1, cluster=4))
-    assert plan._fits(2112, 6144, 1, GemvConfig(1, 3, 1, cluster=2))
+    assert not tuning.config_fits(3072, 6144, 8, replace(persistent, cluster=4))
+    assert gemv_params.grid_ctas(2112, 6144, 1, 3, 1) == hopper.SMS
+    assert not tuning.config_fits(2112, 6144, 1, GemvConfig(1, 3, 1, cluster=4))
+    assert tuning.config_fits(2112, 6144, 1, GemvConfig(1, 3, 1, cluster=2))
     for bad in (3, 2.0, True):
-        assert not plan._fits(3072, 6144, 8, replace(persistent, cluster=bad))
+        assert not tuning.config_fits(3072, 6144, 8, replace(persistent, cluster=bad))
     # One CTA per row tile (192 CTAs at 2 per SM): any size dividing the grid, none that
     # does not (rows 6160: 385 tiles).
     one_per_tile = GemvConfig(1, 3, 2, cluster=8)
-    assert plan._fits(3072, 6144, 1, one_per_tile)
-    assert not plan._fits(6160, 6144, 1, replace(one_per_tile, cluster=2))
+    assert tuning.config_fits(3072, 6144, 1, one_per_tile)
+    assert not tuning.config_fits(6160, 6144, 1, replace(one_per_tile, cluster=2))
 
 
 def test_tuned_clusters_only_where_the_pair_sweep_measured_them() -> None:
     """Clusters of 2 from 3 tokens on at GLM-5 TP8/TP4/TP1 (variant 14); never at 1-2
     tokens, where the shared quantization saves less than the cluster barriers cost."""
-    for rows, k, swiglu in plan.TUNED_H200:
-        for tokens in range(1, plan.MAX_TOKENS + 1):
-            config = plan.choose_config(rows, k, tokens, swiglu)
+    for rows, k, swiglu in tuning.TUNED_H200:
+        for tokens in range(1, gemv_params.MAX_TOKENS + 1):
+            config = tuning.choose_config(rows, k, tokens, swiglu)
             assert config.cluster in (1, 2)
             if tokens <= 2:
                 assert config.cluster == 1, (rows, k, tokens)
-    assert plan.choose_config(3072, 6144, 8, True).cluster == 2
-    assert plan.choose_config(6144, 1536, 8, False).cluster == 2
+    assert tuning.choose_config(3072, 6144, 8, True).cluster == 2
+    assert tuning.choose_config(6144, 1536, 8, False).cluster == 2
 
 
 def test_heuristic_clusters_from_five_tokens_where_the_grid_allows() -> None:
@@ -305,24 +311,24 @@ def test_heuristic_clusters_from_five_tokens_where_the_grid_allows() -> None:
     TP1/TP2/TP4 measured 0.4-2.3 us faster per layer at 8 tokens), never below, never where
     the grid is odd."""
     for rows, k, swiglu in ((24576, 5120, True), (5120, 6144, False), (5120, 3072, False)):
-        assert (rows, k, swiglu) not in plan.TUNED_H200
-        for tokens in range(1, plan.MAX_TOKENS + 1):
-            config = plan.choose_config(rows, k, tokens, swiglu)
-            want = 2 if tokens >= plan.HEURISTIC_CLUSTER_MIN_TOKENS else 1
+        assert (rows, k, swiglu) not in tuning.TUNED_H200
+        for tokens in range(1, gemv_params.MAX_TOKENS + 1):
+            config = tuning.choose_config(rows, k, tokens, swiglu)
+            want = 2 if tokens >= tuning.HEURISTIC_CLUSTER_MIN_TOKENS else 1
             assert config.cluster == want, (rows, k, tokens, config)
-            assert plan._fits(rows, k, tokens, config)
+            assert tuning.config_fits(rows, k, tokens, config)
     # 9 row tiles of 16 (one CTA each): an odd grid stays unclustered.
-    assert plan.choose_config(144, 4096, 8, False).cluster == 1
+    assert tuning.choose_config(144, 4096, 8, False).cluster == 1
 
 
 def test_register_budget_follows_the_scheduler_split() -> None:
     """The register file is split over 4 schedulers: 14 warps per SM (k 7168, 448 threads)
     get 128 registers under the launch bound (ptxas 13.0), too few for the persistent form
     (which then spilled), so that grid stays one CTA per row tile."""
-    assert plan._reg_budget(448, 1) == 128
-    assert plan._reg_budget(384, 1) == 168 and plan._reg_budget(768, 1) == 80
-    assert plan._reg_budget(448, 2) == 72 and plan._reg_budget(256, 1) == 255
-    assert plan.grid_ctas(4096, 7168, 1, 3, 1) == 4096 // 16
+    assert hopper.reg_budget(448, 1) == 128
+    assert hopper.reg_budget(384, 1) == 168 and hopper.reg_budget(768, 1) == 80
+    assert hopper.reg_budget(448, 2) == 72 and hopper.reg_budget(256, 1) == 255
+    assert gemv_params.grid_ctas(4096, 7168, 1, 3, 1) == 4096 // 16
 
 
 def test_sms_sizes_the_persistent_grids() -> None:
@@ -331,31 +337,34 @@ def test_sms_sizes_the_persistent_grids() -> None:
     h20 = 78
     for tokens in (1, 8):
         for rows, k, swiglu in ((24576, 6144, True), (6144, 12288, False)):  # GLM-5 TP1
-            config = plan.choose_config(rows, k, tokens, swiglu, sms=h20)
-            assert plan._fits(rows, k, tokens, config, sms=h20)
-            grid = plan.grid_ctas(rows, k, config.tiles, config.in_regs, config.ctas_per_sm,
+            config = tuning.choose_config(rows, k, tokens, swiglu, sms=h20)
+            assert tuning.config_fits(rows, k, tokens, config, sms=h20)
+            grid = gemv_params.grid_ctas(rows, k, config.tiles, config.in_regs, config.ctas_per_sm,
                                   config.slices_per_warp, sms=h20)  # fmt: skip
             assert grid <= h20 * config.ctas_per_sm < rows // (16 * config.tiles)
-    tuned = plan.choose_config(3072, 6144, 1, True)
-    assert plan.choose_config(3072, 6144, 1, True, sms=plan.SMS) == tuned
+    tuned = tuning.choose_config(3072, 6144, 1, True)
+    assert tuning.choose_config(3072, 6144, 1, True, sms=hopper.SMS) == tuned
     kwargs = {"swiglu": True, "limit": None, "ue8m0": True, "arch": ARCH}
-    assert "sms" not in plan.gemv_request(3072, 6144, 1, **kwargs).params
-    assert plan.gemv_request(3072, 6144, 1, **kwargs, sms=h20).params["sms"] == h20
-    requests = plan.dense_mlp_requests(6144, 12288, 8, [1, 8], ARCH, sms=114)
+    assert "sms" not in fp8_plan.gemv_request(3072, 6144, 1, **kwargs).params
+    assert fp8_plan.gemv_request(3072, 6144, 1, **kwargs, sms=h20).params["sms"] == h20
+    requests = fp8_plan.dense_mlp_requests(6144, 12288, 8, [1, 8], ARCH, sms=114)
     assert len(requests) == 4 and all(r.params["sms"] == 114 for r in requests)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1025, 1.5, True, "78"])
 def test_bad_sms(bad) -> None:
     with pytest.raises(ValueError, match="sms must be an int"):
-        plan.choose_config(3072, 6144, 1, True, sms=bad)
+        tuning.choose_config(3072, 6144, 1, True, sms=bad)
     with pytest.raises(ValueError, match="sms must be an int"):
-        plan.dense_mlp_requests(6144, 12288, 8, [1], ARCH, sms=bad)
+        fp8_plan.dense_mlp_requests(6144, 12288, 8, [1], ARCH, sms=bad)
 
 
-def test_registry_default_sms_is_plans() -> None:
-    """The key drops sms at the registry's default, which must be the SM count plan's
+def test_params_default_sms_is_the_tuned_tables() -> None:
+    """The key drops sms at the params' default, which must be the SM count the planner's
     defaults and tuned table are for."""
-    from mlpjit.kernels.registry import kernel_def
+    import dataclasses
 
-    assert kernel_def("fp8_gemv").param_defaults["sms"] == plan.SMS
+    from mlpjit.kernels.fp8_gemv.params import GemvParams
+
+    defaults = {f.name: f.default for f in dataclasses.fields(GemvParams)}
+    assert defaults["sms"] == hopper.SMS

@@ -1,4 +1,4 @@
-"""The stock-path reference: scale rule, quantization, block-scaled GEMM, SwiGLU, whole layer."""
+"""The reference: scale rule, quantization, block-scaled GEMM, SwiGLU, whole layer."""
 
 from __future__ import annotations
 
@@ -168,30 +168,6 @@ def test_dense_mlp_reference_close_to_full_precision(ue8m0: bool) -> None:
     g, u = gu[:, :inter], gu[:, inter:]
     full = (g / (1 + torch.exp(-g)) * u) @ ref.dequantize_weight(w2, s2).double().T
     assert _rel(out, full) < 0.08  # FP8 activation quantization error, twice
-
-
-def test_stock_path_on_cpu_is_the_reference() -> None:
-    hidden, inter = 512, 256
-    w13, s13 = _weights(2 * inter, hidden, seed=10)
-    w2, s2 = _weights(hidden, inter, seed=11)
-    x = _x(3, hidden, seed=12)
-    expected = ref.dense_mlp_reference(x, w13, s13, w2, s2, limit=0.5, ue8m0=True)
-    got = ref.stock_dense_mlp(x, w13, s13, w2, s2, limit=0.5, ue8m0=True)
-    assert torch.equal(got, expected)
-
-
-def test_stock_operand_layouts() -> None:
-    ws = torch.rand(4, 8)
-    b = ref.stock_weight_scale(ws, 512, 1024)  # k/128 = 8: 128x128 recipe, a view
-    assert b.shape == (8, 4) and b.data_ptr() == ws.data_ptr()
-    ws18 = torch.rand(4, 18)
-    b18 = ref.stock_weight_scale(ws18, 512, 2304)  # k/128 = 18: expanded 1x128 recipe
-    assert b18.shape == (18, 512) and b18.is_contiguous()
-    assert b18[3, 200] == ws18[1, 3]
-    xq, xs = ref.stock_quantize(_x(3, 256, seed=13), ue8m0=False)
-    assert xq.shape == (4, 256) and xs.shape == (4, 2)
-    assert xs.stride() == (1, 4)  # outer-dim-major
-    assert torch.all(xq[3].float() == 0)
 
 
 def test_activation_scale_is_the_correctly_rounded_quotient():

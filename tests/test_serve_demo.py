@@ -1,4 +1,5 @@
-"""scripts/serve_demo.py: the compile side of a multi-worker start-up, on CPU."""
+"""scripts/serve_demo.py: the compile side of a multi-worker start-up, on CPU (run with the
+installed package, no PYTHONPATH of ours)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ SCRIPT = REPO / "scripts" / "serve_demo.py"
 @pytest.mark.skipif(torch.cuda.is_available(), reason="exercises the CPU compile-only mode")
 def test_two_cold_workers_compile_each_kernel_once(tmp_path: Path) -> None:
     out = tmp_path / "demo.json"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ)
     args = ["--workers", "2", "--cold", "--arch", "sm_90a", "--layers", "2", "--tokens", "1"]
     done = subprocess.run(
         [sys.executable, str(SCRIPT), *args, "--json", str(out)],
@@ -47,7 +48,6 @@ def test_two_cold_workers_compile_each_kernel_once(tmp_path: Path) -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="exercises the CPU compile-only mode")
 def test_no_gpu_and_no_arch_is_a_usage_error() -> None:
     env = {k: v for k, v in os.environ.items() if k != "MLPJIT_ARCH"}
-    env["PYTHONPATH"] = str(REPO)
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--workers", "1"], capture_output=True, text=True, env=env
     )

@@ -9,19 +9,21 @@ import logging
 import os
 import stat
 import time
+from dataclasses import replace
 
 import pytest
 
 from mlpjit.errors import CacheDirError
 from mlpjit.jit import store as storemod
-from mlpjit.jit.binary import KernelBinary, KernelParam
-from mlpjit.jit.key import cache_key, key_components, spec_key
+from mlpjit.jit.binary import KernelBinary, KernelParam, launch_sha256
+from mlpjit.jit.key import FORMAT_VERSION, cache_key, key_components, spec_key
 from mlpjit.jit.locks import KeyLock
 from mlpjit.jit.store import CacheStore, Entry
+from mlpjit.testing.smoke import SPEC as SMOKE
 
 
 def _made(i: int = 0, arch: str = "sm_90a") -> tuple[str, dict, KernelBinary]:
-    components = key_components("smoke", {"n": 1024 + i, "scale": 2.0, "block": 128}, arch)
+    components = key_components(SMOKE, {"n": 1024 + i, "scale": 2.0, "block": 128}, arch)
     binary = KernelBinary(
         cubin=bytes([i % 256]) * 100 + b"\x7fELF" + os.urandom(8),
         symbol=f"kernel_{i}",
@@ -249,8 +251,41 @@ def test_manifest_failure_after_cubin_leaves_nothing(cache_dir, monkeypatch):
     assert list((cache_dir / "v1" / "tmp").iterdir()) == []
 
 
-def test_manifest_is_plain_json(cache_dir):
-    key, components, binary = _made()
-    CacheStore().publish(key, components, binary, 0.1)
-    mpath, _ = _paths(cache_dir, key)
-    json.loads(mpath.read_text())
+@pytest.mark.parametrize("cluster", [(1, 1, 1), (2, 1, 1)])
+def test_manifest_on_disk_describes_its_entry(cache_dir, cluster):
+    """The manifest file, read back as plain JSON, is the entry: format and key, components
+    hashing to the key, the cubin's sha256 and size, the binary's launch fields, and a
+    launch_sha256 recomputed here from those fields and the cubin file."""
+    key, components, binary = _made(3)
+    binary = replace(binary, cluster=cluster)
+    CacheStore().publish(key, components, binary, 0.25)
+    mpath, cpath = _paths(cache_dir, key)
+    manifest = json.loads(mpath.read_text())
+    cubin = cpath.read_bytes()
+    launch = {
+        "symbol": binary.symbol,
+        "grid": list(binary.grid),
+        "block": list(binary.block),
+        "smem_bytes": binary.smem_bytes,
+        "pdl": binary.pdl,
+        "params": [{"name": p.name, "kind": p.kind} for p in binary.params],
+    }
+    if cluster != (1, 1, 1):
+        launch["cluster"] = list(cluster)  # written only for cluster launches
+    assert set(manifest) == {
+        "format", "key", "spec_key", "components", *launch, "cubin_sha256", "cubin_bytes",
+        "launch_sha256", "compile_seconds", "created", "last_used",
+    }  # fmt: skip
+    assert manifest["format"] == FORMAT_VERSION and manifest["key"] == key
+    assert manifest["components"] == components and cache_key(manifest["components"]) == key
+    assert manifest["spec_key"] == spec_key(components)
+    assert cubin == binary.cubin
+    assert manifest["cubin_sha256"] == hashlib.sha256(cubin).hexdigest()
+    assert manifest["cubin_bytes"] == len(cubin)
+    assert {name: manifest[name] for name in launch} == launch
+    payload = {"key": key, "cubin_sha256": hashlib.sha256(cubin).hexdigest(), "launch": launch}
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    assert manifest["launch_sha256"] == hashlib.sha256(canonical.encode()).hexdigest()
+    assert manifest["launch_sha256"] == launch_sha256(key, binary)
+    assert manifest["compile_seconds"] == 0.25
+    assert manifest["created"] == manifest["last_used"] <= time.time()

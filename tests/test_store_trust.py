@@ -1,4 +1,4 @@
-"""The store's trust rules (DESIGN.md section 3) against real hostile files and directories.
+"""The store's trust rules (docs/SERVER.md, Security model) against hostile files and dirs.
 
 No mocks: real symlinks, FIFOs, /dev/zero, chown to another uid (the tests run as root, so
 "another user" is uid 12345 and permission denial cannot be used), and child processes with
@@ -21,6 +21,7 @@ from mlpjit.errors import CacheDirError
 from mlpjit.jit.binary import KernelBinary, KernelParam
 from mlpjit.jit.key import cache_key, canonical_json, key_components, spec_key
 from mlpjit.jit.store import MAX_CUBIN_BYTES, CacheStore
+from mlpjit.testing.smoke import SPEC as SMOKE
 
 OTHER_UID = 12345
 CHILD_TIMEOUT = 30
@@ -28,7 +29,7 @@ CHILD_TIMEOUT = 30
 
 def _made(i: int = 0) -> tuple[str, dict, KernelBinary]:
     """A hand-made entry (no compile) that uses every launch field, cluster included."""
-    components = key_components("smoke", {"n": 1024 + i, "scale": 2.0, "block": 128}, "sm_90a")
+    components = key_components(SMOKE, {"n": 1024 + i, "scale": 2.0, "block": 128}, "sm_90a")
     binary = KernelBinary(
         cubin=b"\x7fELF" + bytes([i % 256]) * 64 + os.urandom(8),
         symbol=f"kernel_{i}",

@@ -1,4 +1,6 @@
-"""scripts/tp_demo.py on CPU: sharding, seeded weights, kernel list, dry run, CPU emulation."""
+"""scripts/tp_demo.py on CPU: sharding, seeded weights, kernel list, dry run, CPU emulation.
+
+The script runs as a user runs it: with the installed package, no PYTHONPATH of ours."""
 
 from __future__ import annotations
 
@@ -144,13 +146,13 @@ def test_kernel_requests_are_the_tp8_shard_kernels() -> None:
     assert shapes == {(3072, 6144, True), (6144, 1536, False)}
     assert {r.params["tokens"] for r in reqs} == set(range(1, 9))
     assert all(r.params["ue8m0"] is True and r.arch == "sm_90a" for r in reqs)
-    from mlpjit.kernels.plan import dense_mlp_requests
+    from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
 
     assert reqs == dense_mlp_requests(6144, 12288, 8, range(1, 9), "sm_90a", ue8m0=True)
 
 
 def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     return subprocess.run(
         [sys.executable, str(SCRIPT), *args],
         capture_output=True,
@@ -252,8 +254,7 @@ def test_real_mode_collects_each_rank_failure() -> None:
         "tokens=[1], check_tokens=[1], steps=1, timeout=120); "
         "print(json.dumps(tp_demo.run_real(opts)))"
     )
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'scripts'}")
-    env["CUDA_VISIBLE_DEVICES"] = ""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "scripts"), CUDA_VISIBLE_DEVICES="")
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
     )

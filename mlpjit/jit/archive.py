@@ -41,7 +41,6 @@ from typing import Any
 
 from mlpjit.errors import CorruptEntryError
 from mlpjit.jit.key import canonical_json, short_key
-from mlpjit.jit.locks import KeyLock
 from mlpjit.jit.safe_read import loads_json, open_regular
 from mlpjit.jit.store import (
     MAX_CUBIN_BYTES,
@@ -412,11 +411,10 @@ def _publish(
     store: CacheStore, key: str, manifest: dict[str, Any], binary: Any, report: ImportReport
 ) -> None:
     """Publish one verified entry under its key lock (skip it if present or in flight)."""
-    lock = KeyLock(store.lock_path(key))
-    if not lock.try_acquire():
-        report.skipped.append({"key": key, "reason": "being compiled by another process"})
-        return
-    try:
+    with store.try_lock(key) as held:
+        if not held:
+            report.skipped.append({"key": key, "reason": "being compiled by another process"})
+            return
         existing = store.lookup(key)
         if existing is not None and existing.origin == store.root:
             report.skipped.append({"key": key, "reason": "already in the cache"})
@@ -424,8 +422,6 @@ def _publish(
         seconds = manifest.get("compile_seconds")
         seconds = float(seconds) if isinstance(seconds, (int, float)) else 0.0
         entry = store.publish(key, manifest["components"], binary, seconds)
-    finally:
-        lock.release()
     if entry.persisted:
         report.imported.append(key)
     else:

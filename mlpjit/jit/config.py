@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from mlpjit.jit.spec import check_arch
 
 __all__ = [
     "ENV_VARS",
@@ -19,15 +20,13 @@ __all__ = [
     "arch_override",
     "cache_dir",
     "cache_path",
-    "check_arch",
     "lock_timeout",
+    "kernel_modules",
     "record_file",
 ]
 
 DEFAULT_LOCK_TIMEOUT = 300.0
 
-# "sm_90a", "sm_100a", "sm_80", "sm_100f": what CuTe DSL accepts as a target name.
-_ARCH_RE = re.compile(r"^sm_[0-9]{2,3}[af]?$")
 
 
 @dataclass(frozen=True)
@@ -64,6 +63,37 @@ ENV_VARS: dict[str, EnvVar] = {
             "(the current GPU's arch)",
             "Target arch (e.g. sm_90a) used when no GPU is visible, e.g. to warm a cache on a "
             "CPU-only build machine.",
+        ),
+        EnvVar(
+            "MLPJIT_KERNEL_MODULES",
+            "(none)",
+            "Comma-separated modules `mlpjit warm` imports besides mlpjit.kernels, each "
+            "registering kernel specs (mlpjit.jit.spec.register): warm your own kernels, or "
+            "mlpjit.testing.smoke in tests.",
+        ),
+        EnvVar(
+            "MLPJIT_REMOTE_CACHE",
+            "(off)",
+            "Fleet compile cache on Redis: redis://[user:pass@]host:port/db, or rediss:// for "
+            "TLS (a private CA as ?ssl_ca_certs=/path/ca.pem). Remote entries are verified "
+            "like local ones. Needs pip install 'mlpjit[redis]'.",
+        ),
+        EnvVar(
+            "MLPJIT_REMOTE_PREFIX",
+            "mlpjit:",
+            "Prefix of every Redis key mlpjit writes (entries and compile locks), so several "
+            "fleets can share one Redis database.",
+        ),
+        EnvVar(
+            "MLPJIT_REMOTE_TTL",
+            "(no expiry)",
+            "Seconds an uploaded entry lives in Redis (float > 0).",
+        ),
+        EnvVar(
+            "MLPJIT_REMOTE_TIMEOUT",
+            "2",
+            "Seconds for connecting to Redis and for each reply (float > 0). After a failure "
+            "the remote is skipped for 30 s, with one warning.",
         ),
         EnvVar(
             "MLPJIT_RECORD",
@@ -116,15 +146,6 @@ def lock_timeout() -> float:
     return seconds
 
 
-def check_arch(arch: str, what: str = "arch") -> str:
-    """Return ``arch`` if it looks like a CUDA target name (sm_90a, sm_100a, ...), else raise."""
-    if not isinstance(arch, str) or not _ARCH_RE.match(arch):
-        raise ValueError(
-            f"{what} must be a CUDA target name like 'sm_90a' or 'sm_100a', got {arch!r}"
-        )
-    return arch
-
-
 def arch_override() -> str | None:
     """The default target arch from MLPJIT_ARCH, or None when unset."""
     value = _get("MLPJIT_ARCH")
@@ -137,3 +158,15 @@ def record_file() -> Path | None:
     """Where to append the kernels this process needed (MLPJIT_RECORD), or None."""
     value = _get("MLPJIT_RECORD")
     return None if value is None else Path(value).expanduser()
+
+
+def kernel_modules() -> tuple[str, ...]:
+    """Extra kernel-spec modules the CLI imports (MLPJIT_KERNEL_MODULES, comma-separated)."""
+    value = _get("MLPJIT_KERNEL_MODULES")
+    if value is None:
+        return ()
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise ValueError(f"MLPJIT_KERNEL_MODULES must list module names, got {name!r}")
+    return names

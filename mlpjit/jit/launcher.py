@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mlpjit.errors import CaptureError, MlpjitError
+from mlpjit.jit.capture import current_stream_capturing
 
 if TYPE_CHECKING:
     from mlpjit.jit.binary import KernelBinary, KernelParam
@@ -27,11 +28,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LoadedKernel",
-    "load_kernel",
-    "loaded_count",
-    "stream_capturing",
-    "stream_handle_getter",
     "PARAM_SIZES",
+    "check_cuda",
+    "cuda_driver",
+    "load_kernel",
+    "stream_handle_getter",
 ]
 
 # Bytes each manifest parameter kind occupies in the kernel's parameter buffer.
@@ -51,19 +52,24 @@ _load_lock = threading.Lock()
 _driver_module: Any = None
 
 
-def _driver() -> Any:
-    """Import cuda.bindings.driver and cuInit once (lazily: `import mlpjit` stays cheap)."""
+def cuda_driver() -> Any:
+    """The cuda.bindings.driver module, imported and cuInit-ed once per process.
+
+    Imported on first use, never at import time, so `import mlpjit` stays cheap; the
+    launcher and the capture check (jit/capture.py) share it.
+    """
     global _driver_module
     if _driver_module is None:
         from cuda.bindings import driver
 
-        _check(driver, driver.cuInit(0), "cuInit")
+        check_cuda(driver, driver.cuInit(0), "cuInit")
         _driver_module = driver
     return _driver_module
 
 
-def _check(driver: Any, result: tuple, what: str) -> tuple:
-    """Raise MlpjitError naming the call and the CUDA error unless `result` is a success."""
+def check_cuda(driver: Any, result: tuple, what: str) -> tuple:
+    """The values after the status of a cuda-python call's `result`; MlpjitError naming the
+    call (`what`) and the CUDA error unless the status is CUDA_SUCCESS."""
     err = result[0]
     if err != driver.CUresult.CUDA_SUCCESS:
         name = driver.cuGetErrorName(err)[1]
@@ -88,7 +94,7 @@ def stream_handle_getter() -> Any:
     return lambda index: torch.cuda.current_stream(index).cuda_stream
 
 
-class _Buffers(threading.local):
+class _ParamBuffers(threading.local):
     """Per-thread parameter storage: one 8-byte slot per parameter and the pointer array.
 
     cuLaunchKernelEx copies the values before returning, so reusing the storage across
@@ -135,7 +141,7 @@ class LoadedKernel:
         self._function = function
         self._context = context
         self._module = module  # kept so the module outlives every launch of its function
-        self._buffers = _Buffers(len(self.params))
+        self._buffers = _ParamBuffers(len(self.params))
         self._configs: dict[tuple[int, bool], Any] = {}
         self._stream_of = stream_handle_getter()
         self._current_device = _device_getter()
@@ -151,10 +157,10 @@ class LoadedKernel:
         compact static layouts, so a strided tensor would be read wrongly, not rejected).
         """
         slots = self._buffers.slots
-        self._fill(args, slots)
+        self._pack_into(args, slots)
         return tuple(slots[i] for i in range(len(self.params)))
 
-    def _fill(self, args: Sequence[torch.Tensor | int | float], slots: Any) -> None:
+    def _pack_into(self, args: Sequence[torch.Tensor | int | float], slots: Any) -> None:
         kinds = self._kinds
         if len(args) != len(kinds):
             raise ValueError(
@@ -182,15 +188,17 @@ class LoadedKernel:
                 if type(arg) is int and _I32_MIN <= arg <= _I32_MAX:
                     slots[i] = arg & 0xFFFFFFFF
                 else:
-                    slots[i] = self._i32(i, arg)
+                    slots[i] = self._pack_i32(i, arg)
             elif type(arg) is float:
                 slots[i] = (
-                    _U32.unpack(_F32.pack(arg))[0] if abs(arg) < _F32_MAX else self._f32(i, arg)
+                    _U32.unpack(_F32.pack(arg))[0]
+                    if abs(arg) < _F32_MAX
+                    else self._pack_f32(i, arg)
                 )
             else:
-                slots[i] = self._f32(i, arg)
+                slots[i] = self._pack_f32(i, arg)
 
-    def _i32(self, i: int, arg: Any) -> int:
+    def _pack_i32(self, i: int, arg: Any) -> int:
         if isinstance(arg, (bool, torch.Tensor, float)):
             raise ValueError(f"argument {self._names[i]!r} must be an int (i32), got {arg!r}")
         try:
@@ -203,7 +211,7 @@ class LoadedKernel:
             raise ValueError(f"argument {self._names[i]!r} = {value} does not fit in i32")
         return value & 0xFFFFFFFF
 
-    def _f32(self, i: int, arg: Any) -> int:
+    def _pack_f32(self, i: int, arg: Any) -> int:
         if isinstance(arg, (bool, torch.Tensor)) or not isinstance(arg, (int, float)):
             raise ValueError(
                 f"argument {self._names[i]!r} must be a float (f32), got {type(arg).__name__}"
@@ -213,9 +221,9 @@ class LoadedKernel:
         except OverflowError:
             raise ValueError(f"argument {self._names[i]!r} = {arg!r} does not fit in f32") from None
 
-    def _config(self, stream: int, pdl: bool) -> Any:
+    def _build_config(self, stream: int, pdl: bool) -> Any:
         """The CUlaunchConfig for (stream, pdl), built once; never mutated afterwards."""
-        driver = _driver()
+        driver = cuda_driver()
         config = driver.CUlaunchConfig()
         config.gridDimX, config.gridDimY, config.gridDimZ = self.grid
         config.blockDimX, config.blockDimY, config.blockDimZ = self.block
@@ -255,7 +263,7 @@ class LoadedKernel:
         parameter for a bad argument, MlpjitError for a driver error.
         """
         buffers = self._buffers
-        self._fill(args, buffers.slots)
+        self._pack_into(args, buffers.slots)
         if stream is None:
             handle = self._stream_of(self._index)
         else:
@@ -285,11 +293,11 @@ class LoadedKernel:
             stream = self._stream_of(self._index)
         self._launch(buffers, stream, self.pdl if pdl is None else bool(pdl))
 
-    def _launch(self, buffers: _Buffers, handle: int, use_pdl: bool) -> None:
+    def _launch(self, buffers: _ParamBuffers, handle: int, use_pdl: bool) -> None:
         config = self._configs.get((handle, use_pdl))
         if config is None:
-            config = self._config(handle, use_pdl)
-        driver = _driver()
+            config = self._build_config(handle, use_pdl)
+        driver = cuda_driver()
         # Handle 0 (torch's default stream) is the null stream of the current context. With
         # the runtime's current device ours that is our primary context (torch's), so the
         # common case launches without a driver query.
@@ -307,20 +315,20 @@ class LoadedKernel:
                 # context yet (the runtime sets it lazily), or another context of this device.
                 self._launch_in_own_context(driver, config, buffers)
                 return
-            _check(driver, result, f"cuLaunchKernelEx({self.symbol})")
+            check_cuda(driver, result, f"cuLaunchKernelEx({self.symbol})")
 
-    def _launch_in_own_context(self, driver: Any, config: Any, buffers: _Buffers) -> None:
+    def _launch_in_own_context(self, driver: Any, config: Any, buffers: _ParamBuffers) -> None:
         """Launch on the null stream of this kernel's context, made current for the call."""
         current = driver.cuCtxGetCurrent()[1]
         if current is not None and int(current) == int(self._context):
             result = driver.cuLaunchKernelEx(config, self._function, buffers.address, 0)
         else:
-            _check(driver, driver.cuCtxPushCurrent(self._context), "cuCtxPushCurrent")
+            check_cuda(driver, driver.cuCtxPushCurrent(self._context), "cuCtxPushCurrent")
             try:
                 result = driver.cuLaunchKernelEx(config, self._function, buffers.address, 0)
             finally:
                 driver.cuCtxPopCurrent()
-        _check(driver, result, f"cuLaunchKernelEx({self.symbol})")
+        check_cuda(driver, result, f"cuLaunchKernelEx({self.symbol})")
 
 
 def _check_param_layout(driver: Any, function: Any, binary: KernelBinary, key: str) -> None:
@@ -354,24 +362,28 @@ def _check_param_layout(driver: Any, function: Any, binary: KernelBinary, key: s
         )
 
 
-def _load(key: str, binary: KernelBinary, index: int) -> LoadedKernel:
-    driver = _driver()
-    device = _check(driver, driver.cuDeviceGet(index), "cuDeviceGet")[0]
+def _load_module(key: str, binary: KernelBinary, index: int) -> LoadedKernel:
+    """Load ``binary``'s cubin into device ``index``'s primary context: the module, its
+    function, the opt-in shared memory it needs, and the parameter-list check."""
+    driver = cuda_driver()
+    device = check_cuda(driver, driver.cuDeviceGet(index), "cuDeviceGet")[0]
     # The primary context is the one torch's runtime uses, so our function and torch's
     # streams share a context. Retained for the life of the process, like the module.
-    context = _check(driver, driver.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")[0]
-    _check(driver, driver.cuCtxPushCurrent(context), "cuCtxPushCurrent")
+    context = check_cuda(
+        driver, driver.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain"
+    )[0]
+    check_cuda(driver, driver.cuCtxPushCurrent(context), "cuCtxPushCurrent")
     try:
-        module = _check(
+        module = check_cuda(
             driver, driver.cuModuleLoadData(binary.cubin), f"cuModuleLoadData({key[:12]})"
         )[0]
-        function = _check(
+        function = check_cuda(
             driver,
             driver.cuModuleGetFunction(module, binary.symbol.encode()),
             f"cuModuleGetFunction({binary.symbol})",
         )[0]
         if binary.smem_bytes > _STATIC_SMEM_LIMIT:
-            limit = _check(
+            limit = check_cuda(
                 driver,
                 driver.cuDeviceGetAttribute(
                     driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
@@ -384,7 +396,7 @@ def _load(key: str, binary: KernelBinary, index: int) -> LoadedKernel:
                     f"kernel {binary.symbol} needs {binary.smem_bytes} bytes of shared memory; "
                     f"device {index} allows at most {limit} per block"
                 )
-            _check(
+            check_cuda(
                 driver,
                 driver.cuFuncSetAttribute(
                     function,
@@ -412,9 +424,7 @@ def load_kernel(entry: Entry, device: torch.device | str | int) -> LoadedKernel:
     loaded = _loaded.get((entry.key, index))
     if loaded is not None:
         return loaded
-    with torch.cuda.device(index):
-        capturing = torch.cuda.is_current_stream_capturing()
-    if capturing:
+    if current_stream_capturing(index):
         raise CaptureError(
             f"kernel {entry.key[:12]} is not loaded on cuda:{index} and the current stream is "
             "capturing a CUDA graph; load it (DenseMlp.prepare) before capture"
@@ -422,23 +432,6 @@ def load_kernel(entry: Entry, device: torch.device | str | int) -> LoadedKernel:
     with _load_lock:
         loaded = _loaded.get((entry.key, index))
         if loaded is None:
-            loaded = _load(entry.key, entry.binary(), index)
+            loaded = _load_module(entry.key, entry.binary(), index)
             _loaded[(entry.key, index)] = loaded
     return loaded
-
-
-def stream_capturing(handle: int) -> bool:
-    """True when the CUDA stream ``handle`` is capturing a graph (or its capture failed).
-
-    Handle 0, the legacy default stream, never is: capture there is not allowed.
-    """
-    if handle == 0:
-        return False
-    driver = _driver()
-    status = _check(driver, driver.cuStreamIsCapturing(handle), "cuStreamIsCapturing")[0]
-    return status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
-
-
-def loaded_count() -> int:
-    """How many (key, device) modules this process has loaded (for stats and tests)."""
-    return len(_loaded)

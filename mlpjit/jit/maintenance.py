@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mlpjit.jit.locks import KeyLock
 from mlpjit.jit.scratch import pid_alive, remove_dead_scratch
 from mlpjit.jit.store import CacheStore
 
@@ -51,10 +50,6 @@ _ALIAS_MAX_BYTES = 256
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 # CacheStore._write_temp names start with the writer's pid and a dot ("<pid>.<random>").
 _TEMP_PID_RE = re.compile(r"^(\d{1,10})\.")
-
-
-def _v1(base: Path) -> Path:
-    return base / "v1"
 
 
 def _count(path: Path, pattern: str) -> int:
@@ -115,7 +110,6 @@ def cache_stats(store: CacheStore) -> dict[str, Any]:
             slot = table.setdefault(name, {"entries": 0, "bytes": 0})
             slot["entries"] += 1
             slot["bytes"] += size
-    v1 = _v1(store.root)
     return {
         "root": str(store.root),
         "layers": [str(p) for p in store.layers],
@@ -124,9 +118,9 @@ def cache_stats(store: CacheStore) -> dict[str, Any]:
         "unreadable_manifests": unreadable,
         "kernels": dict(sorted(kernels.items())),
         "origins": origins,
-        "quarantined": _count(v1 / "quarantine", "*"),
-        "lock_files": _count(v1 / "locks", "*.lock"),
-        "temp_files": _count(v1 / "tmp", "*"),
+        "quarantined": _count(store.area("quarantine"), "*"),
+        "lock_files": _count(store.area("locks"), "*.lock"),
+        "temp_files": _count(store.area("tmp"), "*"),
     }
 
 
@@ -218,7 +212,7 @@ def clear_cache(store: CacheStore, scratch_base: Path | None = None) -> dict[str
     removed, busy = [], []
     for key, _used, _size in list(_root_entries(store)):
         (removed if store.remove(key) else busy).append(key)
-    quarantine = _v1(store.root) / "quarantine"
+    quarantine = store.area("quarantine")
     dropped = 0
     try:
         held = list(quarantine.iterdir())
@@ -302,7 +296,7 @@ def _remove_temp_files(store: CacheStore, now: float) -> dict[str, int]:
     removed = kept = 0
     if not store._root_dirs("tmp"):
         return {"removed": 0, "kept": 0}
-    for path in _listdir(_v1(store.root) / "tmp"):
+    for path in _listdir(store.area("tmp")):
         try:
             st = os.lstat(path)
         except OSError:
@@ -320,22 +314,19 @@ def _shards(store: CacheStore) -> Iterator[Path]:
     """The root's checked v1/entries/<xx> dirs."""
     if not store._root_dirs("entries"):
         return
-    for shard in _listdir(_v1(store.root) / "entries"):
+    for shard in _listdir(store.area("entries")):
         if shard.is_dir() and store._root_dirs("entries", shard.name):
             yield shard
 
 
 def _remove_orphan(store: CacheStore, key: str, cubin: Path, st: os.stat_result) -> bool:
     """Remove the manifest-less ``cubin`` under its key lock; False if busy or committed."""
-    lock = KeyLock(store.lock_path(key))
-    if not lock.try_acquire():
-        return False  # being compiled or published right now
-    try:
+    with store.try_lock(key) as held:
+        if not held:
+            return False  # being compiled or published right now
         if os.path.lexists(cubin.with_suffix(".json")):
             return False  # committed meanwhile: an entry now, not an orphan
         return _unlink_if_same(cubin, st)
-    finally:
-        lock.release()
 
 
 def _remove_orphan_cubins(store: CacheStore, now: float) -> dict[str, int]:
@@ -371,20 +362,17 @@ def _alias_target(path: Path) -> str | None:
 
 
 def _has_entry(store: CacheStore, key: str) -> bool:
-    return os.path.lexists(_v1(store.root) / "entries" / key[:2] / f"{key}.json")
+    return os.path.lexists(store.area("entries") / key[:2] / f"{key}.json")
 
 
 def _remove_alias(store: CacheStore, path: Path, key: str, st: os.stat_result) -> bool:
     """Remove the alias ``path`` naming ``key`` (no entry) under the key's lock."""
-    lock = KeyLock(store.lock_path(key))
-    if not lock.try_acquire():
-        return False  # the key is being (re)published: its manifest may be back any moment
-    try:
+    with store.try_lock(key) as held:
+        if not held:
+            return False  # the key is being (re)published: its manifest may be back any moment
         if _has_entry(store, key):
             return False
         return _unlink_if_same(path, st)
-    finally:
-        lock.release()
 
 
 def _remove_stale_aliases(store: CacheStore) -> dict[str, int]:
@@ -396,7 +384,7 @@ def _remove_stale_aliases(store: CacheStore) -> dict[str, int]:
     removed = kept = 0
     if not store._root_dirs("aliases"):
         return {"removed": 0, "kept": 0}
-    for path in _listdir(_v1(store.root) / "aliases"):
+    for path in _listdir(store.area("aliases")):
         try:
             st = os.lstat(path)
         except OSError:

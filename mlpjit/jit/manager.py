@@ -7,7 +7,7 @@ nobody is compiling, then waits for (and re-checks) the rest. A waiter that give
 hung holder (MLPJIT_LOCK_TIMEOUT) compiles and publishes the kernel itself, so later
 processes hit instead of waiting out the timeout again.
 
-A compile is only started for an arch its kernel supports (COMPILE_ARCHS), and a compiler
+A compile is only started for an arch its kernel's spec lists, and a compiler
 failure becomes one MlpjitError line naming the kernel, the first line of the compiler's
 error and a log file holding all of it.
 """
@@ -20,12 +20,11 @@ import logging
 import math
 import os
 import re
-import sys
 import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,15 +32,14 @@ from typing import Any
 from mlpjit.errors import CaptureError, CompilerUnavailableError, MlpjitError
 from mlpjit.jit import config
 from mlpjit.jit.binary import KernelBinary
+from mlpjit.jit.capture import current_stream_capturing as _capturing
 from mlpjit.jit.key import cache_key, key_components, short_key, spec_key, toolchain
+from mlpjit.jit.spec import KernelRequest, KernelSpec
 from mlpjit.jit.store import CacheStore, Entry
-from mlpjit.kernels.registry import kernel_def
 
 __all__ = [
-    "COMPILE_ARCHS",
     "CacheStats",
     "CompileManager",
-    "KernelRequest",
     "check_compile_arch",
     "default_manager",
 ]
@@ -53,30 +51,19 @@ Progress = Callable[[int, int, "KernelRequest"], None]
 # CuTe DSL's compiler keeps global state (MLIR context, option objects): one compile at a time.
 _COMPILE_MUTEX = threading.Lock()
 
-# Targets each kernel compiles for. fp8_gemv is written and planned for Hopper (sm_90a:
-# shared memory, register and SM budgets of plan.py; DenseMlp runs it on sm_90a only). The
-# smoke kernel needs griddepcontrol (sm_90+); these are the CuTe DSL 4.8.1 targets it was
-# compiled for (sm_110a gives no cubin; sm_8x fail in ptxas; unknown names raise KeyError).
-COMPILE_ARCHS: Mapping[str, tuple[str, ...]] = {
-    "fp8_gemv": ("sm_90a",),
-    "smoke": ("sm_90", "sm_90a", "sm_100", "sm_100a", "sm_100f", "sm_103a", "sm_120a", "sm_121a"),
-}
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _MAX_REASON = 300  # characters of the compiler's first error line kept in the message
 
 
-def check_compile_arch(kernel: str, arch: str) -> str:
-    """Return ``arch`` if ``kernel`` compiles for it; ValueError naming the allowed ones.
+def check_compile_arch(spec: KernelSpec, arch: str) -> str:
+    """Return ``arch`` if ``spec``'s kernel compiles for it; ValueError naming the allowed ones.
 
     Checked before a compile starts: CuTe DSL itself answers an unknown target with a
     KeyError and a too-old one with pages of ptxas errors.
     """
-    kernel_def(kernel)  # ValueError naming the registered kernels
-    allowed = COMPILE_ARCHS.get(kernel, ())
-    if arch not in allowed:
+    if arch not in spec.archs:
         raise ValueError(
-            f"kernel {kernel} compiles for {', '.join(allowed) or 'no arch'}, not {arch!r}"
-            + (" (Hopper; other GPUs run the stock path)" if allowed == ("sm_90a",) else "")
+            f"kernel {spec.name} compiles for {', '.join(spec.archs) or 'no arch'}, not {arch!r}"
         )
     return arch
 
@@ -98,29 +85,6 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {line}" if line else type(err).__name__
 
 
-@dataclass(frozen=True)
-class KernelRequest:
-    """One kernel to get: registered name, compile parameters (plain scalars), target arch."""
-
-    kernel: str
-    params: Mapping[str, Any]
-    arch: str
-
-    def to_json_line(self) -> str:
-        """One JSON line: the form MLPJIT_RECORD appends and ``mlpjit warm --from`` reads."""
-        item = {"kernel": self.kernel, "params": dict(self.params), "arch": self.arch}
-        return json.dumps(item, sort_keys=True)
-
-    @classmethod
-    def from_json_line(cls, line: str) -> KernelRequest:
-        """The request of a ``to_json_line`` line; ValueError if the line is not one."""
-        try:
-            item = json.loads(line)
-            return cls(str(item["kernel"]), dict(item["params"]), str(item["arch"]))
-        except (ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"not a kernel request line ({err})") from None
-
-
 @dataclass
 class CacheStats:
     """Counters of one manager (snapshot via CompileManager.stats)."""
@@ -135,25 +99,15 @@ class CacheStats:
 
 
 @dataclass
-class _Resolved:
+class _KeyedRequest:
     """A request with its key material computed once."""
 
     request: KernelRequest
+    spec: KernelSpec
     components: dict[str, Any]
     key: str
-    spec: str
+    spec_key: str  # the key without the toolchain (finds entries when no compiler is installed)
     waited: float = field(default=0.0)
-
-
-def _capturing() -> bool:
-    """Whether the current CUDA stream is being captured into a graph (torch only if loaded)."""
-    torch = sys.modules.get("torch")  # not imported -> nobody can be capturing with it
-    if torch is None:
-        return False
-    try:
-        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-    except Exception:  # a broken CUDA setup is not a capture
-        return False
 
 
 class CompileManager:
@@ -232,19 +186,20 @@ class CompileManager:
 
     # ----------------------------------------------------------------- internals
 
-    def _resolve(self, request: KernelRequest) -> _Resolved:
+    def _resolve(self, request: KernelRequest) -> _KeyedRequest:
         if not isinstance(request, KernelRequest):
             raise ValueError(f"request must be a KernelRequest, got {type(request).__name__}")
-        components = key_components(request.kernel, request.params, request.arch)
-        return _Resolved(request, components, cache_key(components), spec_key(components))
+        spec = request.spec
+        components = key_components(spec, request.params, request.arch)
+        return _KeyedRequest(request, spec, components, cache_key(components), spec_key(components))
 
-    def _lookup(self, r: _Resolved) -> Entry | None:
+    def _lookup(self, r: _KeyedRequest) -> Entry | None:
         if toolchain():
             return self.store.lookup(r.key)
         # No compiler installed: any toolchain's build of this exact spec will do.
-        return self.store.lookup_alias(r.spec)
+        return self.store.lookup_alias(r.spec_key)
 
-    def _hit(self, r: _Resolved, entry: Entry, count: bool = True) -> Entry:
+    def _hit(self, r: _KeyedRequest, entry: Entry, count: bool = True) -> Entry:
         with self._mutex:
             self._memo[r.key] = entry
         if count:
@@ -253,7 +208,7 @@ class CompileManager:
         self._record(r)
         return entry
 
-    def _get(self, r: _Resolved, blocking: bool, timeout: float) -> Entry | None:
+    def _get(self, r: _KeyedRequest, blocking: bool, timeout: float) -> Entry | None:
         while True:
             with self._mutex:
                 entry = self._memo.get(r.key)
@@ -294,7 +249,7 @@ class CompileManager:
             future.set_result(entry)
         return entry
 
-    def _miss(self, r: _Resolved, blocking: bool, timeout: float) -> Entry | None:
+    def _miss(self, r: _KeyedRequest, blocking: bool, timeout: float) -> Entry | None:
         """Compile ``r`` under its key lock (None if not blocking and another holds it).
 
         A waiter that times out compiles and publishes even though the holder (hung, or just
@@ -352,14 +307,13 @@ class CompileManager:
             lock.release()
         return self._hit(r, entry, count=False)
 
-    def _compile(self, r: _Resolved) -> tuple[KernelBinary, float]:
+    def _compile(self, r: _KeyedRequest) -> tuple[KernelBinary, float]:
         """Compile ``r`` with its kernel module; see _compile_failed for how errors end."""
-        kdef = kernel_def(r.request.kernel)
-        check_compile_arch(kdef.name, r.request.arch)
+        check_compile_arch(r.spec, r.request.arch)
         if not toolchain():
             raise CompilerUnavailableError(self._no_compiler_message(r))
         try:
-            module = importlib.import_module(kdef.module)
+            module = importlib.import_module(r.spec.builder)
         except ImportError as err:
             if err.name and err.name.split(".")[0] in ("cutlass", "cuda"):
                 raise CompilerUnavailableError(self._no_compiler_message(r)) from err
@@ -367,7 +321,8 @@ class CompileManager:
         with _COMPILE_MUTEX:
             t0 = time.perf_counter()
             try:
-                binary = module.compile_cubin(dict(r.request.params), r.request.arch)
+                params = r.spec.make_params(r.request.params)
+                binary = module.compile_cubin(params, r.request.arch)
             except (ValueError, MlpjitError):
                 raise  # the kernel's own parameter checks: already one clear line
             except Exception as err:
@@ -376,7 +331,7 @@ class CompileManager:
         self._count(compiles=1, compile_seconds=seconds)
         return binary, seconds
 
-    def _compile_failed(self, r: _Resolved, err: Exception) -> str:
+    def _compile_failed(self, r: _KeyedRequest, err: Exception) -> str:
         """The one-line message of a failed compile; the full error goes to a log file.
 
         Compiler errors (ptxas, NVVM, MLIR) run to pages; callers such as `mlpjit warm`
@@ -399,7 +354,7 @@ class CompileManager:
             where = f"no log file ({log_err}); the full error is logged at DEBUG"
         return f"{what}: {_first_line(err)} ({where})"
 
-    def _no_compiler_message(self, r: _Resolved) -> str:
+    def _no_compiler_message(self, r: _KeyedRequest) -> str:
         return (
             f"mlpjit kernel {r.request.kernel} (key {short_key(r.key)}, params "
             f"{json.dumps(dict(r.request.params), sort_keys=True)}, arch {r.request.arch}) is "
@@ -408,7 +363,7 @@ class CompileManager:
             f"MLPJIT_CACHE_DIR or MLPJIT_CACHE_PATH at it"
         )
 
-    def _log_compile(self, r: _Resolved, seconds: float) -> None:
+    def _log_compile(self, r: _KeyedRequest, seconds: float) -> None:
         with self._mutex:
             threads = self._waiters.get(r.key, 0)
         who = []
@@ -424,7 +379,7 @@ class CompileManager:
             f" ({'; '.join(who)})" if who else "",
         )
 
-    def _record(self, r: _Resolved) -> None:
+    def _record(self, r: _KeyedRequest) -> None:
         """Append the request to MLPJIT_RECORD once per process (O_APPEND: one line, atomic)."""
         path = config.record_file()
         if path is None:

@@ -9,7 +9,7 @@ Layout under a root (the writable MLPJIT_CACHE_DIR, or a read-only MLPJIT_CACHE_
     v1/quarantine/<key>.<ns>.<pid>/    entries that failed verification, with reason.txt
     v1/tmp/                            temp files of in-progress publishes
 
-A cubin is code that will run in the caller's process (trust rules: DESIGN.md section 3):
+A cubin is code that will run in the caller's process (trust rules: docs/SERVER.md, Security model):
 
 - Every load re-verifies the key, the cubin's sha256 and the manifest's launch_sha256 (over
   symbol, grid, block, shared memory, PDL, parameters, cluster), for the root and layers alike.
@@ -50,6 +50,7 @@ from mlpjit.jit.key import FORMAT_VERSION, cache_key, canonical_json, short_key,
 from mlpjit.jit.safe_read import loads_json, read_regular
 
 __all__ = [
+    "unsafe_dir_reason",
     "MAX_ALIAS_BYTES",
     "MAX_CUBIN_BYTES",
     "MAX_MANIFEST_BYTES",
@@ -169,6 +170,17 @@ def _dir_problem(st: os.stat_result, owners: frozenset[int]) -> str:
     return ""
 
 
+def unsafe_dir_reason(path: Path) -> str | None:
+    """Why the store would refuse ``path`` as a directory of the writable root (the rule
+    every access applies; for tools such as `mlpjit doctor`), or None if it would not."""
+    try:
+        st = os.lstat(path)
+    except OSError as err:
+        return f"{path} cannot be read ({err})"
+    problem = _dir_problem(st, frozenset({os.geteuid()}))
+    return f"{path} is {problem}" if problem else None
+
+
 def _file_problem(st: os.stat_result, owners: frozenset[int]) -> str:
     """Why an entry file with this fstat may not be used ('' if it may)."""
     if st.st_mode & _UNSAFE_BITS:
@@ -252,6 +264,26 @@ class CacheStore:
     @staticmethod
     def _v1(base: Path) -> Path:
         return base / "v1"
+
+    def area(self, name: str) -> Path:
+        """The writable root's v1/<name> directory (entries, aliases, locks, quarantine, tmp);
+        not created or checked here."""
+        if name not in ("entries", "aliases", "locks", "quarantine", "tmp"):
+            raise ValueError(f"no cache area {name!r}")
+        return self._v1(self.root) / name
+
+    @contextlib.contextmanager
+    def try_lock(self, key: str) -> Iterator[bool]:
+        """The key's compile lock taken without waiting: yields whether it was taken (a
+        holder is compiling or publishing the key right now), released on exit."""
+        from mlpjit.jit.locks import KeyLock  # filelock is only needed here
+
+        lock = KeyLock(self.lock_path(key))
+        held = lock.try_acquire()
+        try:
+            yield held
+        finally:
+            lock.release()
 
     def _entry_paths(self, base: Path, key: str) -> tuple[Path, Path]:
         shard = self._v1(base) / "entries" / key[:2]
@@ -766,16 +798,13 @@ class CacheStore:
         Takes the key's lock without waiting, so an entry is never removed halfway through
         a publish (that would leave a manifest without its cubin).
         """
-        from mlpjit.jit.locks import KeyLock
-
         check_key(key)
         if not self._root_dirs("entries", key[:2]):
             return False
         mpath, cpath = self._entry_paths(self.root, key)
-        lock = KeyLock(self.lock_path(key))
-        if not lock.try_acquire():
-            return False
-        try:
+        with self.try_lock(key) as held:
+            if not held:
+                return False
             spec = self._spec_of(mpath)
             removed = False
             for path in (mpath, cpath):  # manifest first: un-commit before deleting code
@@ -792,5 +821,3 @@ class CacheStore:
                 except (OSError, ValueError):
                     pass
             return removed
-        finally:
-            lock.release()

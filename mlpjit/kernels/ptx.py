@@ -1,8 +1,8 @@
 """PTX device helpers for the CuTe DSL kernels: one small function per PTX instruction.
 
 Each helper wraps one instruction (or a register-level pack around it) in LLVM inline
-assembly, so the kernel body reads like the instruction list of DESIGN.md section 2 and
-ptxas sees exactly the modifiers we chose (L2 cache hints, .nc, satfinite, .rn).
+assembly, so a kernel body reads like its list of instructions and ptxas sees exactly the
+modifiers we chose (L2 cache hints, .nc, satfinite, .rn).
 
 Addresses are plain integers: global addresses are Int64 ("l"), shared-memory addresses
 are 32-bit offsets in the shared window (Int32, "r"), as CUTLASS does for cp.async.

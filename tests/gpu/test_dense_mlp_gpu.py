@@ -1,9 +1,9 @@
 """DenseMlp on the H200: kernels vs the reference, fallbacks, CUDA graphs, memory.
 
-Run with the prebuilt cache (docs: GPU.md workflow), e.g.
+Run with the prebuilt cache (README: running the GPU tests on an H200), e.g.
     MLPJIT_CACHE_DIR=.gpu-cache python3 -m pytest -q -s tests/gpu/test_dense_mlp_gpu.py
 ``-s`` shows one line per case with the measured relative L2 errors. The kernels these tests
-need are listed by ``kernel_requests()`` (scripts/warm_gpu_cases.py warms them on a CPU box).
+need are listed by ``kernel_requests()`` (scripts/gpu_requests.py collects them for warming).
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def mlp_for(shape: str, ue8m0: bool, limit: float | None) -> DenseMlp:
 def test_kernels_match_reference(shape: str, m: int, ue8m0: bool, limit: float | None) -> None:
     mlp = mlp_for(shape, ue8m0, limit)
     hidden, inter = SHAPES[shape]
-    # kernels.plan decides; a target shape it declines runs (and is checked) on the stock path
+    # fp8_gemv's planner decides; a target shape it declines runs (and is checked) on the stock path
     path = mlp.path(m)
     assert path == ("kernel" if kernel_supported(hidden, inter, m) else "stock")
     x = _inputs[shape][:m]

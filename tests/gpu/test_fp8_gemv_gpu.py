@@ -1,8 +1,7 @@
 """One fp8_gemv launch on the GPU against mlpjit.reference.gemv_reference.
 
-Run on the H200 with a cache compiled on a CPU machine (GPU.md workflow):
-    MLPJIT_CACHE_DIR=.gpu-cache python3 -c "import sys; sys.path.insert(0, 'tests/gpu'); \\
-        import test_fp8_gemv_gpu as t; t.warm()"   # on the CPU machine
+Run on the H200 with a cache compiled on a CPU machine (README: running the GPU tests and
+benchmarks on an H200; scripts/gpu_requests.py lists this file's kernel_requests()):
     MLPJIT_CACHE_DIR=.gpu-cache python3 -m pytest -q -s tests/gpu/test_fp8_gemv_gpu.py
 ``-s`` prints one line per case with the relative L2 error. Outputs are poisoned with NaN
 before each launch, so "no NaN" also means every element was written.
@@ -11,13 +10,16 @@ before each launch, so "no NaN" also means every element was written.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 import torch
 
 from mlpjit import reference as ref
-from mlpjit.kernels import plan
+from mlpjit.kernels import hopper
+from mlpjit.kernels.fp8_gemv import params as gemv_params
+from mlpjit.kernels.fp8_gemv import plan as fp8_plan
+from mlpjit.kernels.fp8_gemv import tuning
+from mlpjit.testing.layers import GEMV_SHAPES, block_scale, random_fp8_weight, rel_l2
 
 pytestmark = [
     pytest.mark.gpu,
@@ -28,15 +30,18 @@ ARCH = "sm_90a"
 TOL = 5e-3
 LIMIT = 3.0  # clips: gate/up have a standard deviation near 2 with these inputs
 
-# (name, rows, k, swiglu): GLM-5 TP8 first, then a wider and a deeper shape.
+# name -> (rows, k, swiglu): GLM-5 TP8 first, then wider and deeper shapes.
 SHAPES = {
-    "glm5-tp8-gate_up": (3072, 6144, True),
-    "glm5-tp8-down": (6144, 1536, False),
-    "glm5-tp1-gate_up": (24576, 6144, True),
-    "glm5-tp1-down": (6144, 12288, False),
-    "glm4.5-tp8-gate_up": (3072, 5120, True),
-    "glm4.5-tp1-gate_up": (24576, 5120, True),
-    "glm4.5-tp2-down": (5120, 6144, False),
+    name: GEMV_SHAPES[name]
+    for name in (
+        "glm5-tp8-gate_up",
+        "glm5-tp8-down",
+        "glm5-tp1-gate_up",
+        "glm5-tp1-down",
+        "glm4.5-tp8-gate_up",
+        "glm4.5-tp1-gate_up",
+        "glm4.5-tp2-down",
+    )
 }
 
 CASES = (
@@ -48,18 +53,18 @@ CASES = (
 )  # fmt: skip
 
 
-# Several 512-K slices per warp (plan.GemvConfig.slices_per_warp), persistent and not, with
+# Several 512-K slices per warp (gemv_params.GemvConfig.slices_per_warp), persistent and not, with
 # and without SwiGLU, token counts that leave tiles without a token, nothing staged.
 WIDE_CASES = (
-    ("glm5-tp1-down", 1, plan.GemvConfig(1, 1, 1, slices_per_warp=3)),
-    ("glm5-tp1-down", 8, plan.GemvConfig(1, 3, 1, slices_per_warp=3)),
-    ("glm5-tp1-down", 3, plan.GemvConfig(1, 2, 1, slices_per_warp=4)),
-    ("glm5-tp1-gate_up", 2, plan.GemvConfig(1, 2, 1, slices_per_warp=2)),
-    ("glm5-tp8-gate_up", 1, plan.GemvConfig(1, 3, 2, slices_per_warp=2)),
-    ("glm5-tp8-down", 5, plan.GemvConfig(2, 2, 2, slices_per_warp=3)),
-    ("glm5-tp8-down", 2, plan.GemvConfig(2, 8, 2, slices_per_warp=3)),
+    ("glm5-tp1-down", 1, gemv_params.GemvConfig(1, 1, 1, slices_per_warp=3)),
+    ("glm5-tp1-down", 8, gemv_params.GemvConfig(1, 3, 1, slices_per_warp=3)),
+    ("glm5-tp1-down", 3, gemv_params.GemvConfig(1, 2, 1, slices_per_warp=4)),
+    ("glm5-tp1-gate_up", 2, gemv_params.GemvConfig(1, 2, 1, slices_per_warp=2)),
+    ("glm5-tp8-gate_up", 1, gemv_params.GemvConfig(1, 3, 2, slices_per_warp=2)),
+    ("glm5-tp8-down", 5, gemv_params.GemvConfig(2, 2, 2, slices_per_warp=3)),
+    ("glm5-tp8-down", 2, gemv_params.GemvConfig(2, 8, 2, slices_per_warp=3)),
     # persistent with two tiles per CTA
-    ("glm5-tp1-gate_up", 2, plan.GemvConfig(2, 0, 1, slices_per_warp=3)),
+    ("glm5-tp1-gate_up", 2, gemv_params.GemvConfig(2, 0, 1, slices_per_warp=3)),
     # plan's heuristic picks for untuned shapes (k 5120: 10 slices, 5 warps per tile)
     ("glm4.5-tp1-gate_up", 3, None),
     ("glm4.5-tp2-down", 1, None),
@@ -67,10 +72,10 @@ WIDE_CASES = (
 )
 
 
-# Thread block clusters sharing one quantization of x (plan.GemvConfig.cluster): persistent
+# Thread block clusters sharing one quantization of x (gemv_params.GemvConfig.cluster): persistent
 # and not, chunk counts the cluster does not divide (9 chunks over 2 CTAs, 3 over 4, 12 over
 # 8), both scale rules. Each must equal the same config without a cluster bit for bit.
-C = plan.GemvConfig
+C = gemv_params.GemvConfig
 CLUSTER_CASES = (
     ("glm5-tp1-down", 8, C(1, 3, 1, slices_per_warp=2, cluster=2), True),
     ("glm5-tp1-down", 8, C(1, 3, 1, slices_per_warp=2, cluster=4), True),
@@ -88,10 +93,10 @@ def _request(
     ue8m0: bool,
     limit: float | None,
     arch: str = ARCH,
-    config: plan.GemvConfig | None = None,
+    config: gemv_params.GemvConfig | None = None,
 ):
     rows, k, swiglu = SHAPES[shape]
-    return plan.gemv_request(
+    return fp8_plan.gemv_request(
         rows, k, m, swiglu=swiglu, limit=limit, ue8m0=ue8m0, arch=arch, config=config
     )
 
@@ -105,10 +110,10 @@ def kernel_requests(arch: str = ARCH) -> list:
         for c in (config, dataclasses.replace(config, cluster=1))
     ]
     fewer_sms = [
-        plan.gemv_request(*SHAPES[s][:2], m, swiglu=SHAPES[s][2], limit=None, ue8m0=True,
+        fp8_plan.gemv_request(*SHAPES[s][:2], m, swiglu=SHAPES[s][2], limit=None, ue8m0=True,
                           arch=arch, config=c, sms=sms)
         for s, m, c in SMS_CASES
-        for sms in (66, plan.SMS)
+        for sms in (66, hopper.SMS)
     ]  # fmt: skip
     # (config None: plan's choice, which _request also makes)
     return (
@@ -123,7 +128,7 @@ def kernel_requests(arch: str = ARCH) -> list:
 
 def chain_requests(arch: str = ARCH) -> list:
     """The PDL chain test: GLM-5 TP8 gate_up then down, 4 tokens."""
-    return plan.dense_mlp_requests(6144, 12288, 8, [4], arch, ue8m0=True)
+    return fp8_plan.dense_mlp_requests(6144, 12288, 8, [4], arch, ue8m0=True)
 
 
 CHAIN_CLUSTERS = (C(1, 3, 1, cluster=4), C(4, 1, 2, slices_per_warp=3, cluster=2))
@@ -134,25 +139,17 @@ def cluster_chain_requests(arch: str = ARCH) -> list:
     in clusters of 2."""
     gate_up, down = CHAIN_CLUSTERS
     return [
-        plan.gemv_request(3072, 6144, 8, swiglu=True, limit=None, ue8m0=True, arch=arch,
+        fp8_plan.gemv_request(3072, 6144, 8, swiglu=True, limit=None, ue8m0=True, arch=arch,
                           config=gate_up),
-        plan.gemv_request(6144, 1536, 8, swiglu=False, limit=None, ue8m0=True, arch=arch,
+        fp8_plan.gemv_request(6144, 1536, 8, swiglu=False, limit=None, ue8m0=True, arch=arch,
                           config=down),
     ]  # fmt: skip
 
 
-def warm() -> None:  # pragma: no cover - run on the CPU machine before a GPU session
-    from mlpjit.jit.manager import default_manager
-
-    default_manager().warm(kernel_requests())
-
-
 def _weights(rows: int, k: int, seed: int, out_std: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random FP8 weights whose GEMV output has a standard deviation near out_std."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    w = (torch.randn(rows, k, generator=gen, device="cuda") * 64).clamp_(-448, 448)
-    w8 = w.to(torch.float8_e4m3fn)
-    scale = torch.rand(rows // 128, k // 128, generator=gen, device="cuda") + 0.5
-    return w8, scale * (out_std / math.sqrt(k) / 64)
+    return random_fp8_weight(rows, k, gen, scale=block_scale(k, out_std))
 
 
 def _x(m: int, k: int, seed: int) -> torch.Tensor:
@@ -168,11 +165,6 @@ def _inputs(shape: str, m: int) -> tuple[bool, torch.Tensor, torch.Tensor, torch
     rows, k, swiglu = SHAPES[shape]
     w, w_scale = _weights(rows, k, seed=rows + k, out_std=2.0)
     return swiglu, w, w_scale, _x(m, k, seed=m), rows // 2 if swiglu else rows
-
-
-def _rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
-    got64, want64 = got.double(), want.double()
-    return float((got64 - want64).norm() / want64.norm())
 
 
 def _launch(request, out, x, w, w_scale) -> None:
@@ -201,7 +193,7 @@ def test_gemv_matches_reference(case) -> None:
     _launch(_request(shape, m, ue8m0, limit), out, x, w, w_scale)
     torch.cuda.synchronize()
     want = ref.gemv_reference(x, w, w_scale, swiglu=swiglu, limit=limit, ue8m0=ue8m0)
-    err = _rel_l2(out, want)
+    err = rel_l2(out, want)
     clipped = ""
     if swiglu and limit is not None:
         pre = ref.block_scaled_gemm(*ref.quantize_activation(x, ue8m0), w, w_scale)
@@ -225,14 +217,14 @@ def test_wide_warps_match_reference(case) -> None:
     shape, m, config = case
     rows, k, swiglu = SHAPES[shape]
     if config is None:
-        config = plan.choose_config(rows, k, m, swiglu)
+        config = tuning.choose_config(rows, k, m, swiglu)
         assert config.slices_per_warp > 1, config
     _, w, w_scale, x, cols = _inputs(shape, m)
     out = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
     _launch(_request(shape, m, True, None, config=config), out, x, w, w_scale)
     torch.cuda.synchronize()
     want = ref.gemv_reference(x, w, w_scale, swiglu=swiglu, ue8m0=True)
-    err = _rel_l2(out, want)
+    err = rel_l2(out, want)
     print(f"\n[fp8_gemv wide] {shape} tokens={m} {config} rel_l2={err:.3e}")
     assert not torch.isnan(out).any(), "unwritten (NaN-poisoned) or NaN outputs"
     assert err < TOL
@@ -257,7 +249,7 @@ def test_clusters_match_unclustered_bit_for_bit(case) -> None:
         outs.append(out)
     torch.cuda.synchronize()
     want = ref.gemv_reference(x, w, w_scale, swiglu=swiglu, ue8m0=ue8m0)
-    err = _rel_l2(outs[0], want)
+    err = rel_l2(outs[0], want)
     same = torch.equal(outs[0], outs[1])
     print(f"\n[fp8_gemv cluster] {shape} tokens={m} {config} rel_l2={err:.3e} identical={same}")
     assert not torch.isnan(outs[0]).any(), "unwritten (NaN-poisoned) or NaN outputs"
@@ -278,10 +270,10 @@ def test_fewer_sms_same_outputs(case) -> None:
     shape, m, config = case
     swiglu, w, w_scale, x, cols = _inputs(shape, m)
     outs = []
-    for sms in (66, plan.SMS):
+    for sms in (66, hopper.SMS):
         out = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
         rows, k, _ = SHAPES[shape]
-        request = plan.gemv_request(rows, k, m, swiglu=swiglu, limit=None, ue8m0=True,
+        request = fp8_plan.gemv_request(rows, k, m, swiglu=swiglu, limit=None, ue8m0=True,
                                     arch=ARCH, config=config, sms=sms)  # fmt: skip
         _launch(request, out, x, w, w_scale)
         outs.append(out)
@@ -294,7 +286,7 @@ def test_fewer_sms_same_outputs(case) -> None:
 def test_cluster_grids_fit_one_wave() -> None:
     """Every one-wave cluster grid that plan accepts is resident at once (cuOccupancyMax-
     ActiveClusters): a cluster that waited for a second wave would double the kernel's time.
-    plan refuses persistent grids in clusters of 4 (plan.MAX_PERSISTENT_CLUSTER) because
+    plan refuses persistent grids in clusters of 4 (tuning.MAX_PERSISTENT_CLUSTER) because
     they are not."""
     from cuda.bindings import driver
 
@@ -304,7 +296,7 @@ def test_cluster_grids_fit_one_wave() -> None:
     for shape, m, config, ue8m0 in CLUSTER_CASES:
         kernel = load_kernel(default_manager().get(_request(shape, m, ue8m0, None, config=config)),
                              torch.device("cuda", 0))  # fmt: skip
-        launch_config = kernel._config(torch.cuda.current_stream().cuda_stream, True)
+        launch_config = kernel._build_config(torch.cuda.current_stream().cuda_stream, True)
         err, clusters = driver.cuOccupancyMaxActiveClusters(kernel._function, launch_config)
         assert int(err) == 0, err
         grid = kernel.grid[0]
@@ -312,8 +304,8 @@ def test_cluster_grids_fit_one_wave() -> None:
         print(f"\n[fp8_gemv cluster] {shape} tokens={m} {config} grid={grid} "
               f"max active clusters={clusters} ({resident} CTAs)")  # fmt: skip
         rows, k, _ = SHAPES[shape]
-        if grid <= plan.SMS * config.ctas_per_sm:  # meant as one wave
-            assert (resident >= grid) == plan._fits(rows, k, m, config), (resident, grid)
+        if grid <= hopper.SMS * config.ctas_per_sm:  # meant as one wave
+            assert (resident >= grid) == tuning.config_fits(rows, k, m, config), (resident, grid)
 
 
 @pytest.mark.parametrize("clustered", [False, True], ids=["plain", "clusters"])
@@ -334,7 +326,7 @@ def test_pdl_chain_gate_up_then_down(clustered: bool) -> None:
     torch.cuda.synchronize()
     want_act = ref.gemv_reference(x, w13, s13, swiglu=True, limit=None, ue8m0=True)
     want = ref.gemv_reference(want_act, w2, s2, swiglu=False, limit=None, ue8m0=True)
-    err_act, err_out = _rel_l2(act, want_act), _rel_l2(out, want)
+    err_act, err_out = rel_l2(act, want_act), rel_l2(out, want)
     print(f"\n[fp8_gemv] pdl chain glm5-tp8 tokens={m} clusters={clustered} "
           f"act rel_l2={err_act:.3e} out={err_out:.3e}")  # fmt: skip
     assert not torch.isnan(out).any() and not torch.isnan(act).any()

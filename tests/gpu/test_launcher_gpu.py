@@ -3,14 +3,11 @@
 The kernel is compiled beforehand on a CPU machine (no compiler needed here):
     MLPJIT_CACHE_DIR=.gpu-cache python3 -m mlpjit warm --kernel smoke --param n=4096 \
         --param scale=2.0 --param block=128 --arch sm_90a
-then on the GPU machine: MLPJIT_CACHE_DIR=.gpu-cache python3 -m pytest -q -s tests/gpu.
-``-s`` prints the measured host time per launch.
+then on the GPU machine: MLPJIT_CACHE_DIR=.gpu-cache python3 -m pytest -q tests/gpu.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +25,7 @@ SMOKE = {"n": 4096, "scale": 2.0, "block": 128}
 
 def kernel_requests(arch: str = "sm_90a") -> list:
     """The compile requests these tests use (for warming a cache without a GPU)."""
-    from mlpjit.jit.manager import KernelRequest
+    from mlpjit.jit.spec import KernelRequest
 
     return [KernelRequest("smoke", dict(SMOKE), arch)]
 
@@ -154,19 +151,3 @@ def test_bad_arguments_on_the_gpu(kernel) -> None:
         kernel.launch((out, x.cpu()))
     with pytest.raises(ValueError, match="'out' must be contiguous"):
         kernel.launch((torch.empty(2 * SMOKE["n"], device="cuda")[::2], x))
-
-
-def test_host_time_per_launch(kernel) -> None:
-    out, x = tensors()
-    for _ in range(100):
-        kernel.launch((out, x))
-    samples = []
-    for _ in range(20):
-        t0 = time.perf_counter()
-        for _ in range(200):
-            kernel.launch((out, x))
-        samples.append((time.perf_counter() - t0) / 200 * 1e6)
-    torch.cuda.synchronize()
-    median = statistics.median(samples)
-    print(f"\nlauncher host time per launch: median {median:.2f} us (min {min(samples):.2f})")
-    assert median < 50.0  # a regression guard; the target is a few microseconds

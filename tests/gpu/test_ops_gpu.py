@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlpjit.dense_mlp import kernel_arch
+from mlpjit.device import kernel_arch
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,0 +1,63 @@
+"""What a torch device means for mlpjit: does it run the fp8_gemv kernels, and how many SMs
+size their persistent grids.
+
+DenseMlp plans its kernels with these facts, `mlpjit warm` targets the local GPU with them,
+and `mlpjit doctor` reports them, so all three agree on what a GPU can do. torch is imported
+here; callers that must stay cheap without a GPU (cli, doctor) import this module lazily.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mlpjit.kernels.hopper import SMS
+
+__all__ = ["KERNEL_ARCHS", "current_cuda_device", "device_sms", "kernel_arch", "visible_gpus"]
+
+# Compute capability -> the target arch the fp8_gemv kernels are compiled for. Not listed:
+# no kernels; DenseMlp runs the stock path (or the reference off Hopper).
+KERNEL_ARCHS = {(9, 0): "sm_90a"}
+
+
+def kernel_arch(device: torch.device) -> str | None:
+    """The fp8_gemv target arch for ``device`` ("sm_90a" on Hopper), or None: no kernels."""
+    if device.type != "cuda":
+        return None
+    return KERNEL_ARCHS.get(tuple(torch.cuda.get_device_capability(device)))
+
+
+def device_sms(device: torch.device) -> int:
+    """The SM count of a CUDA ``device`` (plans the persistent grids; SMS off CUDA)."""
+    if device.type != "cuda":
+        return SMS
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def current_cuda_device() -> torch.device | None:
+    """torch's current CUDA device, or None when no CUDA GPU is visible."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def visible_gpus() -> list[dict[str, Any]]:
+    """Every visible CUDA device as plain data: index, name, capability ("9.0"),
+    kernel_arch (None: no fp8_gemv kernels, the stock path) and sms. [] without CUDA."""
+    if not torch.cuda.is_available():
+        return []
+    devices = []
+    for i in range(torch.cuda.device_count()):
+        device = torch.device("cuda", i)
+        major, minor = torch.cuda.get_device_capability(device)
+        devices.append(
+            {
+                "index": i,
+                "name": torch.cuda.get_device_name(device),
+                "capability": f"{major}.{minor}",
+                "kernel_arch": kernel_arch(device),
+                "sms": device_sms(device),
+            }
+        )
+    return devices

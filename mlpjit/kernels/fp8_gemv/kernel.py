@@ -1,0 +1,629 @@
+"""FP8 block-scaled GEMV (+ fused SwiGLU) for decode, in CuTe DSL.
+
+out[tokens, rows] = bf16(quant(x)[tokens, k] . w[rows, k]^T) with 128x128 float32 weight
+block scales and per-(token, 128-group) activation scales computed in the kernel by the
+stock rule. With ``swiglu`` the CTA pairs gate row j with up row rows/2 + j and writes
+act[tokens, rows/2] = bf16(silu(bf16 gate) * bf16 up) directly.
+
+Shape of the work: a CTA owns ``tiles`` tiles of 16 weight rows over the whole K; one warp
+per (tile, ``slices_per_warp`` consecutive 512-K slices) issues one m16n8k32 e4m3 mma per
+32 K with the tokens as the 8 B columns. Weights are loaded before griddepcontrol.wait
+(PDL): per slice, the first ``in_regs`` 64-K steps into registers (L2 evict-first hint),
+the rest by cp.async into shared memory (no hint: see ptx.cp_async_cg_16). With
+``cluster`` > 1 the CTAs of a thread block cluster quantize x together (each a share,
+written to all of them through distributed shared memory).
+
+Nothing here is imported by ``import mlpjit``; the compile manager imports this module on
+a cache miss and calls :func:`compile_cubin`.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from typing import Any
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from mlpjit.kernels import ptx
+from mlpjit.kernels.cubin import compile_to_cubin
+from mlpjit.kernels.fp8_gemv.params import GROUP, KERNEL_ARGS, SLICE, STEPS, GemvParams
+
+__all__ = ["Fp8Gemv", "compile_cubin"]
+
+FP8_MAX = 448.0
+SCALE_FLOOR = 1e-10
+LOG2E = 1.4426950408889634
+LN2_HI = 0.693145751953125  # ln 2 split for an accurate exp (Cody-Waite)
+LN2_LO = 1.428606765330187e-06
+EXP_ARG_MAX = 88.0  # exp(88) < 2^127: |argument| bound of the SiLU's exp
+
+
+def _f32(value: float) -> float:
+    """value rounded to the nearest float32 (as a Python float)."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+INV_FP8_MAX = _f32(1.0 / FP8_MAX)  # RN(1/448): the reciprocal for the scale division
+
+
+@cute.jit
+def _div(a: Float32, b: Float32, rcp_b: Float32) -> Float32:
+    """a / b correctly rounded, given rcp_b = RN(1/b) (Markstein: one fma correction).
+
+    Replaces div.rn.f32, whose out-of-line slow path forces ptxas to spill registers around
+    the call; our operands are normal and finite, where the fast path is all div.rn does.
+    """
+    q = a * rcp_b
+    r = ptx.fma_rn(Float32(0.0) - q, b, a)
+    return ptx.fma_rn(r, rcp_b, q)
+
+
+@cute.jit
+def _rcp(b: Float32) -> Float32:
+    """1/b for a normal finite b: MUFU.RCP plus one Newton step (fma), ~0.5 ulp."""
+    y = ptx.rcp_approx(b)
+    e = ptx.fma_rn(Float32(0.0) - b, y, Float32(1.0))
+    return ptx.fma_rn(y, e, y)
+
+
+class Fp8Gemv:
+    """One specialization of the kernel: every shape and tuning fact is a Python constant,
+    read from its GemvParams (validated there)."""
+
+    def __init__(self, params: GemvParams) -> None:
+        if not isinstance(params, GemvParams):
+            raise ValueError(f"params must be a GemvParams, got {type(params).__name__}")
+        self.params = params
+
+    def __getattr__(self, name: str) -> Any:
+        # self.rows, self.warps, self.smem_bytes, ...: the params' fields and geometry.
+        if name == "params":  # not set yet (e.g. a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.params, name)
+
+    # ------------------------------------------------------------------ host side
+
+    @cute.jit
+    def __call__(
+        self,
+        m_out: cute.Tensor,
+        m_x: cute.Tensor,
+        m_w: cute.Tensor,
+        m_ws: cute.Tensor,
+        stream: Any,
+    ):
+        extra = {}
+        if cutlass.const_expr(self.ctas_per_sm > 1):
+            # Without an explicit carveout the DSL queries the device for min_blocks > 1.
+            extra["preferred_smem_carveout"] = 100
+        if cutlass.const_expr(self.cluster > 1):
+            extra["cluster"] = [self.cluster, 1, 1]
+        self.kernel(m_out, m_x, m_w, m_ws).launch(
+            grid=[self.ctas, 1, 1],
+            block=[self.threads, 1, 1],
+            smem=self.smem_bytes,
+            stream=stream,
+            use_pdl=True,
+            min_blocks_per_mp=self.ctas_per_sm,
+            **extra,
+        )
+
+    # ------------------------------------------------------------------ device side
+
+    @cute.kernel
+    def kernel(self, m_out: cute.Tensor, m_x: cute.Tensor, m_w: cute.Tensor, m_ws: cute.Tensor):
+        T = self.tokens
+        K = self.k
+        G = self.groups
+        TL = self.tiles
+
+        tid, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        lane = tid & 31
+        warp = tid >> 5
+        tile = warp % TL
+        SPW = self.spw
+        slc0 = (warp // TL) * SPW  # the warp's first 512-K slice; it owns SPW in a row
+        g = lane >> 2
+        q = lane & 3
+
+        smem = cutlass.memory.SmemAllocator()
+        s_base = smem.allocate(self.smem_bytes, byte_alignment=128).toint()
+        s_wgt = s_base
+        s_act = s_base + self.smem_weights
+        s_xsc = s_act + self.smem_act
+
+        g_out = Int64(m_out.iterator.toint())
+        g_x = Int64(m_x.iterator.toint())
+        g_w = Int64(m_w.iterator.toint())
+        g_ws = Int64(m_ws.iterator.toint())
+
+        row0, row1 = self.tile_rows(cta, tile, g)
+        k_lane = slc0 * SLICE + q * 16  # slice s of the warp: + s * SLICE
+        g_a0 = g_w + Int64(row0) * K + Int64(k_lane)
+        g_a1 = g_w + Int64(row1) * K + Int64(k_lane)
+
+        # PDL trigger: the next kernel may launch once every CTA of this grid has passed it.
+        # early_launch: at entry, so the next kernel's CTAs (where they fit) stream their
+        # weights while this one still does; otherwise after the wait, as usual.
+        if cutlass.const_expr(self.early_launch):
+            cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(self.cluster > 1):
+            ptx.cluster_arrive_relaxed()  # "started": others may write our smem after the wait
+        # ---- weights in flight before the dependency wait (they never depend on it)
+        policy = ptx.createpolicy_evict_first()
+        # Per slice s of the warp: register steps r_a*[s], staged slots from
+        # s_stage + s * staged KB, weight scales r_ws*[s]; cp.async groups in (s, step) order.
+        r_a0 = [[] for _ in range(SPW)]
+        r_a1 = [[] for _ in range(SPW)]
+        for s in cutlass.range_constexpr(SPW):
+            for st in cutlass.range_constexpr(self.in_regs):
+                r_a0[s].append(ptx.ld_global_nc_v4_hint(g_a0 + (s * SLICE + st * 64), policy))
+                r_a1[s].append(ptx.ld_global_nc_v4_hint(g_a1 + (s * SLICE + st * 64), policy))
+        s_stage = s_wgt + (warp * SPW * self.staged) * 1024 + lane * 16
+        for s in cutlass.range_constexpr(SPW):
+            for j in cutlass.range_constexpr(self.staged):
+                st = self.in_regs + j
+                s_slot = s_stage + (s * self.staged + j) * 1024
+                ptx.cp_async_cg_16(s_slot, g_a0 + (s * SLICE + st * 64))
+                ptx.cp_async_cg_16(s_slot + 512, g_a1 + (s * SLICE + st * 64))
+                cute.arch.cp_async_commit_group()
+        r_ws0, r_ws1 = self.weight_scales(g_ws, row0, row1, slc0)
+
+        cute.arch.griddepcontrol_wait()
+        if cutlass.const_expr(not self.early_launch):
+            cute.arch.griddepcontrol_launch_dependents()
+
+        if cutlass.const_expr(self.cluster == 1):
+            # ---- quantize x once per CTA: warp (tile i, slice s) takes tokens i, i+tiles, ...
+            # All of a warp's x loads are issued before the first is consumed, so the global
+            # round trips overlap (ptxas still sinks some of them when registers run short).
+            per_warp = (T + TL - 1) // TL
+            words = [
+                self.load_chunk(g_x, self.token_of(tile, j), slc0 + s, lane)
+                for s in range(SPW)
+                for j in range(per_warp)
+            ]
+            for s in cutlass.range_constexpr(SPW):
+                for j in cutlass.range_constexpr(per_warp):
+                    word = words[s * per_warp + j]
+                    self.quantize_if_valid(word, s_act, s_xsc, tile + j * TL, slc0 + s, lane)
+            cute.arch.sync_threads()
+        else:
+            self.quantize_across_cluster(g_x, s_act, s_xsc, warp, lane)
+
+        # ---- main loop per row tile, partial sums, epilogue
+        t_b = cutlass.min(g, T - 1)  # B columns >= tokens repeat the last token
+        s_b = s_act + (slc0 * T + t_b) * SLICE  # slice s: + s * T * SLICE
+        sw_b = (t_b & 1) << 2
+        c0 = cutlass.min(q * 2, T - 1)
+        c1 = cutlass.min(q * 2 + 1, T - 1)
+        s_xs0 = s_xsc + (c0 * G + slc0 * 4) * 4  # slice s: + s * 16
+        s_xs1 = s_xsc + (c1 * G + slc0 * 4) * 4
+        # Each warp writes its K-slice partials over its own last staged slot: only this lane
+        # read those 16 bytes, and the slot's cp.async group is complete by then. (With
+        # nothing staged the activation area is reused after a barrier; never persistent.)
+        s_part = s_stage + (SPW * self.staged - 1) * 1024
+        if cutlass.const_expr(not self.persistent):
+            total = self.warp_sums(r_a0, r_a1, r_ws0, r_ws1, s_stage, s_b, q, sw_b, s_xs0, s_xs1)
+            if cutlass.const_expr(self.staged == 0):
+                cute.arch.sync_threads()
+                s_part = s_act + tid * 16
+            ptx.st_shared_v4_f32(s_part, total[0], total[1], total[2], total[3])
+            cute.arch.sync_threads()
+            if warp < TL:
+                # Warp `tile` < tiles is slice 0 of its tile: s_part is also where it reads from.
+                self.reduce_and_store(g_out, s_part, ptx.fresh_ctaid_x())
+        else:
+            # Persistent: row tiles cta, cta + grid, ... Tile i+1's weights are requested
+            # while tile i is computed: each register step and staged slot is refilled as soon
+            # as tile i has consumed it (the last slot after the epilogue, since it holds the
+            # partial sums meanwhile), so HBM streaming does not pause between tiles.
+            for blk in cutlass.range(cta, self.row_tiles, self.ctas, unroll=1):
+                nxt = blk + self.ctas
+                more = Int32(nxt < self.row_tiles)
+                n_row0, n_row1 = self.tile_rows(nxt, tile, g)
+                g_n0 = g_w + Int64(n_row0) * K + Int64(k_lane)
+                g_n1 = g_w + Int64(n_row1) * K + Int64(k_lane)
+                total = self.warp_sums(
+                    r_a0, r_a1, r_ws0, r_ws1, s_stage, s_b, q, sw_b, s_xs0, s_xs1,
+                    (g_n0, g_n1, more),
+                )  # fmt: skip
+                ptx.st_shared_v4_f32(s_part, total[0], total[1], total[2], total[3])
+                cute.arch.sync_threads()
+                if warp < TL:
+                    self.reduce_and_store(g_out, s_part, blk)
+                # Every reader of the partials is done: the last slot takes tile i+1's step.
+                cute.arch.sync_threads()
+                last = (SPW - 1) * SLICE + (STEPS - 1) * 64
+                ptx.cp_async_cg_16_if(s_part, g_n0 + last, more)
+                ptx.cp_async_cg_16_if(s_part + 512, g_n1 + last, more)
+                cute.arch.cp_async_commit_group()
+                # The register steps and weight scales of tile i+1 only now: loaded earlier
+                # they would be live through the main loop or the epilogue and spill at the
+                # 80-register bound; the staged steps (most of the bytes) are in flight.
+                r_a0 = [[] for _ in range(SPW)]
+                r_a1 = [[] for _ in range(SPW)]
+                for s in cutlass.range_constexpr(SPW):
+                    for st in cutlass.range_constexpr(self.in_regs):
+                        off = s * SLICE + st * 64
+                        r_a0[s].append(ptx.ld_global_nc_v4_hint_if(g_n0 + off, policy, more))
+                        r_a1[s].append(ptx.ld_global_nc_v4_hint_if(g_n1 + off, policy, more))
+                # Past the last tile: a valid re-read, never used.
+                w_row0, w_row1 = self.tile_rows(cutlass.min(nxt, self.row_tiles - 1), tile, g)
+                r_ws0, r_ws1 = self.weight_scales(g_ws, w_row0, w_row1, slc0)
+
+    @cute.jit
+    def weight_scales(self, g_ws: Int64, row0: Int32, row1: Int32, slc0: Int32):
+        """Per slice of the warp, the 4 float32 block scales of rows row0 and row1 (the same
+        block unless SwiGLU pairs a gate row with its up row)."""
+        G = self.groups
+        r_ws0 = []
+        r_ws1 = []
+        for s in cutlass.range_constexpr(self.spw):
+            sc = (slc0 + s) * 4
+            r_ws0.append(ptx.ld_global_nc_v4_f32(g_ws + Int64(((row0 >> 7) * G + sc) * 4)))
+            if cutlass.const_expr(self.swiglu):
+                r_ws1.append(ptx.ld_global_nc_v4_f32(g_ws + Int64(((row1 >> 7) * G + sc) * 4)))
+            else:
+                r_ws1.append(r_ws0[s])
+        return r_ws0, r_ws1
+
+    @cute.jit
+    def warp_sums(
+        self,
+        r_a0: list,
+        r_a1: list,
+        r_ws0: list,
+        r_ws1: list,
+        s_stage: Int32,
+        s_b: Int32,
+        q: Int32,
+        sw_b: Int32,
+        s_xs0: Int32,
+        s_xs1: Int32,
+        refill: tuple | None = None,
+    ):
+        """The warp's share of one row tile: slice_sums over each of its slices, added up.
+
+        cp.async groups were committed in (slice, step) order, so slice s waits past the
+        later slices' groups; a persistent kernel's refills keep SPW*staged-1 groups newer
+        than any slot's. Only the warp's last slot is held back for the partial sums.
+        """
+        SPW = self.spw
+        total = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
+        for s in cutlass.range_constexpr(SPW):
+            slice_refill = None
+            if cutlass.const_expr(refill is not None):
+                g_n0, g_n1, more = refill
+                slice_refill = (g_n0 + s * SLICE, g_n1 + s * SLICE, more)
+            newer = (SPW - 1) * self.staged if refill is not None else (SPW - 1 - s) * self.staged
+            total = self.slice_sums(
+                total,
+                r_a0[s],
+                r_a1[s],
+                (r_ws0[s], r_ws1[s]),
+                s_stage + s * self.staged * 1024,
+                s_b + s * self.tokens * SLICE,
+                q,
+                sw_b,
+                s_xs0 + s * 16,
+                s_xs1 + s * 16,
+                slice_refill,
+                newer,
+                s == SPW - 1,
+            )
+        return total
+
+    @cute.jit
+    def slice_sums(
+        self,
+        total: list,
+        r_a0: list,
+        r_a1: list,
+        r_ws: tuple,
+        s_stage: Int32,
+        s_b: Int32,
+        q: Int32,
+        sw_b: Int32,
+        s_xs0: Int32,
+        s_xs1: Int32,
+        refill: tuple | None,
+        newer_groups: int,
+        hold_last: bool,
+    ):
+        """One 512-K slice of a row tile: 4 groups x (2 steps x 2 mmas), fp32 group sums,
+        then the scales, added to ``total``.
+
+        With ``refill`` = (next row-0 address, next row-1 address, predicate), each staged
+        slot is reloaded with the next tile's step right after use, except the last one when
+        ``hold_last`` (it takes the partial sums). ``newer_groups``: cp.async groups
+        committed after this slice's, which the waits must not wait for.
+        """
+        r_ws0, r_ws1 = r_ws
+        for grp in cutlass.range_constexpr(SLICE // GROUP):
+            acc = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
+            for sub in cutlass.range_constexpr(2):
+                st = grp * 2 + sub
+                j = st - self.in_regs
+                if cutlass.const_expr(st < self.in_regs):
+                    a0 = r_a0[st]
+                    a1 = r_a1[st]
+                else:
+                    # Groups commit in step order; a persistent kernel commits one refill
+                    # group per consumed step, so staged-1 newer groups are always pending
+                    # (plus newer_groups of the warp's later slices).
+                    newer = self.staged - 1 if refill is not None else self.staged - 1 - j
+                    newer += newer_groups
+                    cute.arch.cp_async_wait_group(newer)
+                    a0 = ptx.ld_shared_v4(s_stage + j * 1024)
+                    a1 = ptx.ld_shared_v4(s_stage + j * 1024 + 512)
+                b = ptx.ld_shared_v4(s_b + (((st * 4 + q) ^ sw_b) * 16))
+                acc = ptx.mma_m16n8k32_e4m3((a0[0], a1[0], a0[1], a1[1]), (b[0], b[1]), acc)
+                acc = ptx.mma_m16n8k32_e4m3((a0[2], a1[2], a0[3], a1[3]), (b[2], b[3]), acc)
+                if cutlass.const_expr(refill is not None):
+                    g_n0, g_n1, more = refill
+                    if cutlass.const_expr(self.in_regs <= st < STEPS - int(hold_last)):
+                        ptx.cp_async_cg_16_if(s_stage + j * 1024, g_n0 + st * 64, more)
+                        ptx.cp_async_cg_16_if(s_stage + j * 1024 + 512, g_n1 + st * 64, more)
+                        cute.arch.cp_async_commit_group()
+            xs0 = ptx.ld_shared_f32(s_xs0 + grp * 4)
+            xs1 = ptx.ld_shared_f32(s_xs1 + grp * 4)
+            total[0] = total[0] + acc[0] * (r_ws0[grp] * xs0)
+            total[1] = total[1] + acc[1] * (r_ws0[grp] * xs1)
+            total[2] = total[2] + acc[2] * (r_ws1[grp] * xs0)
+            total[3] = total[3] + acc[3] * (r_ws1[grp] * xs1)
+        return total
+
+    @cute.jit
+    def token_of(self, tile: Int32, j: int):
+        """Token of a warp's j-th chunk, clamped to T-1 where tokens % tiles leaves it empty
+        (the load then re-reads a valid row and the chunk is not quantized)."""
+        t = tile + j * self.tiles
+        if cutlass.const_expr(self.tokens % self.tiles):
+            t = cutlass.min(t, self.tokens - 1)
+        return t
+
+    @cute.jit
+    def load_chunk(self, g_x: Int64, t: Int32, slc: Int32, lane) -> list:
+        """The 16 BF16 of x[t, slc*512 + 16*lane ..] as 8 words (two 16-byte loads)."""
+        g_src = g_x + Int64((t * self.k + slc * SLICE + lane * 16) * 2)
+        return list(ptx.ld_global_v4(g_src)) + list(ptx.ld_global_v4(g_src + 16))
+
+    @cute.jit
+    def quantize_if_valid(self, words: list, s_act: Int32, s_xsc: Int32, t: Int32, slc, lane):
+        """quantize_chunk for t < tokens; the check is static when tiles divides tokens."""
+        # Not merged into one `or`: that would turn the static branch into a runtime one.
+        if cutlass.const_expr(self.tokens % self.tiles == 0):  # noqa: SIM114
+            self.quantize_chunk(words, s_act, s_xsc, t, slc, lane)
+        elif t < self.tokens:
+            self.quantize_chunk(words, s_act, s_xsc, t, slc, lane)
+
+    @cute.jit
+    def quantize_across_cluster(self, g_x: Int64, s_act: Int32, s_xsc: Int32, warp, lane):
+        """Quantize x once per cluster instead of once per CTA: the (token, 512-K) chunks are
+        dealt round robin to the cluster's CTAs, and each quantized chunk and its scales are
+        written into the shared memory of every CTA of the cluster (DSMEM).
+
+        Reading and quantizing x costs more with more tokens; the cluster splits that cost
+        over its CTAs (docs/KERNEL_NOTES.md, variant 14).
+        """
+        N = self.cluster
+        T = self.tokens
+        chunks = T * self.slices
+        per_cta = (chunks + N - 1) // N
+        per_warp = (per_cta + self.warps - 1) // self.warps
+        always_valid = per_cta * N == chunks and per_warp * self.warps == per_cta
+        rank = ptx.cluster_ctarank()
+        # Before any remote store (off the weight loads' path): clusters of the size planned.
+        ptx.trap_unless_cluster_size(N)
+        # Every CTA of the cluster has started (its entry arrive): its smem may be written.
+        # Waited for before the x loads: after them, ptxas keeps every chunk live across the
+        # barrier instead of quantizing while the later ones arrive (and spills).
+        ptx.cluster_wait()
+        todo = []
+        for j in cutlass.range_constexpr(per_warp):
+            c = (warp + j * self.warps) * N + rank
+            if cutlass.const_expr(not always_valid):
+                c = cutlass.min(c, chunks - 1)  # past the end: a valid re-read, not quantized
+            todo.append((c, self.load_chunk(g_x, c % T, c // T, lane)))
+        for j in cutlass.range_constexpr(per_warp):
+            c, words = todo[j]
+            if cutlass.const_expr(always_valid):  # noqa: SIM114 (static branch, see above)
+                self.quantize_chunk(words, s_act, s_xsc, c % T, c // T, lane)
+            elif (warp + j * self.warps) * N + rank < chunks:
+                self.quantize_chunk(words, s_act, s_xsc, c % T, c // T, lane)
+        # Release our remote writes, acquire everyone's: the whole x is then in our smem.
+        # (The release costs a MEMBAR.ALL.GPU, about 0.5 us per layer. Counting the bytes on
+        # each CTA's mbarrier instead avoids it, but both ways tried were slower from 4
+        # tokens on: st.async stores and bulk copies, docs/KERNEL_NOTES.md variants 17-18.)
+        ptx.cluster_sync_acq_rel()
+
+    @cute.jit
+    def quantize_chunk(self, words: list, s_act: Int32, s_xsc: Int32, t: Int32, slc: Int32, lane):
+        """Lane l quantizes K = slc*512 + 16l .. +15 of token t; 8 lanes share a 128-group.
+        With a cluster, the result goes to the same place in every CTA's shared memory.
+
+        The amax runs on the packed BF16 pairs with max.xorsign.abs: each step takes |.| of
+        its inputs, so only the final sign is junk (dropped by the last fabs); |x| and max
+        are exact, so this is the float32 amax of the 16 values bit for bit, in 7 + 3
+        instructions instead of 16 unpacks and 16 max.
+        """
+        pair = [ptx.absmax_bf16x2(words[2 * i], words[2 * i + 1]) for i in range(4)]
+        pair = ptx.absmax_bf16x2(
+            ptx.absmax_bf16x2(pair[0], pair[1]), ptx.absmax_bf16x2(pair[2], pair[3])
+        )
+        lo, hi = ptx.bf16x2_to_f32x2(pair)
+        amax = ptx.fmax(ptx.fabs(lo), ptx.fabs(hi))
+        for off in cutlass.range_constexpr(3):
+            amax = ptx.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1 << off))
+        scale = _div(ptx.fmax(amax, Float32(SCALE_FLOOR)), Float32(FP8_MAX), Float32(INV_FP8_MAX))
+        qv = []
+        if cutlass.const_expr(self.ue8m0):
+            # Round up to a power of two exactly: bump the exponent if any mantissa bit is set;
+            # then 1/scale is exact too (biased exponent 254 - E), and x * (1/scale) = x / scale.
+            bits = ptx.f32_as_i32(scale)
+            bump = (((bits & 0x7FFFFF) + 0x7FFFFF) >> 23) << 23
+            exponent = (bits & 0x7F800000) + bump
+            scale = ptx.i32_as_f32(exponent)
+            inv_bits = (254 << 23) - exponent
+            # 1/scale is a power of two in [2^-120, 2^42]: its BF16 (the upper half) is exact,
+            # and so is the BF16 product x * 2^m wherever it is normal; below 2^-126 both this
+            # and the float32 product convert to a zero of x's sign. Two values per multiply.
+            inv2 = ptx.prmt(inv_bits, inv_bits, 0x3232)
+            for wd in cutlass.range_constexpr(8):
+                lo, hi = ptx.bf16x2_to_f32x2(ptx.mul_bf16x2(words[wd], inv2))
+                qv.append(lo)
+                qv.append(hi)
+        else:
+            inv = _rcp(scale)
+            for wd in cutlass.range_constexpr(8):
+                lo, hi = ptx.bf16x2_to_f32x2(words[wd])
+                qv.append(_div(lo, scale, inv))
+                qv.append(_div(hi, scale, inv))
+        packed = [
+            ptx.cvt_e4m3x4(qv[4 * i], qv[4 * i + 1], qv[4 * i + 2], qv[4 * i + 3]) for i in range(4)
+        ]
+        chunk = lane ^ ((t & 1) << 2)  # swizzle odd tokens: conflict-free B reads
+        s_dst = s_act + (slc * self.tokens + t) * SLICE + chunk * 16
+        if cutlass.const_expr(self.cluster == 1):
+            ptx.st_shared_v4(s_dst, packed[0], packed[1], packed[2], packed[3])
+            if lane & 7 == 0:
+                ptx.st_shared_f32(s_xsc + (t * self.groups + slc * 4 + (lane >> 3)) * 4, scale)
+        else:
+            # (Not hoisted above the branch: that reorders the plain kernel's SASS.)
+            s_scale = s_xsc + (t * self.groups + slc * 4 + (lane >> 3)) * 4
+            for rank in cutlass.range_constexpr(self.cluster):
+                dst = ptx.mapa_shared(s_dst, Int32(rank))
+                ptx.st_cluster_v4(dst, packed[0], packed[1], packed[2], packed[3])
+            if lane & 7 == 0:
+                for rank in cutlass.range_constexpr(self.cluster):
+                    ptx.st_cluster_f32(ptx.mapa_shared(s_scale, Int32(rank)), scale)
+
+    @cute.jit
+    def tile_rows(self, cta: Int32, tile: Int32, g: Int32):
+        """Weight rows of A rows g and g+8 (SwiGLU: gate row = output column, and its up row)."""
+        if cutlass.const_expr(self.swiglu):
+            row0 = cta * (8 * self.tiles) + tile * 8 + g
+            row1 = row0 + self.rows // 2
+        else:
+            row0 = cta * (16 * self.tiles) + tile * 16 + g
+            row1 = row0 + 8
+        return row0, row1
+
+    @cute.jit
+    def reduce_and_store(self, g_out: Int64, s_part: Int32, blk: Int32):
+        """Sum the tile's k/512/spw partials (one per warp); lane (g, q) holds rows g, g+8 x
+        tokens 2q, 2q+1.
+
+        s_part: this lane's partials in the tile's first warp; warp w of the tile is w * tiles
+        warps further on.
+        blk: the row tile (the CTA index unless persistent).
+        """
+        T = self.tokens
+        # Indices are re-derived from fresh special-register reads: holding them across the
+        # main loop costs registers (ptxas spilled row0 at the 80-register bound).
+        tid = ptx.fresh_tid_x()
+        lane = tid & 31
+        row0, _ = self.tile_rows(blk, tid >> 5, lane >> 2)
+        q = lane & 3
+        # Bytes per warp of the partials: its staged weights, or 32 lanes x 16 B of s_act.
+        warp_stride = self.spw * self.staged * 1024 if self.staged else 32 * 16
+        acc = list(ptx.ld_shared_v4_f32(s_part))
+        for s in cutlass.range_constexpr(1, self.warps_per_tile):
+            part = ptx.ld_shared_v4_f32(s_part + s * self.tiles * warp_stride)
+            acc = [acc[i] + part[i] for i in range(4)]
+        if cutlass.const_expr(self.swiglu):
+            # Row g is the gate, row g+8 the matching up: act[t, row0] for t = 2q, 2q+1.
+            for c in cutlass.range_constexpr(2):
+                t = q * 2 + c
+                if t < T:
+                    val = self.swiglu_value(acc[c], acc[2 + c])
+                    g_dst = g_out + Int64((t * self.out_cols + row0) * 2)
+                    ptx.st_global_b16(g_dst, ptx.cvt_bf16(val))
+        else:
+            for c in cutlass.range_constexpr(2):
+                t = q * 2 + c
+                if t < T:
+                    g_dst = g_out + Int64((t * self.out_cols + row0) * 2)
+                    ptx.st_global_b16(g_dst, ptx.cvt_bf16(acc[c]))
+                    ptx.st_global_b16(g_dst + 16, ptx.cvt_bf16(acc[2 + c]))
+
+    @cute.jit
+    def swiglu_value(self, gate_f: Float32, up_f: Float32) -> Float32:
+        """silu(bf16 gate) * bf16 up in fp32, with the optional clamp (limit)."""
+        gate = ptx.bf16_round(gate_f)
+        up = ptx.bf16_round(up_f)
+        if cutlass.const_expr(self.limit is not None):
+            lim = Float32(self.limit)
+            gate = ptx.fmin(gate, lim)
+            up = ptx.fmax(ptx.fmin(up, lim), Float32(-self.limit))
+        # exp(-gate) = 2^j * exp(f), f = -gate - j ln2 in [-ln2/2, ln2/2]: ex2.approx is
+        # accurate on the small reduced argument and exact on the integer j.
+        # Clamp the argument first: from |gate| ~ 1e10 on, j carries too few bits for f to
+        # stay small, and ex2(f) = inf times ex2(j) = 0 made exp NaN (silu 0 for a large
+        # positive gate). Inside the clamp nothing changes; outside, exp(-gate) is 0 or
+        # over 2^126 either way.
+        neg = ptx.fmax(ptx.fmin(Float32(0.0) - gate, Float32(EXP_ARG_MAX)), Float32(-EXP_ARG_MAX))
+        j = ptx.rint(neg * Float32(LOG2E))
+        f = ptx.fma_rn(j, Float32(-LN2_HI), neg)
+        f = ptx.fma_rn(j, Float32(-LN2_LO), f)
+        e = ptx.ex2_approx(f * Float32(LOG2E)) * ptx.ex2_approx(j)
+        # Keep the denominator finite (exp overflows for gate < -88): silu is then ~0 either way.
+        den = Float32(1.0) + ptx.fmin(e, Float32(2.0**126))
+        silu = _div(gate, den, _rcp(den))
+        return silu * up
+
+
+def compile_cubin(params: GemvParams, arch: str):
+    """Compile one specialization for ``arch`` (e.g. "sm_90a") on any machine, GPU or not.
+
+    Returns a KernelBinary: cubin bytes, kernel symbol, grid/block/dynamic smem, PDL on, and
+    the four pointer parameters (out, x, w, w_scale) in order.
+    """
+    from mlpjit.jit.binary import KernelBinary, KernelParam
+
+    gemv = Fp8Gemv(params)
+    out_cols = gemv.out_cols
+    fake = cute.runtime.make_fake_compact_tensor
+    m_out = fake(cutlass.BFloat16, (gemv.tokens, out_cols), stride_order=(1, 0), assumed_align=16)
+    m_x = fake(cutlass.BFloat16, (gemv.tokens, gemv.k), stride_order=(1, 0), assumed_align=16)
+    m_w = fake(cutlass.Float8E4M3FN, (gemv.rows, gemv.k), stride_order=(1, 0), assumed_align=16)
+    m_ws = fake(
+        cutlass.Float32,
+        ((gemv.rows + GROUP - 1) // GROUP, gemv.groups),
+        stride_order=(1, 0),
+        assumed_align=16,
+    )
+    stream = cute.runtime.make_fake_stream()
+    cubin, symbol = compile_to_cubin(gemv, m_out, m_x, m_w, m_ws, stream, arch=arch)
+    return KernelBinary(
+        cubin=cubin,
+        symbol=symbol,
+        grid=gemv.grid,
+        block=gemv.block,
+        smem_bytes=gemv.smem_bytes,
+        pdl=True,
+        params=tuple(KernelParam(name, "ptr") for name in KERNEL_ARGS),
+        cluster=(gemv.cluster, 1, 1),
+    )
+
+
+def _main() -> None:  # pragma: no cover - developer aid: python -m mlpjit.kernels.fp8_gemv.kernel
+    import sys
+
+    t0 = time.perf_counter()
+    params = GemvParams(
+        rows=3072, k=6144, tokens=8, tiles=1, in_regs=4, ctas_per_sm=1, swiglu=True,
+        limit=None, ue8m0=True,
+    )  # fmt: skip
+    binary = compile_cubin(params, os.environ.get("CUTE_DSL_ARCH", "sm_90a"))
+    sys.stdout.write(f"{binary.symbol} {len(binary.cubin)} B {time.perf_counter() - t0:.2f}s\n")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _main()

@@ -1,0 +1,296 @@
+"""fp8_gemv's compile parameters: one frozen dataclass, its validation and its geometry.
+
+Everything here is plain Python (no cutlass, no torch): the key, the planner and the
+CuTe DSL kernel all read the same :class:`GemvParams`, so a shape or tuning rule has one
+home. The kernel's numerics and tiling are described in kernel.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from mlpjit.kernels import hopper
+
+__all__ = [
+    "CLUSTER_SIZES",
+    "GROUP",
+    "KERNEL_ARGS",
+    "MAX_PENDING_GROUPS",
+    "MAX_TOKENS",
+    "MAX_WARPS",
+    "SLICE",
+    "STEPS",
+    "GemvConfig",
+    "GemvParams",
+    "grid_ctas",
+    "smem_bytes",
+]
+
+SLICE = 512  # K per warp
+STEPS = 8  # 64-K steps per slice
+GROUP = 128  # activation / weight scale group along K
+MAX_TOKENS = 8  # the mma's N
+MAX_WARPS = hopper.THREADS_PER_CTA // 32
+# cp.async groups one thread may have in flight: ptxas 13.0 encodes the wait count in 6 bits
+# (DEPBAR.LE SB0, 0x3f), so slices_per_warp * (STEPS - in_regs) must stay within it.
+MAX_PENDING_GROUPS = 63
+# CTAs per thread block cluster that share one quantization of x (1: none); at most 8, the
+# portable cluster size.
+CLUSTER_SIZES = (1, 2, 4, 8)
+# Registers a thread needs for the persistent (row-tile loop) form of the kernel: at 80 it
+# spilled, at 168 (384 threads per SM) no GLM-5 config did (ptxas 13.0); at exactly 128
+# (512 threads, e.g. k 8192 with 3 register steps) it spilled 16-48 B.
+PERSISTENT_MIN_REGS = 136
+# The kernel's parameters, in order (all device pointers): output, input, weight, scales.
+KERNEL_ARGS = ("out", "x", "w", "w_scale")
+
+
+def smem_bytes(k: int, tokens: int, tiles: int, in_regs: int, slices_per_warp: int = 1) -> int:
+    """Dynamic shared memory of a specialization: staged weights | activations (reused for
+    the partial sums) | x scales."""
+    warps = tiles * (k // SLICE) // slices_per_warp
+    staged = tiles * (k // SLICE) * (STEPS - in_regs) * 2 * 32 * 16
+    act = max(tokens * k, warps * 32 * 16)
+    return staged + act + tokens * (k // GROUP) * 4
+
+
+def grid_ctas(
+    rows: int,
+    k: int,
+    tiles: int,
+    in_regs: int,
+    ctas_per_sm: int,
+    slices_per_warp: int = 1,
+    sms: int = hopper.SMS,
+) -> int:
+    """CTAs launched: one per 16*tiles-row tile, or a persistent grid of one resident wave.
+
+    Persistent (sms*ctas_per_sm CTAs; CTA c takes row tiles c, c + grid, ...) when there
+    are more tiles than that, at least one step is staged (its slot holds the partial sums)
+    and the launch bound leaves PERSISTENT_MIN_REGS registers a thread: x is then quantized
+    once per CTA instead of once per tile. At the 80-register bound of 768 threads per SM
+    the tile loop spilled 16-104 B with ptxas 13.0 for every GLM-5 config tried, so such
+    configs keep one CTA per tile.
+    """
+    tiles_total = rows // (16 * tiles)
+    threads = 32 * tiles * (k // SLICE) // slices_per_warp
+    if in_regs >= STEPS or hopper.reg_budget(threads, ctas_per_sm) < PERSISTENT_MIN_REGS:
+        return tiles_total
+    return min(tiles_total, sms * ctas_per_sm)
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """The tuning knobs of one specialization (the rest of GemvParams is the shape)."""
+
+    tiles: int  # 16-row tiles per CTA
+    in_regs: int  # 64-K steps loaded into registers (the rest go through shared memory)
+    ctas_per_sm: int  # launch bound: CTAs meant to be resident per SM
+    early_launch: bool = False  # PDL trigger at kernel entry instead of after the wait
+    # 512-K slices per warp: more means fewer threads (and registers) per row tile, so a
+    # persistent grid fits where one warp per slice would spill (large k).
+    slices_per_warp: int = 1
+    # CTAs per cluster: each quantizes 1/cluster of x and writes it into every CTA's shared
+    # memory, so x is read from L2 once per cluster instead of once per CTA.
+    cluster: int = 1
+
+
+def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if value < low or (high is not None and value > high):
+        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be {allowed}, got {value}")
+    return value
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+
+
+@dataclass(frozen=True)
+class GemvParams:
+    """One specialization of fp8_gemv: the shape, the numerics options and the tuning knobs.
+
+    Construction validates everything the kernel cannot compile (ValueError naming the
+    parameter); whether a valid specialization also runs well (no spills, one resident wave)
+    is the planner's question (tuning.config_fits).
+    """
+
+    rows: int  # weight rows (gate_up: 2 * intermediate shard, gate rows first)
+    k: int  # reduction length (hidden, or the intermediate shard)
+    tokens: int
+    tiles: int
+    in_regs: int
+    ctas_per_sm: int
+    swiglu: bool  # write act = silu(gate) * up (rows/2 columns) instead of out
+    limit: float | None  # clamped SwiGLU bound (None: no clamp)
+    ue8m0: bool  # activation scales rounded up to powers of two
+    early_launch: bool = False
+    slices_per_warp: int = 1
+    cluster: int = 1
+    sms: int = hopper.SMS  # the target GPU's SM count: sizes a persistent grid
+
+    def __post_init__(self) -> None:
+        _check_int("rows", self.rows, 16)
+        _check_int("k", self.k, SLICE)
+        _check_int("tokens", self.tokens, 1, MAX_TOKENS)
+        _check_int("tiles", self.tiles, 1)
+        _check_int("in_regs", self.in_regs, 0, STEPS)
+        _check_int("ctas_per_sm", self.ctas_per_sm, 1, 32)
+        for name in ("swiglu", "ue8m0", "early_launch"):
+            _check_bool(name, getattr(self, name))
+        limit = self.limit
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0.0
+        ):
+            raise ValueError(f"limit must be None or a positive float, got {limit!r}")
+        if limit is not None:
+            object.__setattr__(self, "limit", float(limit))
+        if self.k % SLICE:
+            raise ValueError(f"k must be a multiple of {SLICE}, got {self.k}")
+        if self.rows % (16 * self.tiles):
+            raise ValueError(
+                f"rows must be a multiple of 16*tiles = {16 * self.tiles}, got {self.rows}"
+            )
+        if self.swiglu and self.rows % 2:
+            raise ValueError(f"rows must be even with swiglu, got {self.rows}")
+        _check_int("slices_per_warp", self.slices_per_warp, 1, self.slices)
+        if self.slices % self.spw:
+            raise ValueError(
+                f"slices_per_warp must divide k/{SLICE} = {self.slices}, got {self.slices_per_warp}"
+            )
+        if self.warps > MAX_WARPS:
+            raise ValueError(
+                f"tiles * k/{SLICE} / slices_per_warp = {self.warps} warps exceeds "
+                f"{MAX_WARPS}; use fewer tiles or more slices_per_warp (k={self.k})"
+            )
+        if self.spw * self.staged > MAX_PENDING_GROUPS:
+            raise ValueError(
+                f"slices_per_warp * (8 - in_regs) = {self.spw * self.staged} cp.async groups "
+                f"in flight per thread; at most {MAX_PENDING_GROUPS} (the wait_group count "
+                "ptxas encodes): raise in_regs or lower slices_per_warp"
+            )
+        hopper.check_sms(self.sms)
+        if type(self.cluster) is not int or self.cluster not in CLUSTER_SIZES:
+            raise ValueError(f"cluster must be one of {CLUSTER_SIZES}, got {self.cluster!r}")
+        if self.ctas % self.cluster:
+            raise ValueError(
+                f"cluster must divide the grid of {self.ctas} CTAs, got {self.cluster}; "
+                "pick another cluster size or tiles"
+            )
+        budget = hopper.smem_budget(self.ctas_per_sm)
+        if self.smem_bytes > budget:
+            raise ValueError(
+                f"configuration needs {self.smem_bytes} B of shared memory per CTA, more than "
+                f"{budget} B at ctas_per_sm={self.ctas_per_sm}; raise in_regs (now "
+                f"{self.in_regs}), lower tiles (now {self.tiles}) or ctas_per_sm"
+            )
+
+    @classmethod
+    def of(
+        cls,
+        rows: int,
+        k: int,
+        tokens: int,
+        config: GemvConfig,
+        *,
+        swiglu: bool,
+        limit: float | None,
+        ue8m0: bool,
+        sms: int = hopper.SMS,
+    ) -> GemvParams:
+        """The params of a shape tuned by ``config``. The clamp only shapes the SwiGLU
+        epilogue, so the plain kernel drops it (one compile for every limit)."""
+        return cls(
+            rows=rows,
+            k=k,
+            tokens=tokens,
+            swiglu=swiglu,
+            limit=limit if swiglu else None,
+            ue8m0=ue8m0,
+            sms=sms,
+            **dataclasses.asdict(config),
+        )
+
+    @property
+    def config(self) -> GemvConfig:
+        """The tuning knobs of these params."""
+        return GemvConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(GemvConfig)})
+
+    # Geometry: all Python constants, compiled into the kernel.
+    @property
+    def spw(self) -> int:
+        return self.slices_per_warp
+
+    @property
+    def slices(self) -> int:
+        return self.k // SLICE
+
+    @property
+    def groups(self) -> int:
+        return self.k // GROUP
+
+    @property
+    def warps_per_tile(self) -> int:
+        return self.slices // self.spw
+
+    @property
+    def warps(self) -> int:
+        return self.tiles * self.warps_per_tile
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def staged(self) -> int:
+        """64-K steps per slice that go through shared memory (cp.async)."""
+        return STEPS - self.in_regs
+
+    @property
+    def row_tiles(self) -> int:
+        """CTA-sized row tiles (16 * tiles rows each)."""
+        return self.rows // (16 * self.tiles)
+
+    @property
+    def ctas(self) -> int:
+        return grid_ctas(
+            self.rows, self.k, self.tiles, self.in_regs, self.ctas_per_sm, self.spw, self.sms
+        )
+
+    @property
+    def persistent(self) -> bool:
+        """Whether a CTA loops over several row tiles (a grid of one resident wave)."""
+        return self.ctas < self.row_tiles
+
+    @property
+    def out_cols(self) -> int:
+        return self.rows // 2 if self.swiglu else self.rows
+
+    @property
+    def smem_weights(self) -> int:
+        return self.warps * self.spw * self.staged * 2 * 32 * 16
+
+    @property
+    def smem_act(self) -> int:
+        return max(self.tokens * self.k, self.warps * 32 * 16)
+
+    @property
+    def smem_scales(self) -> int:
+        return self.tokens * self.groups * 4
+
+    @property
+    def smem_bytes(self) -> int:
+        return smem_bytes(self.k, self.tokens, self.tiles, self.in_regs, self.spw)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.ctas, 1, 1)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.threads, 1, 1)

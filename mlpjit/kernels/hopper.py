@@ -1,0 +1,54 @@
+"""sm_90 (H100 / H200) resource facts the kernels plan with, and the two budgets they imply.
+
+SMS is the SM count the tuned tables and the defaults are for (H200, H100 SXM); other
+Hopper parts (H100 PCIe and H800 PCIe: 114, H20: 78) plan with their own count.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = [
+    "MAX_SMS",
+    "REGS_PER_SM",
+    "SCHEDULERS",
+    "SMEM_CTA_OVERHEAD",
+    "SMEM_PER_CTA_MAX",
+    "SMEM_PER_SM",
+    "SMS",
+    "THREADS_PER_CTA",
+    "THREADS_PER_SM",
+    "check_sms",
+    "reg_budget",
+    "smem_budget",
+]
+
+SMS = 132
+MAX_SMS = 1024
+SMEM_PER_SM = 228 * 1024
+SMEM_PER_CTA_MAX = 227 * 1024  # dynamic + static
+SMEM_CTA_OVERHEAD = 2 * 1024  # 1 KB reserved by the system + 1 KB static (1024-aligned base)
+REGS_PER_SM = 65536
+SCHEDULERS = 4  # warp schedulers per SM, each with a quarter of the register file
+THREADS_PER_SM = 2048
+THREADS_PER_CTA = 1024
+
+
+def check_sms(sms: int) -> int:
+    """``sms`` if it is an SM count (an int in 1..MAX_SMS), else ValueError naming it."""
+    if isinstance(sms, bool) or not isinstance(sms, int) or not 1 <= sms <= MAX_SMS:
+        raise ValueError(f"sms must be an int in [1, {MAX_SMS}] (the GPU's SM count), got {sms!r}")
+    return sms
+
+
+def reg_budget(threads: int, ctas_per_sm: int) -> int:
+    """Registers per thread under the launch bound: the register file is split over the SM's
+    SCHEDULERS warp schedulers, so the scheduler with the most resident warps sets the bound
+    (ptxas 13.0: 14 warps per SM get 128 registers, not 65536 / 448 = 146)."""
+    warps_per_scheduler = math.ceil(math.ceil(threads / 32) * ctas_per_sm / SCHEDULERS)
+    return min(255, REGS_PER_SM // SCHEDULERS // (32 * warps_per_scheduler) // 8 * 8)
+
+
+def smem_budget(ctas_per_sm: int) -> int:
+    """Dynamic shared memory one CTA may use when ctas_per_sm CTAs share an SM."""
+    return min(SMEM_PER_CTA_MAX, SMEM_PER_SM // ctas_per_sm) - SMEM_CTA_OVERHEAD

@@ -1,0 +1,350 @@
+"""Layers for tests, benchmarks and demos: the GLM dense-MLP shard shapes, random FP8 weights,
+and how the benchmarks time a chain of layers and the demos their start-up.
+
+Test and tooling support only: the package never imports it. torch is imported inside the
+functions that need it, so the shapes cost nothing to import (a tuning script's ``--emit``
+runs without torch; a demo's spawned process times its own torch import).
+
+Random weights follow one recipe: e4m3 values ``randn * w_std`` clamped to +-448 (w_std 64
+uses the format's range: 448 is 7 std), then float32 128x128 block scales, both drawn from
+the caller's generator on its device in that order. The scales are uniform in [0.5, 1.5)
+times a mean ``scale``; ``block_scale(k, std)`` is the mean that gives ``x @ W.T`` a standard
+deviation near ``std`` for unit-normal x (``random_fp8_layer``'s default: gate/up near 2,
+out near 1), and ``pow2_exponents`` draws power-of-two scales instead (exact in every scale
+form, ue8m0 included). GPU tests compare against the reference with tolerances set on these
+numbers: changing the recipe changes what they check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from mlpjit.models import MODELS
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+__all__ = [
+    "BLOCK",
+    "DENSE_SHAPES",
+    "GEMV_SHAPES",
+    "TIMING_SCALE",
+    "W_STD",
+    "GemvShape",
+    "block_scale",
+    "copy_bandwidth",
+    "dense_shard",
+    "gemv_shapes",
+    "graph_times",
+    "layer_bytes",
+    "ms",
+    "output_digest",
+    "random_fp8_layer",
+    "random_fp8_weight",
+    "rel_l2",
+    "replay_times",
+    "startup_stats",
+    "startup_table",
+    "startup_totals",
+    "weight_bytes",
+]
+
+# ---- shapes ------------------------------------------------------------------------------
+
+BLOCK = 128  # weight-scale block (rows and K)
+TP_SIZES = (8, 4, 2, 1)
+
+
+class GemvShape(NamedTuple):
+    """One fp8_gemv launch: weight [rows, k], SwiGLU fused (gate_up) or not (down)."""
+
+    rows: int
+    k: int
+    swiglu: bool
+
+
+def dense_shard(model: str, tp: int) -> tuple[int, int]:
+    """(hidden, intermediate per rank) of a model preset's dense MLP over ``tp`` ranks."""
+    hidden, inter = MODELS[model]
+    if inter % tp:
+        raise ValueError(f"tp {tp} does not divide {model}'s intermediate size {inter}")
+    return hidden, inter // tp
+
+
+def gemv_shapes(hidden: int, inter: int) -> dict[str, GemvShape]:
+    """The two launches of one dense-MLP shard: gate_up [2*inter, hidden] and down [hidden,
+    inter]."""
+    return {"gate_up": GemvShape(2 * inter, hidden, True), "down": GemvShape(hidden, inter, False)}
+
+
+# "glm5-tp8" -> (hidden, intermediate per rank), every model preset at TP 8, 4, 2 and 1.
+DENSE_SHAPES: dict[str, tuple[int, int]] = {
+    f"{model}-tp{tp}": dense_shard(model, tp) for model in MODELS for tp in TP_SIZES
+}
+# "glm5-tp8-gate_up" -> GemvShape, both launches of every shard above.
+GEMV_SHAPES: dict[str, GemvShape] = {
+    f"{name}-{kind}": shape
+    for name, (hidden, inter) in DENSE_SHAPES.items()
+    for kind, shape in gemv_shapes(hidden, inter).items()
+}
+
+# ---- random FP8 weights ------------------------------------------------------------------
+
+W_STD = 64.0  # std of the e4m3 values before the clamp
+FP8_MAX = 448.0  # largest finite e4m3 value
+# Mean block scale of the benchmarks' weights: GEMV outputs near 1 at k of a few thousand.
+TIMING_SCALE = 2.0**-12
+
+
+def block_scale(k: int, std: float, w_std: float = W_STD) -> float:
+    """The mean block scale for which x @ W.T, W [rows, k], has a standard deviation near
+    ``std`` when x is unit normal (the e4m3 values have std ``w_std``)."""
+    return std / math.sqrt(k) / w_std
+
+
+def random_fp8_weight(
+    rows: int,
+    k: int,
+    generator: torch.Generator,
+    *,
+    scale: float | None = None,
+    pow2_exponents: tuple[int, int] | None = None,
+    w_std: float = W_STD,
+) -> tuple[Tensor, Tensor]:
+    """(e4m3 weights [rows, k], float32 block scales [rows/128, k/128]) on the generator's
+    device: the values first, then the scales, from ``generator``.
+
+    Give ``scale``, the mean of scales uniform in [0.5, 1.5) x scale, or ``pow2_exponents``
+    (lo, hi): scales 2**e for integer e uniform in [lo, hi).
+    """
+    import torch
+
+    if (scale is None) == (pow2_exponents is None):
+        raise ValueError("give exactly one of scale and pow2_exponents")
+    device = generator.device
+    w = torch.randn(rows, k, generator=generator, device=device) * w_std
+    w = w.clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    blocks = (rows // BLOCK, k // BLOCK)
+    if pow2_exponents is not None:
+        lo, hi = pow2_exponents
+        exponents = torch.randint(lo, hi, blocks, generator=generator, device=device)
+        return w, 2.0 ** exponents.float()
+    return w, (torch.rand(blocks, generator=generator, device=device) + 0.5) * scale
+
+
+def random_fp8_layer(
+    hidden: int,
+    inter: int,
+    generator: torch.Generator,
+    *,
+    gate_up_std: float = 2.0,
+    out_std: float = 1.0,
+    scale: float | None = None,
+    pow2_exponents: tuple[int, int] | None = None,
+    w_std: float = W_STD,
+) -> dict[str, Tensor]:
+    """One dense layer as DenseMlp's keyword arguments {w13, w13_scale, w2, w2_scale}, drawn
+    in that order from ``generator``.
+
+    By default the block scales are sized so gate/up have a standard deviation near
+    ``gate_up_std`` for unit-normal x and out near ``out_std`` for a unit-normal act; a
+    ``scale`` or ``pow2_exponents`` (see random_fp8_weight) replaces that for both weights.
+    """
+    sized = scale is None and pow2_exponents is None
+
+    def weight(rows: int, k: int, std: float) -> tuple[Tensor, Tensor]:
+        mean = block_scale(k, std, w_std) if sized else scale
+        return random_fp8_weight(
+            rows, k, generator, scale=mean, pow2_exponents=pow2_exponents, w_std=w_std
+        )
+
+    w13, w13_scale = weight(2 * inter, hidden, gate_up_std)
+    w2, w2_scale = weight(hidden, inter, out_std)
+    return {"w13": w13, "w13_scale": w13_scale, "w2": w2, "w2_scale": w2_scale}
+
+
+def weight_bytes(rows: int, k: int) -> int:
+    """FP8 bytes of a weight [rows, k] plus its float32 block scales: what a GEMV reads."""
+    return rows * k + (rows // BLOCK) * (k // BLOCK) * 4
+
+
+def layer_bytes(hidden: int, inter: int) -> int:
+    """weight_bytes of one dense layer (gate_up and down)."""
+    return weight_bytes(2 * inter, hidden) + weight_bytes(hidden, inter)
+
+
+# ---- GPU timing (benchmarks) -------------------------------------------------------------
+
+
+def replay_times(
+    graph: Any, replays: int, warmup: int, before: Callable[[], object] | None = None
+) -> list[float]:
+    """Milliseconds of each of ``replays`` replays of a captured CUDA graph, each timed with
+    its own pair of CUDA events, after ``warmup`` untimed replays and then ``before()``."""
+    import torch
+
+    for _ in range(warmup):
+        graph.replay()
+    if before is not None:
+        before()
+    events = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in events]
+
+
+def graph_times(fn: Callable[[], object], replays: int, warmup: int) -> list[float]:
+    """Capture fn() once into a CUDA graph; return each timed replay's milliseconds.
+
+    fn runs twice eagerly on a side stream first: cuBLAS handles, workspaces and lazy kernel
+    loads must not happen during capture.
+    """
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = replay_times(graph, replays, warmup)
+    del graph
+    return times
+
+
+def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 20) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written:
+    the denominator of the benchmarks' HBM floor."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    del src, dst
+    return 2 * nbytes / statistics.median(times)
+
+
+# ---- start-up (multi-process demos) ------------------------------------------------------
+
+STAT_FIELDS = ("hits", "misses", "compiles", "lock_waits", "wait_seconds", "compile_seconds")
+
+
+def ms(seconds: float) -> float:
+    """Seconds as milliseconds, rounded for a table."""
+    return round(seconds * 1000.0, 1)
+
+
+def startup_stats(prepare: Callable[[], object]) -> dict[str, Any]:
+    """Run ``prepare()`` (a model's prepare, or a warm of its kernel list) and report it:
+    ``prepare_ms``, what this process's compile manager did meanwhile (STAT_FIELDS deltas)
+    and whether cutlass got imported (it must not be on a warm cache)."""
+    from mlpjit.jit.manager import default_manager
+
+    manager = default_manager()
+    before = manager.stats
+    t0 = time.perf_counter()
+    prepare()
+    elapsed = time.perf_counter() - t0
+    after = manager.stats
+    report: dict[str, Any] = {"prepare_ms": ms(elapsed)}
+    for name in STAT_FIELDS:
+        delta = getattr(after, name) - getattr(before, name)
+        report[name] = round(delta, 3) if isinstance(delta, float) else delta
+    report["cutlass_imported"] = "cutlass" in sys.modules
+    return report
+
+
+def startup_totals(results: Iterable[dict[str, Any]]) -> str:
+    """One line over the processes that reported (no "error"): compiles, hits, lock waits,
+    median and max prepare ms; empty if none did."""
+    ok = [r for r in results if "error" not in r]
+    if not ok:
+        return ""
+    prepare = [r["prepare_ms"] for r in ok]
+    return (
+        f"total: {sum(r['compiles'] for r in ok)} compiles, {sum(r['hits'] for r in ok)} "
+        f"hits, {sum(r['lock_waits'] for r in ok)} lock waits; prepare ms median "
+        f"{statistics.median(prepare):.0f}, max {max(prepare):.0f}"
+    )
+
+
+def startup_table(results: Sequence[dict[str, Any]], process: str, phases: Sequence[str]) -> str:
+    """A markdown table of per-process start-up reports, one row per process (``process``
+    names its column: "rank", "worker"), plus the startup_totals line.
+
+    Columns: the process number, mode, "<phase> ms" for each of ``phases`` (keys
+    "<phase>_ms", "-" where missing), prepare ms, the compile manager's stats, whether
+    cutlass was imported, capture ms and the step times. A result with "error" shows as
+    "error" and dashes.
+    """
+
+    def num(key: str) -> Callable[[dict[str, Any]], str]:
+        return lambda r: f"{r[key]:.0f}" if key in r else "-"
+
+    def steps(r: dict[str, Any]) -> str:
+        return " / ".join(f"{v:.1f}" for v in r["step_us"].values()) if r.get("step_us") else "-"
+
+    columns: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("mode", lambda r: r["mode"]),
+        *((f"{phase} ms", num(f"{phase}_ms")) for phase in (*phases, "prepare")),
+        ("hits", lambda r: str(r["hits"])),
+        ("compiles", lambda r: str(r["compiles"])),
+        ("compile s", lambda r: f"{r['compile_seconds']:.2f}"),
+        ("lock waits", lambda r: f"{r['lock_waits']} ({r['wait_seconds']:.2f} s)"),
+        ("cutlass", lambda r: "yes" if r["cutlass_imported"] else "no"),
+        ("capture ms", num("capture_ms")),
+        ("step us (m min / max)", steps),
+    ]
+    rows = [[process] + [name for name, _ in columns], ["---"] * (len(columns) + 1)]
+    for r in results:
+        cells = (
+            ["error"] + ["-"] * (len(columns) - 1) if "error" in r else [f(r) for _, f in columns]
+        )
+        rows.append([str(r["rank"]), *cells])
+    lines = ["| " + " | ".join(cells) + " |" for cells in rows]
+    totals = startup_totals(results)
+    return "\n".join(lines + ([f"\n{totals}"] if totals else []))
+
+
+def output_digest(t: Tensor) -> str:
+    """A short sha256 of a bf16 tensor's bits: processes that computed the same outputs
+    print the same digest."""
+    import torch
+
+    raw = t.detach().contiguous().view(torch.int16).cpu().numpy().tobytes()
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+# ---- accuracy ------------------------------------------------------------------------------
+
+
+def rel_l2(got: Tensor, want: Tensor) -> float:
+    """||got - want|| / ||want|| in float64 (the tolerance measure of the GPU tests and the
+    demos' checks)."""
+    g, w = got.double(), want.double()
+    return float((g - w).norm() / w.norm().clamp_min(1e-30))
