@@ -1,8 +1,9 @@
 """The `mlpjit` command: `mlpjit warm ...` and `mlpjit cache path|ls|info|stats|verify|prune|
-clear|export|import`, each with --json where it prints data.
+clear|export|import|push|pull`, each with --json where it prints data.
 
-Exit status: 0 on success, 1 on a failure (a bad entry found, a rejected import, a compile
-error, a warm that matches no kernel, a bad MLPJIT_* setting), 2 on a usage error. Every
+Exit status: 0 on success, 1 on a failure (a bad entry found, a rejected import or pull, a
+push Redis did not take, a compile error, a warm that matches no kernel, a bad MLPJIT_*
+setting, no usable fleet cache for push/pull), 2 on a usage error. Every
 error is one line on stderr, never a traceback: expected errors (mlpjit's own, bad values,
 file problems) as "mlpjit: error: ...", usage errors as argparse's message plus where the
 usage is. A compile error names the file holding the compiler's full output. Standard
@@ -10,7 +11,8 @@ library only; CuTe DSL is imported only when `warm` has to compile.
 
 This module parses arguments and prints results; the work is elsewhere: `warm` resolves
 its request list here and hands it to mlpjit.warm_pool (this process, or --jobs workers),
-the cache commands call mlpjit.jit.maintenance / archive, `doctor` calls mlpjit.doctor.
+the cache commands call mlpjit.jit.maintenance / archive / remote (push, pull, and the fleet's
+counters in `cache stats`), `doctor` calls mlpjit.doctor.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
 from mlpjit.errors import MlpjitError
 
 if TYPE_CHECKING:
+    from mlpjit.jit.remote import RemoteCache
     from mlpjit.jit.spec import KernelRequest
     from mlpjit.jit.store import CacheStore
 
@@ -118,6 +121,12 @@ def _param_arg(text: str) -> tuple[str, list[Any]]:
     return name.strip(), [_scalar(v) for v in value.split(",")]
 
 
+def _key_prefix_arg(text: str) -> str:
+    from mlpjit.jit.remote import check_prefixes
+
+    return check_prefixes([text])[0]
+
+
 def _arch_arg(text: str) -> str:
     from mlpjit.jit.spec import check_arch
 
@@ -198,6 +207,35 @@ def _cache_store() -> CacheStore:
     return CacheStore()
 
 
+def _configured_remote() -> RemoteCache | None:
+    """The fleet cache MLPJIT_REMOTE_CACHE names, or None when it is unset. A bad MLPJIT_REMOTE_*
+    value (ValueError) or a missing redis-py (MlpjitError) is a one-line error."""
+    from mlpjit.jit import config
+
+    if config.remote_cache_url() is None:
+        return None
+    from mlpjit.jit.remote import remote_from_env
+
+    try:
+        return remote_from_env()
+    except ImportError as err:
+        raise MlpjitError(str(err)) from None
+
+
+def _usable_remote() -> RemoteCache:
+    """The configured fleet cache, answering with working credentials; else one error line."""
+    remote = _configured_remote()
+    if remote is None:
+        raise MlpjitError(
+            "MLPJIT_REMOTE_CACHE is not set: point it at the fleet cache, "
+            "redis://[user:pass@]host:port/db (rediss:// for TLS)"
+        )
+    problem = remote.problem()
+    if problem is not None:
+        raise MlpjitError(f"remote compile cache {remote.url} is not usable: {problem}")
+    return remote
+
+
 # --------------------------------------------------------------------- cache commands
 
 
@@ -272,10 +310,23 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _remote_stats_line(remote: dict[str, Any]) -> str:
+    """The `cache stats` line of the fleet cache: its entries and fleet-wide counters."""
+    where = f"{remote['url']} (prefix {remote['prefix']})"
+    if remote["error"]:
+        return f"remote:      {where}: not usable: {remote['error']}"
+    fleet = remote["fleet"]
+    capped = "+" if remote["entries_capped"] else ""
+    return (
+        f"remote:      {where}: {remote['entries']}{capped} entries; fleet-wide "
+        f"{fleet['hits']} hits, {fleet['rejected']} rejected, {fleet['uploads']} uploads"
+    )
+
+
 def _cmd_stats(args: argparse.Namespace) -> int:
     from mlpjit.jit.maintenance import cache_stats
 
-    data = cache_stats(_cache_store())
+    data = cache_stats(_cache_store(), _configured_remote())
 
     def lines() -> list[str]:
         out = [
@@ -293,6 +344,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
             f"lock files:  {data['lock_files']}",
             f"temp files:  {data['temp_files']}",
         ]
+        if "remote" in data:
+            out.append(_remote_stats_line(data["remote"]))
         return out
 
     _emit(args, data, lines)
@@ -409,6 +462,47 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return 1 if report.rejected else 0
 
 
+def _cmd_push(args: argparse.Namespace) -> int:
+    from mlpjit.jit.remote import push
+
+    remote = _usable_remote()
+    data = push(_cache_store(), remote, args.prefixes or None)
+
+    def lines() -> list[str]:
+        out = [f"{k[:12]}: FAILED: Redis did not take it" for k in data["failed"]]
+        out += [f"{k[:12]}: missing: no verified local entry matches" for k in data["missing"]]
+        out.append(
+            f"pushed {len(data['pushed'])}, already there {len(data['present'])}, failed "
+            f"{len(data['failed'])}, missing {len(data['missing'])} to {data['remote']}"
+        )
+        return out
+
+    _emit(args, data, lines)
+    return 1 if data["failed"] or data["missing"] else 0
+
+
+def _cmd_pull(args: argparse.Namespace) -> int:
+    from mlpjit.jit.remote import pull
+
+    remote = _usable_remote()
+    data = pull(_cache_store(), remote, args.prefixes or None)
+
+    def lines() -> list[str]:
+        out = [f"{r['key'][:12]}: REJECTED: {r['reason']}" for r in data["rejected"]]
+        out += [f"{r['key'][:12]}: skipped ({r['reason']})" for r in data["skipped"]]
+        out += [f"{k[:12]}: missing: not in the remote cache" for k in data["missing"]]
+        out.append(
+            f"pulled {len(data['pulled'])}, skipped {len(data['skipped'])}, rejected "
+            f"{len(data['rejected'])}, missing {len(data['missing'])} from {data['remote']}"
+        )
+        return out
+
+    _emit(args, data, lines)
+    if data["error"]:
+        print(f"mlpjit: error: {data['error']}", file=sys.stderr)
+    return 1 if data["rejected"] or data["missing"] or data["error"] else 0
+
+
 # --------------------------------------------------------------------- warm
 
 
@@ -468,6 +562,8 @@ def _warm_requests(args: argparse.Namespace, arch: str) -> list[KernelRequest]:
         if args.arch:  # an explicit --arch retargets the whole list
             requests = [KernelRequest(r.kernel, r.params, args.arch) for r in requests]
         return requests
+    if args.checkpoint:
+        return _checkpoint_requests(args, arch)
     from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
     from mlpjit.models import MODELS
 
@@ -489,6 +585,36 @@ def _warm_requests(args: argparse.Namespace, arch: str) -> list[KernelRequest]:
     )
     if not requests:
         raise ValueError(_why_no_kernels(hidden, intermediate, args.tp, args.tokens))
+    return requests
+
+
+def _checkpoint_requests(args: argparse.Namespace, arch: str) -> list[KernelRequest]:
+    """The kernels of every distinct dense-MLP / shared-expert shape of --checkpoint at --tp
+    (a shape the kernels cannot take runs the stock path and needs none; only when no
+    shape has any kernel is that an error)."""
+    from mlpjit.checkpoint import checkpoint_mlp_shapes, shard_range
+    from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
+
+    shapes = sorted({(h, i) for _, h, i in checkpoint_mlp_shapes(args.checkpoint)})
+    requests: list[KernelRequest] = []
+    for hidden, intermediate in shapes:
+        shard_range(intermediate, 0, args.tp)  # ValueError naming the size and tp
+        for r in dense_mlp_requests(
+            hidden,
+            intermediate,
+            args.tp,
+            args.tokens,
+            arch,
+            ue8m0=args.ue8m0,
+            limit=args.limit,
+            sms=_resolve_sms(args),
+        ):
+            if r not in requests:
+                requests.append(r)
+    if not requests:
+        raise ValueError(
+            "; ".join(_why_no_kernels(h, i, args.tp, args.tokens) for h, i in shapes)
+        )
     return requests
 
 
@@ -736,6 +862,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "--hidden", type=_arg_type(_positive), help="hidden size (with --intermediate)"
     )
     what.add_argument(
+        "--checkpoint",
+        metavar="PATH",
+        help="a Hugging Face FP8 checkpoint dir: warm the dense-MLP and shared-expert shapes "
+        "its config.json gives (with --tp)",
+    )
+    what.add_argument(
         "--from",
         "--requests",
         dest="requests",
@@ -806,6 +938,18 @@ def _build_parser() -> argparse.ArgumentParser:
     export.add_argument("file", metavar="FILE")
     imp = sub(group, "import", _cmd_import, "verify an archive and add its entries")
     imp.add_argument("file", metavar="FILE")
+    for name, func, help_text in (
+        ("push", _cmd_push, "upload verified entries to the fleet cache (MLPJIT_REMOTE_CACHE)"),
+        ("pull", _cmd_pull, "verify entries of the fleet cache and add them (exit 1 if any bad)"),
+    ):
+        fleet = sub(group, name, func, help_text)
+        fleet.add_argument(
+            "prefixes",
+            nargs="*",
+            type=_arg_type(_key_prefix_arg),
+            metavar="KEY_PREFIX",
+            help="only keys starting with one of these (default: every entry)",
+        )
     return parser
 
 

@@ -33,6 +33,7 @@ import math
 import threading
 from collections.abc import Iterable
 from numbers import Real
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -362,6 +363,34 @@ class DenseMlp:
         if self.arch is not None and kernel_supported(self.hidden, self.intermediate, m):
             return "kernel"
         return self._fallback.path
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | Path,
+        prefix: str,
+        *,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        device: torch.device | str = "cuda",
+        limit: float | None = None,
+        ue8m0: bool = False,
+    ) -> DenseMlp:
+        """One TP shard of a Hugging Face FP8 checkpoint's dense MLP (``model.layers.0.mlp``)
+        or shared expert (``model.layers.5.mlp.shared_experts``), read with only the slices
+        the shard needs (mlpjit.checkpoint.load_dense_mlp_weights: gate and up merged into
+        w13, sharded along the intermediate size as vLLM does).
+
+        ``ue8m0`` is the activation-scale rule (powers of two, as vLLM and SGLang use with
+        DeepGEMM on Hopper), whatever form the checkpoint stores its weight scales in.
+        ValueError naming the tensor and the file for anything the checkpoint lacks.
+        """
+        from mlpjit.checkpoint import load_dense_mlp_weights
+
+        weights = load_dense_mlp_weights(
+            path, prefix, tp_rank=tp_rank, tp_size=tp_size, device=device
+        )
+        return cls(**weights, limit=limit, ue8m0=ue8m0)
 
     def prepare(self, tokens: Iterable[int]) -> None:
         """Compile (through the cache) and load the kernels for these token counts.

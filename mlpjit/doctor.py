@@ -8,8 +8,10 @@ means a cache can serve hits but nothing new can be compiled).
 Checks: the toolchain (torch, nvidia-cutlass-dsl*, cuda-python), the GPUs and the kernels'
 target arch, MLPJIT_* settings, the writable cache dir (the store's safety rules: a cubin is
 code, so a dir writable by group/other or owned by another user is refused), the read-only
-layers of MLPJIT_CACHE_PATH, lock files (stale ones are harmless: flock locks die with their
-process), leftover temp files and quarantined entries, and optionally a full re-verification
+layers of MLPJIT_CACHE_PATH, the fleet cache when MLPJIT_REMOTE_CACHE is set (reachable,
+login accepted, server version, entries, the fleet's hits and rejects), lock files (stale
+ones are harmless: flock locks die with their process), leftover temp files and quarantined
+entries, and optionally a full re-verification
 of every entry (``verify=True``; like `mlpjit cache verify` it quarantines bad entries of the
 writable dir). Otherwise nothing here writes: no compile, no cache dir created, no cutlass.
 """
@@ -299,6 +301,63 @@ def _check_layers() -> list[Check]:
     return checks
 
 
+def _remote_summary(report: dict[str, Any]) -> str:
+    """'<url> (Redis 8.1.0, prefix mlpjit:, signed): 16 entries; fleet-wide 40 hits, ...'"""
+    fleet = report["fleet"] or {}
+    capped = "+" if report["entries_capped"] else ""
+    signing = "signed" if report["signed"] else "unsigned"
+    return (
+        f"{report['url']} (Redis {report['server_version']}, prefix {report['prefix']}, "
+        f"{signing}): "
+        f"{report['entries']}{capped} entries; fleet-wide {fleet.get('hits', 0)} hits, "
+        f"{fleet.get('rejected', 0)} rejected (failed verification), "
+        f"{fleet.get('uploads', 0)} uploads"
+    )
+
+
+def _check_remote() -> list[Check]:
+    """The fleet cache (MLPJIT_REMOTE_CACHE): no check at all when it is unset.
+
+    Unreachable or refusing is a warning, not a failure: every process then works from its
+    local cache (after one warning of its own). A malformed setting fails, since the
+    compile manager refuses it.
+    """
+    from mlpjit.jit import config
+
+    hint = "MLPJIT_REMOTE_CACHE=redis://[user:pass@]host:port/db, or rediss:// for TLS"
+    try:
+        if config.remote_cache_url() is None:
+            return []
+        from mlpjit.jit.remote import remote_from_env, remote_report
+
+        remote = remote_from_env()
+    except ValueError as err:
+        fix = hint if "MLPJIT_REMOTE_CACHE" in str(err) else "see the README's environment table"
+        return [Check("remote", FAIL, str(err), hint=fix)]
+    except ImportError:
+        return [
+            Check(
+                "remote",
+                WARN,
+                "MLPJIT_REMOTE_CACHE is set but redis-py is not installed: local cache only",
+                hint="pip install 'mlpjit[redis]'",
+            )
+        ]
+    assert remote is not None
+    report = remote_report(remote)
+    if report["auth_ok"] is False:
+        summary = f"{remote.url} refused the login ({report['error']}): local cache only"
+        return [Check("remote", WARN, summary, report, hint=hint)]
+    if not report["reachable"]:
+        summary = f"{remote.url} is unreachable ({report['error']}): local cache only"
+        return [Check("remote", WARN, summary, report, hint="is Redis up? " + hint)]
+    if not remote.signed:
+        summary = f"{_remote_summary(report)}: entries are integrity-checked only"
+        fix = "set MLPJIT_REMOTE_KEY_FILE on every node (docs/SERVER.md, Security model)"
+        return [Check("remote", WARN, summary, report, hint=fix)]
+    return [Check("remote", OK, _remote_summary(report), report)]
+
+
 def _check_locks() -> Check:
     from mlpjit.jit import config
     from mlpjit.jit.locks import KeyLock
@@ -398,6 +457,7 @@ def run_doctor(verify: bool = False) -> DoctorReport:
     checks += _guarded("settings", _check_settings)
     checks += _guarded("cache dir", _check_cache_dir)
     checks += _guarded("layers", _check_layers)
+    checks += _guarded("remote", _check_remote)
     checks += _guarded("locks", _check_locks)
     if verify:  # before leftovers: it may quarantine entries
         checks += _guarded("verify", _check_verify)

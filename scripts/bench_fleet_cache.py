@@ -1,21 +1,28 @@
 """Benchmark: a cold fleet of 2 simulated nodes x 4 workers, with and without the Redis layer.
 
-Each node is its own MLPJIT_CACHE_DIR; each worker is a process that gets the same 16
-kernels the way CompileManager.warm does (a non-blocking pass from a per-worker offset,
-then a blocking one), through mlpjit.jit.remote.get_with_remote: local lookup, local key
-lock, then (with the layer) the remote fetch and cluster-wide lock, compile, publish, upload.
+Each node is its own MLPJIT_CACHE_DIR; each worker is a process that warms the same 16
+kernels through mlpjit's own default_manager(), configured like a server's by its
+environment (MLPJIT_CACHE_DIR, and with the layer MLPJIT_REMOTE_CACHE and the fleet's
+MLPJIT_REMOTE_KEY_FILE, so entries are signed and checked; --unsigned leaves the key file
+out): CompileManager.warm
+(a non-blocking pass from a per-process offset, then a blocking one), each miss going local
+lookup, local key lock, then (with the layer) the remote fetch and cluster-wide lock,
+compile, publish, upload.
 
 Compiles are REAL by default: the smoke kernel of mlpjit.testing.smoke, compiled with CuTe
 DSL for sm_90a on the CPU (a small kernel: most of its cost is importing CuTe DSL once per
-process). ``--fake-compile SECONDS`` instead sleeps that long and returns a hand-made
-KernelBinary, to model kernels that take seconds to compile (fp8_gemv).
+process). ``--fake-compile SECONDS`` instead makes the smoke kernel's compile sleep that
+long and return a hand-made KernelBinary (a hook in this script's workers only), to model
+kernels that take seconds to compile (fp8_gemv).
 
 Scenarios: local (no remote), remote (cold Redis), fresh (a third node with an empty cache,
-warm from Redis only). For each: wall seconds, compiles in total, CPU seconds of the
-workers (getrusage of the children) and of redis-server (INFO cpu). It starts its own
-redis-server (Debian's package, on PATH) on a free port of 127.0.0.1 in a temp dir.
+warm from Redis only). For each: wall seconds, compiles in total, entries fetched from
+Redis, CPU seconds of the workers (getrusage of the children) and of redis-server (INFO
+cpu). It starts its own redis-server (Debian's package, on PATH) on a free port of
+127.0.0.1 in a temp dir.
 
     python3 scripts/bench_fleet_cache.py [--fake-compile 2.0] [--kernels 16] [--workers 4]
+                                         [--unsigned]
 """
 
 from __future__ import annotations
@@ -40,85 +47,43 @@ ARCH = "sm_90a"
 # ---------------------------------------------------------------------------- worker side
 
 
-def _kernel(i: int, fake: float | None) -> tuple[dict[str, Any], Any]:
-    """(key components, compile function) of kernel ``i``: real smoke, or a fake sleep."""
-    params = {"n": 1024 + 32 * i, "scale": 2.0, "block": 128}
-    if fake is None:
-        from mlpjit.jit.key import key_components
-        from mlpjit.testing.smoke import SPEC
+def _fake_compiles(seconds: float) -> None:
+    """Make the smoke kernel's compile sleep ``seconds`` and return random cubin bytes."""
+    import mlpjit.testing.smoke as smoke
+    from mlpjit.jit.binary import KernelBinary
 
-        def compile_real():
-            from mlpjit.testing.smoke import compile_cubin
-
-            t0 = time.perf_counter()
-            binary = compile_cubin(SPEC.make_params(params), ARCH)
-            return binary, time.perf_counter() - t0
-
-        return key_components(SPEC, params, ARCH), compile_real
-    from mlpjit.jit.binary import KernelBinary, KernelParam
-    from mlpjit.jit.key import FORMAT_VERSION
-
-    components = {
-        "format": FORMAT_VERSION,
-        "kernel": "fake",
-        "source": "0" * 64,
-        "params": params,
-        "arch": ARCH,
-        "toolchain": {},
-    }
-
-    def compile_fake():
-        time.sleep(fake)
-        binary = KernelBinary(
-            os.urandom(4096),
-            f"fake_{i}",
-            (8, 1, 1),
-            (128, 1, 1),
-            0,
-            True,
-            (KernelParam("out", "ptr"), KernelParam("x", "ptr")),
+    def compile_fake(params: Any, arch: str) -> KernelBinary:
+        time.sleep(seconds)
+        grid = ((params.n + params.block - 1) // params.block, 1, 1)
+        return KernelBinary(
+            os.urandom(4096), f"fake_{params.n}", grid, (params.block, 1, 1), 0, True, smoke.PARAMS
         )
-        return binary, fake
 
-    return components, compile_fake
+    smoke.compile_cubin = compile_fake
 
 
 def worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """Get every kernel (two passes, like CompileManager.warm); count the compiles."""
-    from mlpjit.jit.key import cache_key
-    from mlpjit.jit.remote import RemoteCache, RemoteLayer, get_with_remote
-    from mlpjit.jit.store import CacheStore
+    """Warm every kernel through default_manager() (MLPJIT_* set by the driver)."""
+    import mlpjit.testing.smoke  # noqa: F401  (registers the smoke kernel)
+    from mlpjit.jit.manager import default_manager
+    from mlpjit.jit.spec import KernelRequest
 
-    store = CacheStore(root=Path(spec["cache_dir"]), layers=())
-    layer = RemoteLayer(store, RemoteCache(spec["url"])) if spec["url"] else None
-    count, compiles = spec["kernels"], [0]
-    kernels = [_kernel(i, spec["fake"]) for i in range(count)]
-
-    def counted(compile_fn):
-        def run():
-            compiles[0] += 1
-            return compile_fn()
-
-        return run
-
-    order = [(spec["offset"] + j) % count for j in range(count)]
-    done: set[int] = set()
-    for blocking in (False, True):
-        for i in order:
-            if i in done:
-                continue
-            components, compile_fn = kernels[i]
-            entry = get_with_remote(
-                store,
-                layer,
-                cache_key(components),
-                components,
-                counted(compile_fn),
-                blocking=blocking,
-            )
-            if entry is not None:
-                done.add(i)
-    return {"compiles": compiles[0], "cutlass": "cutlass" in sys.modules}
+    if spec["fake"] is not None:
+        _fake_compiles(spec["fake"])
+    requests = [
+        KernelRequest("smoke", {"n": 1024 + 32 * i, "scale": 2.0, "block": 128}, ARCH)
+        for i in range(spec["kernels"])
+    ]
+    manager = default_manager()
+    manager.warm(requests)
+    stats = manager.stats
+    return {
+        "compiles": stats.compiles,
+        "remote_hits": stats.remote_hits,
+        "uploads": stats.uploads,
+        "remote": manager.remote is not None,
+        "cutlass": "cutlass" in sys.modules,
+    }
 
 
 # ---------------------------------------------------------------------------- driver side
@@ -180,21 +145,34 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def write_key_file(path: Path) -> Path:
+    """The fleet's key file, made as docs/SERVER.md says (32 random bytes, mode 0400)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(32))
+    return path
+
+
+def _node_env(cache_dir: Path, url: str | None, key_file: Path | None) -> dict[str, str]:
+    """A worker's environment: its node's cache dir and, with the layer, the Redis URL and
+    the fleet's key file (None: unsigned)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLPJIT_")}
+    env.update(PYTHONPATH=str(REPO), MLPJIT_CACHE_DIR=str(cache_dir))
+    if url is not None:
+        env["MLPJIT_REMOTE_CACHE"] = url
+        if key_file is not None:
+            env["MLPJIT_REMOTE_KEY_FILE"] = str(key_file)
+    return env
+
+
 def run_fleet(nodes: list[Path], workers: int, url: str | None, args) -> dict[str, Any]:
     """Start ``workers`` processes on each node at once; wall, compiles and CPU seconds."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     cpu0, redis0, t0 = _children_cpu(), redis_cpu(args.redis_url), time.perf_counter()
     procs = []
-    total = len(nodes) * workers
-    for n, cache_dir in enumerate(nodes):
-        for w in range(workers):
-            spec = {
-                "cache_dir": str(cache_dir),
-                "url": url,
-                "kernels": args.kernels,
-                "fake": args.fake_compile,
-                "offset": (n * workers + w) * args.kernels // total,
-            }
+    spec = {"kernels": args.kernels, "fake": args.fake_compile}
+    for cache_dir in nodes:
+        env = _node_env(cache_dir, url, args.key_file)
+        for _ in range(workers):
             procs.append(
                 subprocess.Popen(
                     [sys.executable, __file__, "--worker", json.dumps(spec)],
@@ -209,9 +187,13 @@ def run_fleet(nodes: list[Path], workers: int, url: str | None, args) -> dict[st
         if proc.returncode:
             raise SystemExit(f"a worker failed (exit {proc.returncode})")
         results.append(json.loads(out.strip().splitlines()[-1]))
+    if any(r["remote"] != (url is not None) for r in results):
+        raise SystemExit("a worker's manager did not have the remote layer it was given")
     return {
         "wall_s": round(time.perf_counter() - t0, 2),
         "compiles": sum(r["compiles"] for r in results),
+        "remote_hits": sum(r["remote_hits"] for r in results),
+        "uploads": sum(r["uploads"] for r in results),
         "workers_cpu_s": round(_children_cpu() - cpu0, 2),
         "redis_cpu_s": round(redis_cpu(args.redis_url) - redis0, 3),
         "imported_cutlass": sum(r["cutlass"] for r in results),
@@ -229,6 +211,11 @@ def main() -> None:
     )
     parser.add_argument("--kernels", type=int, default=16)
     parser.add_argument("--workers", type=int, default=4, help="worker processes per node")
+    parser.add_argument(
+        "--unsigned",
+        action="store_true",
+        help="no MLPJIT_REMOTE_KEY_FILE: remote entries are integrity-checked only",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -236,6 +223,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="mlpjit-bench-fleet-") as tmp:
         root = Path(tmp)
+        args.key_file = None if args.unsigned else write_key_file(root / "fleet.key")
         proc, args.redis_url = start_redis(root)
         try:
             rows = {
@@ -257,19 +245,22 @@ def main() -> None:
         if args.fake_compile is not None
         else f"real smoke kernel compiles (CuTe DSL, {ARCH}, on the CPU)"
     )
+    signing = "unsigned" if args.unsigned else "signed entries (MLPJIT_REMOTE_KEY_FILE)"
     print(
-        f"{args.kernels} kernels, {args.workers} workers per node; {what}; {os.cpu_count()} CPUs\n"
+        f"{args.kernels} kernels, {args.workers} workers per node; {what}; {signing}; "
+        f"{os.cpu_count()} CPUs\n"
     )
     print(
-        "| scenario | nodes x workers | wall s | compiles | workers CPU s | redis CPU s "
-        "| workers importing CuTe DSL |"
+        "| scenario | nodes x workers | wall s | compiles | remote hits | uploads "
+        "| workers CPU s | redis CPU s | workers importing CuTe DSL |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, row in rows.items():
         nodes = 1 if name.startswith("fresh") else 2
         print(
             f"| {name} | {nodes} x {args.workers} | {row['wall_s']} | {row['compiles']} | "
-            f"{row['workers_cpu_s']} | {row['redis_cpu_s']} | {row['imported_cutlass']} |"
+            f"{row['remote_hits']} | {row['uploads']} | {row['workers_cpu_s']} | "
+            f"{row['redis_cpu_s']} | {row['imported_cutlass']} |"
         )
 
 

@@ -30,6 +30,7 @@ SOURCES = (
     REPO / "tests" / "gpu" / "test_launcher_gpu.py",
     REPO / "scripts" / "bench_dense_mlp.py",
     REPO / "scripts" / "bench_launch.py",
+    REPO / "tests" / "gpu" / "test_transformers_gpu.py",
 )
 
 

@@ -48,6 +48,11 @@ def isolated_cache(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch) 
         "MLPJIT_LOCK_TIMEOUT",
         "MLPJIT_ARCH",
         "MLPJIT_KERNEL_MODULES",
+        "MLPJIT_REMOTE_CACHE",
+        "MLPJIT_REMOTE_PREFIX",
+        "MLPJIT_REMOTE_TTL",
+        "MLPJIT_REMOTE_TIMEOUT",
+        "MLPJIT_REMOTE_KEY_FILE",
     ):
         monkeypatch.delenv(name, raising=False)
     return root

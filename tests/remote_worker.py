@@ -1,15 +1,17 @@
-"""A worker process for the fleet tests of test_remote.py (run as a script, not collected).
+"""A worker process for the fleet tests of test_remote_fleet.py (run as a script, not collected).
 
-argv[1] is a JSON spec:
-  {"url": "redis://...", "prefix": "t:", "cache_dir": "/node/cache", "markers": "/dir",
-   "count": 16, "threads": 2, "offset": 0, "compile_seconds": 0.05, "lock_ttl": 30,
-   "remote": true}
-Each thread gets the ``count`` hand-made keys in two passes, as CompileManager.warm does:
-first without blocking, starting at offset + thread (skipping keys another worker compiles),
-then blocking. Keys go through remote.get_with_remote, the order the manager follows. The
-fake compile writes one marker file per compile (the test counts them), sleeps, and returns
-a KernelBinary with random cubin bytes, so two compiles of one key never look alike.
-It prints one JSON line: the cubin sha256 per key and the remote stats.
+The node is its environment: MLPJIT_CACHE_DIR (one per simulated node) and MLPJIT_REMOTE_CACHE
+/ MLPJIT_REMOTE_PREFIX, read by mlpjit's own default_manager(). argv[1] is a JSON spec:
+  {"node": 0, "markers": "/dir", "count": 16, "threads": 1, "arch": "sm_90a",
+   "compile_pause": 0.0}
+Each thread warms the same ``count`` smoke kernels (mlpjit.testing.smoke, real CuTe DSL
+compiles) through that one manager. Test hook (this file only, never in mlpjit): the smoke
+kernel's compile writes one marker file per compile, "<node>.<n>.<pid>.<thread>.<ns>" (the
+test counts them), then sleeps ``compile_pause`` seconds with the key's locks held.
+It prints one JSON line: the cubin sha256 per key, the manager's stats, the remote's stats
+(None without one) and whether cutlass got imported.
+
+Also home to the hand-made entries of test_remote.py (no registry or compiler needed).
 """
 
 from __future__ import annotations
@@ -25,9 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mlpjit.jit.binary import KernelBinary, KernelParam
-from mlpjit.jit.key import FORMAT_VERSION, cache_key
-from mlpjit.jit.remote import RemoteCache, RemoteLayer, get_with_remote
-from mlpjit.jit.store import CacheStore
+from mlpjit.jit.key import FORMAT_VERSION
 
 
 def components(i: int, arch: str = "sm_90a") -> dict[str, Any]:
@@ -56,66 +56,63 @@ def fake_binary(i: int) -> KernelBinary:
     )
 
 
+def _count_compiles(node: int, markers: Path, pause: float) -> None:
+    """Wrap the smoke kernel's compile_cubin: a marker file per compile, then a pause."""
+    import mlpjit.testing.smoke as smoke
+
+    real = smoke.compile_cubin
+
+    def counted(params: Any, arch: str) -> KernelBinary:
+        binary = real(params, arch)
+        name = f"{node}.{params.n}.{os.getpid()}.{threading.get_ident()}.{time.time_ns()}"
+        (markers / name).write_text("compiled\n")
+        time.sleep(pause)
+        return binary
+
+    smoke.compile_cubin = counted
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    store = CacheStore(root=Path(spec["cache_dir"]), layers=())
-    remote = None
-    if spec.get("remote", True):
-        remote = RemoteCache(
-            spec["url"], prefix=spec["prefix"], lock_ttl=float(spec.get("lock_ttl", 30))
-        )
-    layer = None if remote is None else RemoteLayer(store, remote)
-    markers = Path(spec["markers"])
-    count, pause = int(spec["count"]), float(spec.get("compile_seconds", 0.05))
-    comps = [components(i) for i in range(count)]
-    keys = [cache_key(c) for c in comps]
+    from mlpjit.jit.manager import default_manager
+    from mlpjit.jit.spec import KernelRequest
+
+    _count_compiles(int(spec["node"]), Path(spec["markers"]), float(spec.get("compile_pause", 0)))
+    requests = [
+        KernelRequest("smoke", {"n": 1024 + 32 * i, "scale": 2.0, "block": 128}, spec["arch"])
+        for i in range(int(spec["count"]))
+    ]
+    manager = default_manager()
     shas: dict[str, str] = {}
+    errors: list[str] = []
     mutex = threading.Lock()
 
-    def compile_fn(i: int, thread: int):
-        def run() -> tuple[KernelBinary, float]:
-            name = f"{keys[i]}.{os.getpid()}.{thread}.{time.time_ns()}"
-            (markers / name).write_text("compiled\n")
-            time.sleep(pause)
-            return fake_binary(i), pause
-
-        return run
-
     def work(thread: int) -> None:
-        start = int(spec.get("offset", 0)) + thread
-        order = [(start + j) % count for j in range(count)]
-        done: set[int] = set()
-        for blocking in (False, True):
-            for i in order:
-                if i in done:
-                    continue
-                entry = get_with_remote(
-                    store, layer, keys[i], comps[i], compile_fn(i, thread), blocking=blocking
-                )
-                if entry is not None:
-                    done.add(i)
-                    digest = hashlib.sha256(entry.cubin).hexdigest()
-                    with mutex:
-                        if shas.setdefault(keys[i], digest) != digest:
-                            errors.append(f"different cubins for key {keys[i]} in one process")
-
-    def guarded(thread: int) -> None:
         try:
-            work(thread)
+            for entry in manager.warm(requests):
+                digest = hashlib.sha256(entry.cubin).hexdigest()
+                with mutex:
+                    if shas.setdefault(entry.key, digest) != digest:
+                        errors.append(f"different cubins for key {entry.key} in one process")
         except BaseException as err:  # reported below: a thread cannot fail the process
             errors.append(f"thread {thread}: {type(err).__name__}: {err}")
 
-    errors: list[str] = []
-    threads = [threading.Thread(target=guarded, args=(t,)) for t in range(int(spec["threads"]))]
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(int(spec["threads"]))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if errors:
         raise SystemExit("; ".join(errors))
-    stats = None if remote is None else vars(remote.stats)
-    print(json.dumps({"sha": shas, "stats": stats}), flush=True)
+    remote = None if manager.remote is None else vars(manager.remote.remote.stats)
+    out = {
+        "sha": shas,
+        "stats": vars(manager.stats),
+        "remote": remote,
+        "cutlass_loaded": "cutlass" in sys.modules,
+    }
+    print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -321,6 +322,25 @@ def test_import_rejects_an_entry_without_launch_sha256(archive: Path, tmp_path: 
     report = import_archive(target_store(tmp_path), path)
     assert [r["key"] for r in report.rejected] == [key] and len(report.imported) == 1
     assert "launch_sha256" in report.rejected[0]["reason"]
+
+
+@pytest.mark.parametrize("seconds", ["1e999", "9" * 400, "-1", "true", '"slow"'])
+def test_unchecked_compile_seconds_cannot_crash_an_import(
+    archive: Path, tmp_path: Path, seconds: str
+) -> None:
+    """compile_seconds decides nothing and no checksum covers it: inf, a 400-digit int or a
+    non-number is imported as 0.0 instead of crashing the import partway."""
+    content = members(archive)
+    key = json.loads(content[INDEX_NAME])["entries"][0]["key"]
+    text = content[f"entries/{key}.json"].decode()
+    manifest = re.sub(r'"compile_seconds":[^,}]+', f'"compile_seconds":{seconds}', text)
+    assert manifest != text
+    path = tmp_path / "seconds.tar"
+    path.write_bytes(_tar_bytes(_relisted(content, key, manifest.encode())))
+    target = target_store(tmp_path)
+    report = import_archive(target, path)
+    assert key in report.imported and not report.rejected
+    assert target.lookup(key).manifest["compile_seconds"] == 0.0
 
 
 # ------------------------------------------------------------------ hostile input

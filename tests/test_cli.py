@@ -11,9 +11,11 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from redis_server import PASSWORD, RedisServer, free_port, start_redis, write_key_file
 
 from mlpjit.cli import MAX_WARM_TOKENS, parse_age, parse_size, parse_tokens
 
@@ -21,6 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 SMOKE = ["--kernel", "smoke", "--param", "n=1024,2048,4096", "--param", "scale=2.0"]
 SMOKE += ["--param", "block=128", "--arch", "sm_90a"]
 SMOKE_64 = ["--kernel", "smoke", "--param", "n=64", "--param", "block=64"]  # give scale
+REMOTE_VARS = ("MLPJIT_REMOTE_CACHE", "MLPJIT_REMOTE_PREFIX", "MLPJIT_REMOTE_TTL")
+REMOTE_VARS += ("MLPJIT_REMOTE_TIMEOUT", "MLPJIT_REMOTE_KEY_FILE")
 
 
 def mlpjit(cache: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -35,7 +39,7 @@ def mlpjit(cache: Path, *args: str, env: dict | None = None) -> subprocess.Compl
     tmpdir = cache.parent / "tmpdir"
     tmpdir.mkdir(exist_ok=True)
     full["TMPDIR"] = str(tmpdir)
-    for name in ("MLPJIT_CACHE_PATH", "MLPJIT_ARCH", "MLPJIT_RECORD"):
+    for name in ("MLPJIT_CACHE_PATH", "MLPJIT_ARCH", "MLPJIT_RECORD", *REMOTE_VARS):
         full.pop(name, None)
     full["MLPJIT_KERNEL_MODULES"] = "mlpjit.testing.smoke"  # the tests' cheap kernel
     full.update(env or {})
@@ -400,6 +404,8 @@ def test_import_rejects_hash_mismatch(warmed: tuple[Path, dict], tmp_path: Path)
         ["warm", "--model", "glm5", "--arch", "hopper"],
         ["cache", "bogus"],
         ["warm", "--model", "glm5", "--tokens", "1-99999999999"],
+        ["cache", "push", "xyz"],
+        ["cache", "pull", "0" * 65],
     ],
 )
 def test_usage_errors_exit_2(tmp_path: Path, args: list[str]) -> None:
@@ -564,3 +570,102 @@ def test_doctor_fails_on_a_group_writable_cache(tmp_path: Path) -> None:
     bad = mlpjit(cache, "doctor", "--json")
     assert bad.returncode == 1
     assert json.loads(bad.stdout)["status"] == "fail"
+
+
+# ------------------------------------------------------------------ the fleet cache
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real redis-server (tests/redis_server.py) that wants PASSWORD, killed at teardown."""
+    server = start_redis(tmp_path / "redis", password=PASSWORD)
+    yield server
+    server.kill()
+
+
+def test_push_pull_stats_and_doctor_through_redis(
+    cache_copy: Path, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    key_file = str(write_key_file(tmp_path / "fleet.key"))
+    fleet = {"MLPJIT_REMOTE_CACHE": redis_server.url(), "MLPJIT_REMOTE_KEY_FILE": key_file}
+    keys = sorted(entry_files(cache_copy))
+    pushed = mlpjit(cache_copy, "cache", "push", "--json", env=fleet)
+    assert pushed.returncode == 0, pushed.stderr
+    assert json.loads(pushed.stdout)["pushed"] == keys
+    again = mlpjit(cache_copy, "cache", "push", env=fleet)
+    assert again.returncode == 0 and "pushed 0, already there 3" in again.stdout
+    assert PASSWORD not in again.stdout + again.stderr
+
+    node = tmp_path / "node-b"  # a fresh node: one entry by prefix, then the rest
+    first = mlpjit(node, "cache", "pull", keys[0][:10], "--json", env=fleet)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["pulled"] == [keys[0]]
+    rest = mlpjit(node, "cache", "pull", env=fleet)
+    assert rest.returncode == 0, rest.stderr
+    assert "pulled 2, skipped 1, rejected 0, missing 0" in rest.stdout
+    assert ok_json(node, "cache", "verify")["ok"] == 3
+    assert ok_json(node, "warm", *SMOKE)["compiled"] == 0  # served from the pulled entries
+
+    stats = mlpjit(node, "cache", "stats", "--json", env=fleet)
+    assert stats.returncode == 0, stats.stderr
+    remote = json.loads(stats.stdout)["remote"]
+    assert remote["entries"] == 3 and remote["fleet"] == {"hits": 3, "rejected": 0, "uploads": 3}
+    text = mlpjit(node, "cache", "stats", env=fleet).stdout
+    assert "3 entries; fleet-wide 3 hits, 0 rejected, 3 uploads" in text
+    assert "remote" not in ok_json(node, "cache", "stats")  # unset: local stats only
+
+    doctor = mlpjit(node, "doctor", "--json", env=fleet)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    check = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}["remote"]
+    assert check["status"] == "ok" and check["details"]["entries"] == 3
+
+
+def test_pull_exits_1_on_a_rejected_or_missing_entry(
+    cache_copy: Path, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    fleet = {"MLPJIT_REMOTE_CACHE": redis_server.url()}
+    keys = sorted(entry_files(cache_copy))
+    assert mlpjit(cache_copy, "cache", "push", env=fleet).returncode == 0
+    redis_server.client().hset(f"mlpjit:entry:{keys[1]}", "cubin", b"\x7fELF poisoned")
+    run = mlpjit(tmp_path / "node-b", "cache", "pull", env=fleet)
+    assert run.returncode == 1, run.stderr
+    assert f"{keys[1][:12]}: REJECTED: cubin has" in run.stdout
+    assert "pulled 2, skipped 0, rejected 1, missing 0" in run.stdout
+    assert keys[1] not in entry_files(tmp_path / "node-b")
+    stats = json.loads(mlpjit(cache_copy, "cache", "stats", "--json", env=fleet).stdout)
+    assert stats["remote"]["fleet"]["rejected"] == 1
+    # The rejected entry was deleted from Redis: a push puts the good one back.
+    assert "pushed 1, already there 2" in mlpjit(cache_copy, "cache", "push", env=fleet).stdout
+    unmatched = next(p for p in ("0" * 8, "f" * 8) if not any(k.startswith(p) for k in keys))
+    for command in ("push", "pull"):
+        run = mlpjit(cache_copy, "cache", command, unmatched, env=fleet)
+        assert run.returncode == 1 and f"{unmatched}: missing" in run.stdout, run.stdout
+
+
+@pytest.mark.parametrize("case", ["unset", "unreachable", "wrong-password", "bad-ttl"])
+def test_push_and_pull_without_a_usable_remote_are_one_line_errors(
+    cache_copy: Path, redis_server: RedisServer, case: str
+) -> None:
+    env = {
+        "unset": {},
+        "unreachable": {"MLPJIT_REMOTE_CACHE": f"redis://127.0.0.1:{free_port()}/0"},
+        "wrong-password": {"MLPJIT_REMOTE_CACHE": redis_server.url(password="wrong-pass")},
+        "bad-ttl": {"MLPJIT_REMOTE_CACHE": redis_server.url(), "MLPJIT_REMOTE_TTL": "a day"},
+    }[case]
+    expected = {
+        "unset": "MLPJIT_REMOTE_CACHE is not set",
+        "unreachable": "is not usable: ConnectionError",
+        "wrong-password": "check the user and password in MLPJIT_REMOTE_CACHE",
+        "bad-ttl": "MLPJIT_REMOTE_TTL must be a positive number of seconds",
+    }[case]
+    for command in ("push", "pull"):
+        run = mlpjit(cache_copy, "cache", command, env=env)
+        assert run.returncode == 1, (run.stdout, run.stderr)
+        assert run.stderr.startswith("mlpjit: error:") and expected in run.stderr, run.stderr
+        assert len(run.stderr.splitlines()) == 1 and run.stdout == "", run.stderr
+        assert "wrong-pass" not in run.stderr and PASSWORD not in run.stderr
+    if case in ("unreachable", "wrong-password"):  # stats and doctor still report the rest
+        stats = mlpjit(cache_copy, "cache", "stats", env=env)
+        assert stats.returncode == 0 and "not usable" in stats.stdout, stats.stderr
+        doctor = mlpjit(cache_copy, "doctor", env=env)
+        assert doctor.returncode == 0 and "[warn] remote:" in doctor.stdout, doctor.stdout

@@ -23,6 +23,7 @@ def test_every_reader_has_a_documented_variable():
         "MLPJIT_REMOTE_PREFIX",
         "MLPJIT_REMOTE_TTL",
         "MLPJIT_REMOTE_TIMEOUT",
+        "MLPJIT_REMOTE_KEY_FILE",
     }
     for name, var in config.ENV_VARS.items():
         assert var.name == name and len(var.doc) > 20 and var.default
@@ -74,3 +75,139 @@ def test_record_file(monkeypatch, tmp_path):
     assert config.record_file() is None
     monkeypatch.setenv("MLPJIT_RECORD", str(tmp_path / "r.jsonl"))
     assert config.record_file() == tmp_path / "r.jsonl"
+
+
+def test_remote_settings_unset_are_the_defaults(monkeypatch):
+    for name in (
+        "MLPJIT_REMOTE_CACHE",
+        "MLPJIT_REMOTE_PREFIX",
+        "MLPJIT_REMOTE_TTL",
+        "MLPJIT_REMOTE_TIMEOUT",
+        "MLPJIT_REMOTE_KEY_FILE",
+    ):
+        monkeypatch.setenv(name, " ")  # blank means unset, as for every variable
+    assert config.remote_cache_url() is None
+    assert config.remote_secret() is None
+    assert config.remote_prefix() == config.DEFAULT_REMOTE_PREFIX == "mlpjit:"
+    assert config.remote_ttl() is None
+    assert config.remote_timeout() == config.DEFAULT_REMOTE_TIMEOUT == 2.0
+
+
+def test_remote_settings_are_typed(monkeypatch):
+    monkeypatch.setenv("MLPJIT_REMOTE_CACHE", " rediss://u:pw@cache.internal:6380/2 ")
+    assert config.remote_cache_url() == "rediss://u:pw@cache.internal:6380/2"
+    monkeypatch.setenv("MLPJIT_REMOTE_PREFIX", "fleet-a:")
+    assert config.remote_prefix() == "fleet-a:"
+    monkeypatch.setenv("MLPJIT_REMOTE_TTL", "86400")
+    assert config.remote_ttl() == 86400.0
+    monkeypatch.setenv("MLPJIT_REMOTE_TIMEOUT", "0.25")
+    assert config.remote_timeout() == 0.25
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "reader"),
+    [
+        ("MLPJIT_REMOTE_CACHE", "http://cache:6379/0", config.remote_cache_url),
+        ("MLPJIT_REMOTE_CACHE", "redis://cache:6379/cache", config.remote_cache_url),
+        ("MLPJIT_REMOTE_CACHE", "redis://cache:port/0", config.remote_cache_url),
+        ("MLPJIT_REMOTE_PREFIX", "two words", config.remote_prefix),
+        ("MLPJIT_REMOTE_PREFIX", "tab\there", config.remote_prefix),
+        ("MLPJIT_REMOTE_TTL", "0", config.remote_ttl),
+        ("MLPJIT_REMOTE_TTL", "nan", config.remote_ttl),
+        ("MLPJIT_REMOTE_TIMEOUT", "0.0001", config.remote_timeout),
+        ("MLPJIT_REMOTE_TIMEOUT", "soon", config.remote_timeout),
+    ],
+)
+def test_a_bad_remote_setting_names_its_variable(monkeypatch, name, value, reader):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name):
+        reader()
+
+
+def test_a_bad_remote_url_never_shows_its_password(monkeypatch):
+    monkeypatch.setenv("MLPJIT_REMOTE_CACHE", "http://user:hunter2@cache:6379/0")
+    with pytest.raises(ValueError) as info:
+        config.remote_cache_url()
+    assert "hunter2" not in str(info.value) and "user:***@cache" in str(info.value)
+    redacted = config.redact_url("redis://:pw@h:1/0?password=pw&db=1")
+    assert redacted.startswith("redis://:***@h:1/0?") and "pw" not in redacted
+
+
+# --------------------------------------------------------------------- the fleet key file
+
+
+def write_key_file(path: Path, secret: bytes | None = None, mode: int = 0o400) -> Path:
+    """A key file (random 32 bytes unless ``secret`` is given) with ``mode``; its path.
+    (tests/redis_server.py has the same for the fleet tests; this module needs no Redis.)"""
+    path.write_bytes(os.urandom(32) if secret is None else secret)
+    os.chmod(path, mode)
+    return path
+
+
+@pytest.mark.parametrize("mode", [0o400, 0o600], ids=["0400", "0600"])
+def test_remote_secret_is_the_key_files_bytes(monkeypatch, tmp_path, mode):
+    secret = os.urandom(31) + b"\n"  # every byte counts, a trailing newline too
+    path = write_key_file(tmp_path / "fleet.key", secret, mode)
+    monkeypatch.setenv("MLPJIT_REMOTE_KEY_FILE", f" {path} ")
+    assert config.remote_secret() == secret
+    monkeypatch.delenv("MLPJIT_REMOTE_KEY_FILE")
+    assert config.remote_secret() is None
+
+
+def _bad_key_file(tmp_path: Path, case: str) -> Path:
+    """A key file that must be refused, for ``case``."""
+    path = tmp_path / "fleet.key"
+    if case == "missing":
+        return path
+    if case == "empty":
+        return write_key_file(path, b"")
+    if case == "too short":
+        return write_key_file(path, b"x" * 31)
+    if case == "too long":
+        return write_key_file(path, b"x" * (config.MAX_REMOTE_SECRET_BYTES + 1))
+    if case == "directory":
+        path.mkdir(mode=0o700)
+        return path
+    if case == "fifo":
+        os.mkfifo(path, 0o600)  # opening it for reading must not wait for a writer
+        return path
+    if case == "symlink":
+        target = write_key_file(tmp_path / "real.key")
+        path.symlink_to(target)
+        return path
+    good = write_key_file(path)
+    if case == "group-readable":
+        os.chmod(path, 0o640)
+    elif case == "other-writable":
+        os.chmod(path, 0o602)
+    elif case == "another user's":
+        os.chown(path, 12345, 12345)  # root only: the test is skipped otherwise
+    return good
+
+
+KEY_FILE_PROBLEMS = {  # case -> a word of the one-line error
+    "missing": "no such file",
+    "empty": "holds 0 bytes",
+    "too short": "holds 31 bytes",
+    "too long": "holds too many bytes",
+    "directory": "not a regular file",
+    "fifo": "not a regular file",
+    "symlink": "is a symlink",
+    "group-readable": "mode 0640",
+    "other-writable": "mode 0602",
+    "another user's": "owned by uid 12345",
+}
+
+
+@pytest.mark.parametrize("case", sorted(KEY_FILE_PROBLEMS))
+def test_an_unsafe_key_file_is_one_line_naming_the_variable(monkeypatch, tmp_path, case):
+    if case == "another user's" and os.geteuid() != 0:
+        pytest.skip("os.chown to another user needs root")
+    path = _bad_key_file(tmp_path, case)
+    monkeypatch.setenv("MLPJIT_REMOTE_KEY_FILE", str(path))
+    with pytest.raises(ValueError) as info:
+        config.remote_secret()
+    message = str(info.value)
+    assert message.startswith(f"MLPJIT_REMOTE_KEY_FILE {path}") and "\n" not in message
+    assert KEY_FILE_PROBLEMS[case] in message, message
+    assert "xxxxxxxx" not in message  # what the file holds is never shown

@@ -6,9 +6,11 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from redis_server import PASSWORD, RedisServer, free_port, start_redis, write_key_file
 
 from mlpjit import doctor
 from mlpjit.jit.binary import KernelBinary, KernelParam
@@ -206,3 +208,90 @@ def test_json_output_and_exit_status(cache_dir: Path) -> None:
     )
     assert done.returncode == 0, done.stdout
     assert done.stdout.strip().splitlines()[-1].startswith("doctor: ")
+
+
+# ------------------------------------------------------------------ the fleet cache
+
+
+@pytest.fixture
+def no_remote(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No MLPJIT_REMOTE_* from the caller's shell: each test sets what it checks."""
+    for name in ("CACHE", "PREFIX", "TTL", "TIMEOUT", "KEY_FILE"):
+        monkeypatch.delenv(f"MLPJIT_REMOTE_{name}", raising=False)
+    return monkeypatch
+
+
+@pytest.fixture
+def redis_auth_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real redis-server (tests/redis_server.py) that wants PASSWORD."""
+    server = start_redis(tmp_path / "redis", password=PASSWORD)
+    yield server
+    server.kill()
+
+
+def test_no_remote_check_when_the_fleet_cache_is_unset(no_remote) -> None:
+    assert "remote" not in [c.name for c in doctor.run_doctor().checks]
+
+
+def test_remote_check_reports_the_server_entries_and_fleet_counters(
+    no_remote, redis_auth_server: RedisServer, tmp_path: Path
+) -> None:
+    from mlpjit.jit.archive import portable_manifest
+    from mlpjit.jit.remote import RemoteCache
+
+    store = CacheStore(tmp_path / "node", layers=())
+    key_file = write_key_file(tmp_path / "fleet.key")
+    remote = RemoteCache(redis_auth_server.url(), secret=key_file.read_bytes())
+    for i in range(2):
+        entry = store.lookup(_publish(store, i))
+        assert remote.upload(entry.key, portable_manifest(entry), entry.cubin)
+    no_remote.setenv("MLPJIT_REMOTE_CACHE", redis_auth_server.url())
+    no_remote.setenv("MLPJIT_REMOTE_KEY_FILE", str(key_file))
+    report = doctor.run_doctor()
+    check = _check(report, "remote")
+    assert check.status == "ok" and report.exit_status == 0
+    assert "2 entries" in check.summary and "2 uploads" in check.summary
+    assert ", signed)" in check.summary and check.details["signed"] is True
+    assert check.details["auth_ok"] and check.details["server_version"] in check.summary
+    assert PASSWORD not in json.dumps(report.to_dict())
+
+
+@pytest.mark.parametrize("case", ["wrong-password", "unreachable"])
+def test_an_unusable_remote_is_a_warning(
+    no_remote, redis_auth_server: RedisServer, case: str
+) -> None:
+    if case == "unreachable":
+        url = f"redis://127.0.0.1:{free_port()}/0"
+    else:
+        url = redis_auth_server.url(password="wrong-pass")
+    no_remote.setenv("MLPJIT_REMOTE_CACHE", url)
+    report = doctor.run_doctor()
+    check = _check(report, "remote")
+    assert check.status == "warn" and report.exit_status == 0  # processes carry on locally
+    assert ("refused the login" if case == "wrong-password" else "unreachable") in check.summary
+    assert "local cache only" in check.summary and "wrong-pass" not in check.summary
+
+
+def test_an_unsigned_remote_is_a_warning(no_remote, redis_auth_server: RedisServer) -> None:
+    no_remote.setenv("MLPJIT_REMOTE_CACHE", redis_auth_server.url())
+    report = doctor.run_doctor()
+    check = _check(report, "remote")
+    assert check.status == "warn" and report.exit_status == 0
+    assert ", unsigned)" in check.summary and "integrity-checked only" in check.summary
+    assert "MLPJIT_REMOTE_KEY_FILE" in check.hint
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("MLPJIT_REMOTE_CACHE", "http://x:1/0"),
+        ("MLPJIT_REMOTE_TTL", "0"),
+        ("MLPJIT_REMOTE_KEY_FILE", "/nonexistent/fleet.key"),
+    ],
+)
+def test_a_malformed_remote_setting_fails(no_remote, name: str, value: str) -> None:
+    no_remote.setenv("MLPJIT_REMOTE_CACHE", "redis://127.0.0.1:1/0")
+    no_remote.setenv(name, value)
+    report = doctor.run_doctor()
+    check = _check(report, "remote")
+    assert check.status == "fail" and name in check.summary and report.exit_status == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -314,3 +315,57 @@ def test_request_json_line_round_trip() -> None:
     for bad in ("", "{}", '{"kernel": "smoke"}', "[1, 2]"):
         with pytest.raises(ValueError, match="not a kernel request line"):
             KernelRequest.from_json_line(bad)
+
+
+# ------------------------------------------------------------------ the fleet cache's wiring
+
+
+def test_default_manager_builds_the_remote_layer_from_env(monkeypatch):
+    """Nothing connects until a miss, so no Redis is needed to check the wiring."""
+    for name in ("MLPJIT_REMOTE_PREFIX", "MLPJIT_REMOTE_TTL", "MLPJIT_REMOTE_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("MLPJIT_REMOTE_CACHE", raising=False)
+    local = default_manager()
+    assert local.remote is None
+    monkeypatch.setenv("MLPJIT_REMOTE_CACHE", "redis://:pw@127.0.0.1:1/3")
+    fleet = default_manager()
+    assert fleet is not local and fleet is default_manager()
+    assert fleet.remote is not None and fleet.remote.store is fleet.store
+    assert fleet.remote.remote.url == "redis://:***@127.0.0.1:1/3"
+    monkeypatch.setenv("MLPJIT_REMOTE_CACHE", "redis://:pw@127.0.0.1:1/4")  # another URL
+    other = default_manager()
+    assert other is not fleet and other.remote.remote.url.endswith("/4")
+    monkeypatch.setenv("MLPJIT_REMOTE_PREFIX", "fleet-b:")  # another setting
+    assert default_manager() is not other and default_manager().remote.remote.prefix == "fleet-b:"
+    monkeypatch.setenv("MLPJIT_REMOTE_TTL", "soon")
+    with pytest.raises(ValueError, match="MLPJIT_REMOTE_TTL"):
+        default_manager()
+    monkeypatch.delenv("MLPJIT_REMOTE_TTL")
+    monkeypatch.delenv("MLPJIT_REMOTE_CACHE")
+    assert default_manager().remote is None
+
+
+def test_without_a_remote_neither_the_remote_package_nor_redis_is_imported():
+    code = (
+        "import sys; from mlpjit.jit.manager import default_manager; "
+        "m = default_manager(); assert m.remote is None; "
+        "print(sorted(n for n in sys.modules if n == 'redis' or n.startswith('mlpjit.jit.remote')))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLPJIT_REMOTE")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_remote_layer_must_be_over_the_managers_store(tmp_path):
+    from mlpjit.jit.remote import RemoteCache, RemoteLayer
+
+    store = CacheStore(root=tmp_path / "a", layers=())
+    layer = RemoteLayer(store, RemoteCache("redis://127.0.0.1:1/0"))
+    assert CompileManager(remote=layer).store is store
+    assert CompileManager(store, remote=layer).remote is layer
+    with pytest.raises(ValueError, match="same store"):
+        CompileManager(CacheStore(root=tmp_path / "b", layers=()), remote=layer)
+    stats = CompileManager(remote=layer).stats
+    assert (stats.remote_hits, stats.remote_rejects, stats.uploads) == (0, 0, 0)

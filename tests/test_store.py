@@ -289,3 +289,12 @@ def test_manifest_on_disk_describes_its_entry(cache_dir, cluster):
     assert manifest["launch_sha256"] == launch_sha256(key, binary)
     assert manifest["compile_seconds"] == 0.25
     assert manifest["created"] == manifest["last_used"] <= time.time()
+
+
+@pytest.mark.parametrize("bad", ["a" * 64 + "\n", "A" * 64, "a" * 63, "a" * 65, None])
+def test_check_key_takes_exactly_64_lowercase_hex(bad) -> None:
+    """Keys become file names: a trailing newline ("$" would allow it) is refused too."""
+    assert storemod.is_key("a" * 64) and storemod.check_key("0" * 64) == "0" * 64
+    assert not storemod.is_key(bad)
+    with pytest.raises(ValueError, match="64 lowercase hex"):
+        storemod.check_key(bad)

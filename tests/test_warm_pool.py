@@ -27,7 +27,8 @@ def _requests(*ns: int) -> list[KernelRequest]:
 class _FakeManager:
     """Reports progress in reverse order (a pool's lock waits reorder it); odd n compile."""
 
-    def __init__(self) -> None:
+    def __init__(self, store=None, remote=None) -> None:
+        assert remote is None  # no MLPJIT_REMOTE_CACHE in tests: no fleet layer
         self.stats = SimpleNamespace(compiles=0)
 
     def warm(self, requests, progress=None):

@@ -47,10 +47,20 @@ from mlpjit.jit.store import (
     MAX_MANIFEST_BYTES,
     CacheStore,
     Entry,
+    compile_seconds_of,
+    is_key,
     verify_manifest,
 )
 
-__all__ = ["ARCHIVE_VERSION", "ExportReport", "ImportReport", "export_archive", "import_archive"]
+__all__ = [
+    "ARCHIVE_VERSION",
+    "ExportReport",
+    "ImportReport",
+    "export_archive",
+    "import_archive",
+    "portable_manifest",
+    "publish_entry",
+]
 
 ARCHIVE_FORMAT = "mlpjit-archive"
 ARCHIVE_VERSION = 1
@@ -71,8 +81,7 @@ _COMPRESSED_MAGIC = (
 _EXPORT_HINT = "an mlpjit archive is an uncompressed tar written by `mlpjit cache export`"
 
 _MEMBER_RE = re.compile(r"^entries/([0-9a-f]{64})\.(cubin|json)$")
-_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_SHA_RE = re.compile(r"[0-9a-f]{64}")
 # Per-machine facts that do not travel: the importing store sets its own.
 _LOCAL_FIELDS = ("last_used", "origin")
 
@@ -106,7 +115,9 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _portable_manifest(entry: Entry) -> bytes:
+def portable_manifest(entry: Entry) -> bytes:
+    """``entry``'s manifest as canonical JSON bytes, without the per-machine fields
+    (last_used, origin): what an archive, or the fleet cache, carries to other machines."""
     manifest = {k: v for k, v in entry.manifest.items() if k not in _LOCAL_FIELDS}
     return canonical_json(manifest).encode()
 
@@ -143,7 +154,7 @@ def export_archive(
         if entry is None:
             report.skipped.append({"key": key, "reason": "failed verification"})
             continue
-        manifest = _portable_manifest(entry)
+        manifest = portable_manifest(entry)
         index.append(
             {
                 "key": key,
@@ -239,9 +250,9 @@ def _read_index(raw: bytes) -> list[dict[str, Any]]:
         ok = (
             isinstance(item, dict)
             and isinstance(item.get("key"), str)
-            and _KEY_RE.match(item["key"])
+            and is_key(item["key"])
             and all(
-                isinstance(item.get(f), str) and _SHA_RE.match(item[f])
+                isinstance(item.get(f), str) and _SHA_RE.fullmatch(item[f])
                 for f in ("cubin_sha256", "manifest_sha256")
             )
             and all(type(item.get(f)) is int for f in ("cubin_bytes", "manifest_bytes"))
@@ -403,14 +414,18 @@ def _import(store: CacheStore, tar: tarfile.TarFile, path: Path) -> ImportReport
         except ValueError as err:
             report.rejected.append({"key": key, "reason": str(err)})
             continue
-        _publish(store, key, manifest, binary, report)
+        publish_entry(store, key, manifest, binary, report)
     return report
 
 
-def _publish(
+def publish_entry(
     store: CacheStore, key: str, manifest: dict[str, Any], binary: Any, report: ImportReport
 ) -> None:
-    """Publish one verified entry under its key lock (skip it if present or in flight)."""
+    """Publish one verified entry under its key lock (skip it if present or in flight).
+
+    The outcome goes into ``report`` (imported, skipped or rejected); archive import and the
+    fleet cache's pull share it.
+    """
     with store.try_lock(key) as held:
         if not held:
             report.skipped.append({"key": key, "reason": "being compiled by another process"})
@@ -419,9 +434,7 @@ def _publish(
         if existing is not None and existing.origin == store.root:
             report.skipped.append({"key": key, "reason": "already in the cache"})
             return
-        seconds = manifest.get("compile_seconds")
-        seconds = float(seconds) if isinstance(seconds, (int, float)) else 0.0
-        entry = store.publish(key, manifest["components"], binary, seconds)
+        entry = store.publish(key, manifest["components"], binary, compile_seconds_of(manifest))
     if entry.persisted:
         report.imported.append(key)
     else:

@@ -20,10 +20,13 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlpjit.jit.scratch import pid_alive, remove_dead_scratch
-from mlpjit.jit.store import CacheStore
+from mlpjit.jit.store import CacheStore, is_key
+
+if TYPE_CHECKING:
+    from mlpjit.jit.remote import RemoteCache
 
 __all__ = [
     "LIVE_TEMP_MAX_AGE",
@@ -47,7 +50,6 @@ ORPHAN_MIN_AGE = 60.0
 # Alias files hold a key and a newline; read no more than this of one.
 _ALIAS_MAX_BYTES = 256
 
-_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 # CacheStore._write_temp names start with the writer's pid and a dot ("<pid>.<random>").
 _TEMP_PID_RE = re.compile(r"^(\d{1,10})\.")
 
@@ -96,8 +98,10 @@ def find_entry(store: CacheStore, prefix: str) -> tuple[str, dict[str, Any]]:
     return found[0]
 
 
-def cache_stats(store: CacheStore) -> dict[str, Any]:
-    """Entries and bytes (total, per kernel, per origin), quarantined entries, lock files."""
+def cache_stats(store: CacheStore, remote: RemoteCache | None = None) -> dict[str, Any]:
+    """Entries and bytes (total, per kernel, per origin), quarantined entries, lock files;
+    with ``remote`` also "remote": the fleet cache's report (remote.remote_report: entries,
+    the fleet-wide hits, rejected and uploads, reachable, error)."""
     kernels: dict[str, dict[str, int]] = {}
     origins: dict[str, dict[str, int]] = {}
     entries = total = unreadable = 0
@@ -110,7 +114,7 @@ def cache_stats(store: CacheStore) -> dict[str, Any]:
             slot = table.setdefault(name, {"entries": 0, "bytes": 0})
             slot["entries"] += 1
             slot["bytes"] += size
-    return {
+    data = {
         "root": str(store.root),
         "layers": [str(p) for p in store.layers],
         "entries": entries,
@@ -122,6 +126,11 @@ def cache_stats(store: CacheStore) -> dict[str, Any]:
         "lock_files": _count(store.area("locks"), "*.lock"),
         "temp_files": _count(store.area("tmp"), "*"),
     }
+    if remote is not None:
+        from mlpjit.jit.remote import remote_report
+
+        data["remote"] = remote_report(remote)
+    return data
 
 
 def verify_cache(store: CacheStore) -> dict[str, Any]:
@@ -335,7 +344,7 @@ def _remove_orphan_cubins(store: CacheStore, now: float) -> dict[str, int]:
     for shard in _shards(store):
         for cubin in sorted(shard.glob("*.cubin")):
             key = cubin.stem
-            if not _KEY_RE.match(key) or key[:2] != shard.name:
+            if not is_key(key) or key[:2] != shard.name:
                 continue
             if os.path.lexists(cubin.with_suffix(".json")):
                 continue  # a committed entry
@@ -358,7 +367,7 @@ def _alias_target(path: Path) -> str | None:
         key = raw.decode("ascii").strip()
     except (OSError, UnicodeDecodeError):
         return None
-    return key if _KEY_RE.match(key) else None
+    return key if is_key(key) else None
 
 
 def _has_entry(store: CacheStore, key: str) -> bool:
@@ -391,7 +400,7 @@ def _remove_stale_aliases(store: CacheStore) -> dict[str, int]:
             continue
         if stat.S_ISDIR(st.st_mode):
             continue
-        key = _alias_target(path) if _KEY_RE.match(path.name) else None
+        key = _alias_target(path) if is_key(path.name) else None
         if key is not None and _has_entry(store, key):
             continue  # a live alias
         if key is None:

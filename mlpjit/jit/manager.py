@@ -7,6 +7,13 @@ nobody is compiling, then waits for (and re-checks) the rest. A waiter that give
 hung holder (MLPJIT_LOCK_TIMEOUT) compiles and publishes the kernel itself, so later
 processes hit instead of waiting out the timeout again.
 
+With a fleet cache (MLPJIT_REMOTE_CACHE, mlpjit.jit.remote) a local miss, under the local
+key lock, first asks Redis: a remote entry is verified like a local load and published
+locally. Else the cluster-wide single flight follows (the key's Redis lock, a re-check,
+compile, publish locally, upload before the lock is released), so a fleet compiles each key
+once. Without a remote the local path is unchanged, and a Redis that fails only costs one
+warning: the manager then goes on as without it.
+
 A compile is only started for an arch its kernel's spec lists, and a compiler
 failure becomes one MlpjitError line naming the kernel, the first line of the compiler's
 error and a log file holding all of it.
@@ -27,7 +34,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlpjit.errors import CaptureError, CompilerUnavailableError, MlpjitError
 from mlpjit.jit import config
@@ -37,11 +44,16 @@ from mlpjit.jit.key import cache_key, key_components, short_key, spec_key, toolc
 from mlpjit.jit.spec import KernelRequest, KernelSpec
 from mlpjit.jit.store import CacheStore, Entry
 
+if TYPE_CHECKING:
+    from mlpjit.jit.locks import KeyLock
+    from mlpjit.jit.remote import RemoteLayer
+
 __all__ = [
     "CacheStats",
     "CompileManager",
     "check_compile_arch",
     "default_manager",
+    "remote_layer",
 ]
 
 log = logging.getLogger(__name__)
@@ -87,7 +99,12 @@ def _first_line(err: BaseException) -> str:
 
 @dataclass
 class CacheStats:
-    """Counters of one manager (snapshot via CompileManager.stats)."""
+    """Counters of one manager (snapshot via CompileManager.stats).
+
+    hits: local hits; misses: local misses (each then a remote hit, a wait or a compile);
+    quarantined: from the store; remote_hits, remote_rejects, uploads: from the remote
+    layer (0 without one): entries fetched from Redis, refused, and uploaded.
+    """
 
     hits: int = 0
     misses: int = 0
@@ -96,6 +113,9 @@ class CacheStats:
     wait_seconds: float = 0.0
     compile_seconds: float = 0.0
     quarantined: int = 0
+    remote_hits: int = 0
+    remote_rejects: int = 0
+    uploads: int = 0
 
 
 @dataclass
@@ -113,10 +133,22 @@ class _KeyedRequest:
 class CompileManager:
     """Gets kernels from the cache, compiling each missing one once across processes."""
 
-    def __init__(self, store: CacheStore | None = None, lock_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        store: CacheStore | None = None,
+        lock_timeout: float | None = None,
+        remote: RemoteLayer | None = None,
+    ) -> None:
         """``lock_timeout``: seconds to wait on another process's compile of a key (None:
-        MLPJIT_LOCK_TIMEOUT, read and checked at every get/warm). ValueError if not > 0."""
-        self.store = store if store is not None else CacheStore()
+        MLPJIT_LOCK_TIMEOUT, read and checked at every get/warm). ValueError if not > 0.
+        ``remote``: the fleet cache in front of ``store`` (None: the local cache alone);
+        its store is this manager's (ValueError if both are given and differ)."""
+        if remote is not None and store is not None and remote.store is not store:
+            raise ValueError("CompileManager: remote must be a RemoteLayer over the same store")
+        if store is None:
+            store = remote.store if remote is not None else CacheStore()
+        self.store = store
+        self.remote = remote
         self.lock_timeout = None if lock_timeout is None else _check_timeout(lock_timeout)
         self._mutex = threading.Lock()
         self._inflight: dict[str, Future[Entry]] = {}
@@ -131,6 +163,10 @@ class CompileManager:
         with self._mutex:
             snap = CacheStats(**vars(self._stats))
         snap.quarantined = self.store.quarantined
+        if self.remote is not None:
+            remote = self.remote.remote.stats
+            snap.remote_hits, snap.remote_rejects = remote.hits, remote.rejected
+            snap.uploads = remote.uploads
         return snap
 
     def _count(self, **deltas: float) -> None:
@@ -294,18 +330,60 @@ class CompileManager:
                         r.waited,
                     )
                 return self._hit(r, entry, count=False)
-            binary, seconds = self._compile(r)
-            if not lock.held:
-                lock.try_acquire()  # the holder may be gone by now: publish under the lock
-            # A waiter that timed out re-checks (the holder may have published meanwhile),
-            # then publishes with or without the lock: see the docstring for why that is safe.
-            entry = (self._lookup(r) if timed_out else None) or self.store.publish(
-                r.key, r.components, binary, seconds
-            )
-            self._log_compile(r, seconds)
+            if self.remote is None:
+                entry = self._compile_and_publish(r, lock, timed_out)
+            else:
+                entry = self._remote_miss(r, lock, blocking, timed_out, timeout)
+                if entry is None:
+                    return None
         finally:
             lock.release()
         return self._hit(r, entry, count=False)
+
+    def _compile_and_publish(self, r: _KeyedRequest, lock: KeyLock, timed_out: bool) -> Entry:
+        """Compile ``r`` and publish it locally (the caller holds its key lock unless the
+        wait for it timed out)."""
+        binary, seconds = self._compile(r)
+        if not lock.held:
+            lock.try_acquire()  # the holder may be gone by now: publish under the lock
+        # A waiter that timed out re-checks (the holder may have published meanwhile),
+        # then publishes with or without the lock: see _miss for why that is safe.
+        entry = (self._lookup(r) if timed_out else None) or self.store.publish(
+            r.key, r.components, binary, seconds
+        )
+        self._log_compile(r, seconds)
+        return entry
+
+    def _remote_miss(
+        self, r: _KeyedRequest, lock: KeyLock, blocking: bool, timed_out: bool, timeout: float
+    ) -> Entry | None:
+        """A local miss with a fleet cache: a remote hit, else one compile across the fleet
+        (None only when not ``blocking`` and another node is compiling the key).
+
+        A waiter whose local wait timed out does not wait for the remote lock too: the
+        holder it gave up on may be the one holding it. Without a compiler the entry can
+        only come through Redis' alias of the toolchain-less spec.
+        """
+        layer = self.remote
+        assert layer is not None
+        check_compile_arch(r.spec, r.request.arch)  # no entry exists for another arch
+        if not toolchain():
+            entry = layer.lookup_alias(r.spec_key)
+            return entry if entry is not None else self._compile_and_publish(r, lock, timed_out)
+        wait = timeout if blocking and not timed_out else 0.0
+        with layer.single_flight(r.key, wait) as flight:
+            if flight.entry is not None:
+                log.info(
+                    "mlpjit: %s %s fetched from the remote cache",
+                    r.request.kernel,
+                    short_key(r.key),
+                )
+                return flight.entry
+            if flight.busy and not blocking:
+                return None  # another node compiles it: warm's second pass waits for it
+            entry = self._compile_and_publish(r, lock, timed_out)
+            layer.after_compile(entry)  # before the remote lock is released
+            return entry
 
     def _compile(self, r: _KeyedRequest) -> tuple[KernelBinary, float]:
         """Compile ``r`` with its kernel module; see _compile_failed for how errors end."""
@@ -400,22 +478,67 @@ class CompileManager:
 
 
 _DEFAULT: CompileManager | None = None
+_DEFAULT_SETTINGS: tuple[Any, ...] | None = None
 _DEFAULT_MUTEX = threading.Lock()
+_MISSING_REDIS_WARNED = False
+
+
+def remote_layer(store: CacheStore) -> RemoteLayer | None:
+    """The fleet cache MLPJIT_REMOTE_CACHE configures in front of ``store``, or None.
+
+    The remote package (and redis-py) is imported only when the variable is set. Without
+    redis-py a serving process logs one WARNING and keeps to its local cache; a malformed
+    MLPJIT_REMOTE_* value raises ValueError naming the variable.
+    """
+    global _MISSING_REDIS_WARNED
+    if config.remote_cache_url() is None:
+        return None
+    from mlpjit.jit.remote import RemoteLayer, remote_from_env
+
+    try:
+        remote = remote_from_env()
+    except ImportError:
+        if not _MISSING_REDIS_WARNED:
+            _MISSING_REDIS_WARNED = True
+            log.warning(
+                "mlpjit: MLPJIT_REMOTE_CACHE is set but redis-py is not installed "
+                "(pip install 'mlpjit[redis]'); using the local cache only"
+            )
+        return None
+    return None if remote is None else RemoteLayer(store, remote)
+
+
+def _remote_settings() -> tuple[Any, ...] | None:
+    """The MLPJIT_REMOTE_* values a default manager was built from (None: no remote)."""
+    url = config.remote_cache_url()
+    if url is None:
+        return None
+    # The key file as its path and mtime: a rotated key rebuilds the layer (the bytes stay
+    # in the layer, never in this tuple).
+    key_file = config.remote_key_file()
+    key_stamp = None
+    if key_file is not None:
+        try:
+            key_stamp = (key_file, os.stat(key_file).st_mtime_ns)
+        except OSError:
+            key_stamp = (key_file, None)
+    settings = (config.remote_prefix(), config.remote_ttl(), config.remote_timeout())
+    return (url, *settings, key_stamp)
 
 
 def default_manager() -> CompileManager:
-    """The process-wide manager, built on first use from MLPJIT_CACHE_DIR / MLPJIT_CACHE_PATH.
+    """The process-wide manager, built on first use from MLPJIT_CACHE_DIR / MLPJIT_CACHE_PATH
+    and MLPJIT_REMOTE_* (the fleet cache, when MLPJIT_REMOTE_CACHE is set).
 
     Rebuilt if those variables changed since (tests, or a server that re-points its cache).
     """
-    global _DEFAULT
+    global _DEFAULT, _DEFAULT_SETTINGS
     root, layers = config.cache_dir().absolute(), tuple(p.absolute() for p in config.cache_path())
+    # Compared as configured: the store resolves symlinks once, which must not rebuild it.
+    settings = (root, layers, _remote_settings())
     with _DEFAULT_MUTEX:
-        # Compared as configured: the store resolves symlinks once, which must not rebuild it.
-        configured = None if _DEFAULT is None else _DEFAULT.store
-        if configured is None or (configured.configured_root, configured.configured_layers) != (
-            root,
-            layers,
-        ):
-            _DEFAULT = CompileManager(CacheStore(root, layers))
+        if _DEFAULT is None or settings != _DEFAULT_SETTINGS:
+            store = CacheStore(root, layers)
+            _DEFAULT = CompileManager(store, remote=remote_layer(store))
+            _DEFAULT_SETTINGS = settings
         return _DEFAULT

@@ -50,6 +50,8 @@ from mlpjit.jit.key import FORMAT_VERSION, cache_key, canonical_json, short_key,
 from mlpjit.jit.safe_read import loads_json, read_regular
 
 __all__ = [
+    "compile_seconds_of",
+    "is_key",
     "unsafe_dir_reason",
     "MAX_ALIAS_BYTES",
     "MAX_CUBIN_BYTES",
@@ -67,9 +69,15 @@ MAX_CUBIN_BYTES = 256 << 20
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_ALIAS_BYTES = 4096
 
-_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+_KEY_RE = re.compile(r"[0-9a-f]{64}")
 _SHARD_RE = re.compile(r"^[0-9a-f]{2}$")
 _UNSAFE_BITS = stat.S_IWGRP | stat.S_IWOTH
+
+
+def is_key(text: object) -> bool:
+    """Whether ``text`` is a full cache key: exactly 64 lowercase hex (fullmatch: "$" would
+    let a trailing newline through, and keys become file names)."""
+    return isinstance(text, str) and _KEY_RE.fullmatch(text) is not None
 
 
 def check_key(key: str, what: str = "key") -> str:
@@ -77,7 +85,7 @@ def check_key(key: str, what: str = "key") -> str:
 
     Keys become file names, so this also keeps paths inside the cache dir.
     """
-    if not isinstance(key, str) or not _KEY_RE.match(key):
+    if not is_key(key):
         raise ValueError(f"{what} must be 64 lowercase hex characters, got {key!r}")
     return key
 
@@ -168,6 +176,23 @@ def _dir_problem(st: os.stat_result, owners: frozenset[int]) -> str:
     if st.st_uid not in owners:
         return f"owned by uid {st.st_uid}, not by a trusted user"
     return ""
+
+
+def compile_seconds_of(manifest: Mapping[str, Any]) -> float:
+    """A manifest's compile_seconds if it is a finite number >= 0, else 0.0.
+
+    The field is covered by no checksum (it decides nothing), so an imported or fetched
+    manifest may hold anything there: 1e999 parses as inf, which a publish could not write
+    (JSON has no inf), and float() of a 400-digit int overflows.
+    """
+    value = manifest.get("compile_seconds")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0.0
+    try:
+        seconds = float(value)
+    except OverflowError:
+        return 0.0
+    return seconds if math.isfinite(seconds) and seconds >= 0 else 0.0
 
 
 def unsafe_dir_reason(path: Path) -> str | None:
@@ -551,7 +576,7 @@ class CacheStore:
             self._warn_once(("alias", path), "mlpjit: ignoring cache alias %s: %s", path, err)
             return None
         key = raw.decode("ascii", errors="replace").strip()
-        return key if _KEY_RE.match(key) else None
+        return key if is_key(key) else None
 
     def lookup_alias(self, spec: str) -> Entry | None:
         """The entry an alias names for a toolchain-less spec key (for compiler-less hits)."""
@@ -595,7 +620,7 @@ class CacheStore:
             for shard in self._shards(base, writable):
                 for mpath in sorted(shard.glob("*.json")):
                     key = mpath.stem
-                    if not _KEY_RE.match(key) or key[:2] != shard.name or key in seen:
+                    if not is_key(key) or key[:2] != shard.name or key in seen:
                         continue
                     seen.add(key)
                     try:
@@ -813,7 +838,7 @@ class CacheStore:
                     removed = True
                 except FileNotFoundError:
                     pass
-            if isinstance(spec, str) and _KEY_RE.match(spec):
+            if isinstance(spec, str) and is_key(spec):
                 alias = self._v1(self.root) / "aliases" / spec
                 try:
                     if read_regular(alias, MAX_ALIAS_BYTES)[0].strip() == key.encode():

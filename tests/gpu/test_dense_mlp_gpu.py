@@ -8,7 +8,6 @@ need are listed by ``kernel_requests()`` (scripts/gpu_requests.py collects them 
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Iterator
 
@@ -19,6 +18,7 @@ from mlpjit import DenseMlp, dense_mlp
 from mlpjit import reference as ref
 from mlpjit.dense_mlp import kernel_supported
 from mlpjit.errors import CaptureError
+from mlpjit.testing.layers import random_fp8_layer
 
 pytestmark = [
     pytest.mark.gpu,
@@ -72,24 +72,9 @@ def kernel_requests(arch: str = "sm_90a") -> list:
 
 
 def make_layer(hidden: int, inter: int, seed: int) -> dict[str, torch.Tensor]:
-    """Random FP8 weights from a scaled normal and positive random block scales, sized so
-    gate/up come out with a standard deviation near 2 and out near 1 for unit inputs."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-
-    def fp8(n: int, k: int) -> torch.Tensor:
-        w = torch.randn(n, k, generator=gen, device="cuda") * 64
-        return w.clamp_(-448, 448).to(torch.float8_e4m3fn)
-
-    def scales(n: int, k: int, std: float) -> torch.Tensor:
-        u = torch.rand(n // 128, k // 128, generator=gen, device="cuda") + 0.5
-        return u * (std / 64)
-
-    return {
-        "w13": fp8(2 * inter, hidden),
-        "w13_scale": scales(2 * inter, hidden, 2.0 / math.sqrt(hidden)),
-        "w2": fp8(hidden, inter),
-        "w2_scale": scales(hidden, inter, 1.0 / math.sqrt(inter)),
-    }
+    """Random FP8 weights sized so gate/up come out with a standard deviation near 2 and
+    out near 1 for unit inputs (mlpjit.testing.layers)."""
+    return random_fp8_layer(hidden, inter, torch.Generator(device="cuda").manual_seed(seed))
 
 
 def make_x(m: int, hidden: int, seed: int) -> torch.Tensor:

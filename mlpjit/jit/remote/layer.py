@@ -1,0 +1,175 @@
+"""RemoteLayer: a RemoteCache composed with a local CacheStore, as the compile manager uses it.
+
+On a local miss (the caller holds the local key lock, which orders one node's workers) the
+layer fetches the entry, verifies it and publishes it locally; otherwise ``single_flight``
+takes the key's cluster-wide lock, so that one process in the fleet compiles the key while
+the others wait for its upload (polling the entry and the lock, bounded by a timeout after
+which they compile for themselves). The compile itself stays with the caller.
+
+A layer over a cache without a fleet secret works, integrity-checked only; the first such
+layer of a process logs one WARNING saying what that allows (docs/SERVER.md, Security model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from mlpjit.jit.archive import portable_manifest
+from mlpjit.jit.binary import binary_from_fields
+from mlpjit.jit.config import DEFAULT_LOCK_TIMEOUT
+from mlpjit.jit.key import short_key
+from mlpjit.jit.remote.client import RemoteCache, Verified
+from mlpjit.jit.remote.lock import RemoteLock, poll_delay
+from mlpjit.jit.store import CacheStore, Entry
+
+__all__ = ["DEFAULT_WAIT", "Flight", "RemoteLayer"]
+
+log = logging.getLogger("mlpjit.jit.remote")
+
+DEFAULT_WAIT = DEFAULT_LOCK_TIMEOUT  # seconds a waiter waits for another node
+
+_UNSIGNED_WARNED = False  # this process was told that its fleet cache is not authenticated
+_UNSIGNED_MUTEX = threading.Lock()
+
+
+def _warn_unsigned(remote: RemoteCache) -> None:
+    """Log once per process that ``remote`` is not authenticated, and what that allows: an
+    operator who never read the docs still learns that the Redis is trusted with code."""
+    global _UNSIGNED_WARNED
+    with _UNSIGNED_MUTEX:
+        if _UNSIGNED_WARNED or remote.signed:
+            return
+        _UNSIGNED_WARNED = True
+    log.warning(
+        "mlpjit: remote compile cache %s is not authenticated (MLPJIT_REMOTE_KEY_FILE is "
+        "unset): its entries are checked for integrity only, so anyone who can write the "
+        "keys %s* can make this node run their code; set MLPJIT_REMOTE_KEY_FILE on every node "
+        "(docs/SERVER.md, Security model)",
+        remote.url,
+        remote.prefix,
+    )
+
+
+@dataclass(frozen=True)
+class Flight:
+    """What RemoteLayer.single_flight found; exactly one of three cases.
+
+    entry set: another node's entry, verified and published locally: use it.
+    busy: the wait was 0 and another node holds the key's lock: come back later.
+    neither: compile, publish, and call after_compile before leaving the with block (this
+    process holds the remote lock, Redis is unavailable, or the wait timed out).
+    """
+
+    entry: Entry | None = None
+    busy: bool = False
+
+
+class RemoteLayer:
+    """A RemoteCache composed with a local CacheStore: what the compile manager calls."""
+
+    def __init__(self, store: CacheStore, remote: RemoteCache) -> None:
+        """Compose ``remote`` with ``store``; warns once per process if ``remote`` is not
+        signed (no fleet secret)."""
+        self.store = store
+        self.remote = remote
+        _warn_unsigned(remote)
+
+    def __repr__(self) -> str:
+        return f"RemoteLayer({self.store.root}, {self.remote!r})"
+
+    def _publish(self, key: str, fetched: Verified) -> Entry:
+        """Publish a verified remote entry into the local root (persisted=False if the
+        disk refused it, like a compile's)."""
+        manifest, cubin = fetched
+        binary = binary_from_fields(manifest, cubin)
+        return self.store.publish(key, manifest["components"], binary, manifest["compile_seconds"])
+
+    def _fetch(self, key: str) -> Entry | str | None:
+        """The remote entry for ``key`` verified and published locally, the reason it was
+        rejected, or None (absent, or the remote is off)."""
+        found = self.remote.verified(key)
+        return self._publish(key, found) if isinstance(found, tuple) else found
+
+    def lookup(self, key: str) -> Entry | None:
+        """The remote entry for ``key``, verified and published into the local root.
+
+        The caller holds the local key lock (as CompileManager._miss does).
+        """
+        found = self._fetch(key)
+        return found if isinstance(found, Entry) else None
+
+    def lookup_alias(self, spec_key: str) -> Entry | None:
+        """The latest upload of a toolchain-less spec, for a node without the compiler.
+
+        Such a node cannot compute a full key (it holds the toolchain's version), so it
+        follows Redis' alias; the entry it names must verify and be a build of ``spec_key``.
+        Publishing it also writes the local alias, so the next lookup is a local hit.
+        """
+        key = self.remote.alias_target(spec_key)
+        if key is None:
+            return None
+        fetched = self.remote.fetch_verified(key, spec_key=spec_key)
+        return None if fetched is None else self._publish(key, fetched)
+
+    def after_compile(self, entry: Entry) -> bool:
+        """Upload a freshly compiled entry; True if Redis took it."""
+        return self.remote.upload(entry.key, portable_manifest(entry), entry.cubin)
+
+    @contextlib.contextmanager
+    def single_flight(self, key: str, wait: float = DEFAULT_WAIT) -> Iterator[Flight]:
+        """Fetch ``key``, else take its cluster-wide lock for one compile (see Flight).
+
+        ``wait``: seconds to wait for another node's compile (polling the entry and the
+        lock); 0: do not wait (Flight.busy if another node holds the lock). The lock is
+        released on leaving the block, so the upload must happen inside it.
+        """
+        found = self._fetch(key)
+        if isinstance(found, Entry):
+            yield Flight(entry=found)
+            return
+        lock = self.remote.lock(key)
+        try:
+            yield self._contend(lock, key, wait, rejected=isinstance(found, str))
+        finally:
+            lock.release()
+
+    def _contend(self, lock: RemoteLock, key: str, wait: float, rejected: bool) -> Flight:
+        """Take ``lock`` (or wait for the entry); the Flight single_flight yields.
+
+        ``rejected``: Redis holds a bad entry for ``key``. It stays there until the lock's
+        holder uploads a good one, so it is neither fetched again right after taking the
+        lock nor polled while waiting (each poll would be one more rejection): the wait is
+        for the lock alone, then the entry is checked once.
+        """
+        if lock.try_acquire():
+            # Another node may have uploaded between our fetch and taking the lock.
+            return Flight(entry=None if rejected else self.lookup(key))
+        if wait <= 0:
+            return Flight(busy=True)
+        deadline = time.monotonic() + wait
+        attempt = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            stop = None if rejected else (lambda: self.remote.exists(key))
+            got = remaining > 0 and lock.acquire(remaining, stop=stop)
+            found = self._fetch(key)
+            if isinstance(found, Entry):
+                return Flight(entry=found)
+            if got:
+                return Flight()
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "mlpjit: waited %.1f s for another node compiling %s; compiling it here",
+                    wait,
+                    short_key(key),
+                )
+                return Flight()
+            # The entry that ended the wait was rejected (or gone again): wait for the lock.
+            rejected = rejected or isinstance(found, str)
+            time.sleep(min(poll_delay(attempt), max(deadline - time.monotonic(), 0)))
+            attempt += 1
