@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlpjit.jit.scratch import pid_alive, remove_dead_scratch
-from mlpjit.jit.store import CacheStore, is_key
+from mlpjit.jit.store import CacheStore, is_key, same_file
 
 if TYPE_CHECKING:
     from mlpjit.jit.remote import RemoteCache
@@ -266,23 +266,9 @@ def _listdir(path: Path) -> list[Path]:
         return []
 
 
-def _same_file(path: Path, before: os.stat_result) -> bool:
-    """Whether ``path`` is still the very file ``before`` described (not replaced meanwhile)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return (st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size) == (
-        before.st_ino,
-        before.st_dev,
-        before.st_mtime_ns,
-        before.st_size,
-    )
-
-
 def _unlink_if_same(path: Path, before: os.stat_result) -> bool:
     """Unlink ``path`` if it is still the file ``before`` described; True if removed."""
-    if not _same_file(path, before):
+    if not same_file(path, before):
         return False
     try:
         path.unlink()

@@ -52,6 +52,7 @@ from mlpjit.jit.safe_read import loads_json, read_regular
 __all__ = [
     "compile_seconds_of",
     "is_key",
+    "same_file",
     "unsafe_dir_reason",
     "MAX_ALIAS_BYTES",
     "MAX_CUBIN_BYTES",
@@ -247,8 +248,9 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def _same_file(path: Path, st: os.stat_result) -> bool:
-    """True if ``path`` is still the file ``st`` (an lstat) describes."""
+def same_file(path: Path, st: os.stat_result) -> bool:
+    """True if ``path`` is still the file ``st`` (an lstat) describes: not replaced or
+    removed meanwhile."""
     try:
         now = os.lstat(path)
     except OSError:
@@ -523,7 +525,7 @@ class CacheStore:
                 cubin = _read_trusted(cpath, MAX_CUBIN_BYTES, owners)
                 manifest = verify_manifest(key, raw, cubin)
             except (OSError, CorruptEntryError) as err:
-                if not _same_file(mpath, mstat):
+                if not same_file(mpath, mstat):
                     continue  # replaced or removed while we read it: look again
                 reason = str(err) if isinstance(err, CorruptEntryError) else f"unreadable: {err}"
                 if writable:
@@ -770,7 +772,7 @@ class CacheStore:
         may have replaced the bad entry with a good one, which must not be moved.
         """
         mpath, cpath = self._entry_paths(self.root, key)
-        if expect is not None and not _same_file(mpath, expect):
+        if expect is not None and not same_file(mpath, expect):
             return False
         qdir = self._v1(self.root) / "quarantine" / f"{key}.{time.time_ns()}.{os.getpid()}"
         try:

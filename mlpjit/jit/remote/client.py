@@ -31,7 +31,13 @@ from mlpjit.jit.key import short_key
 from mlpjit.jit.remote import lua
 from mlpjit.jit.remote.lock import RemoteLock
 from mlpjit.jit.remote.sign import MAX_SIGNATURE_BYTES, FleetSigner
-from mlpjit.jit.store import MAX_CUBIN_BYTES, MAX_MANIFEST_BYTES, check_key, verify_manifest
+from mlpjit.jit.store import (
+    MAX_CUBIN_BYTES,
+    MAX_MANIFEST_BYTES,
+    check_key,
+    compile_seconds_of,
+    verify_manifest,
+)
 
 __all__ = [
     "COUNTERS",
@@ -92,22 +98,6 @@ def _counter_value(raw: object) -> int:
     if isinstance(raw, bytes) and raw.isdigit():
         return int(raw)
     return 0
-
-
-def safe_compile_seconds(manifest: dict[str, Any]) -> float:
-    """The manifest's compile_seconds if it is a finite number >= 0, else 0.0.
-
-    The field is covered by no checksum: 1e999 (parsed as inf) or a 400-digit int would make
-    a local publish raise (JSON has no inf; float() overflows), so neither gets that far.
-    """
-    value = manifest.get("compile_seconds")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return 0.0
-    try:
-        seconds = float(value)
-    except OverflowError:
-        return 0.0
-    return seconds if math.isfinite(seconds) and seconds >= 0 else 0.0
 
 
 @dataclass
@@ -372,7 +362,7 @@ class RemoteCache:
         if served:
             self._count(hits=1)
             self._bump("hits")
-        manifest["compile_seconds"] = safe_compile_seconds(manifest)
+        manifest["compile_seconds"] = compile_seconds_of(manifest)
         return manifest, reply[1]
 
     def fetch_verified(self, key: str, spec_key: str | None = None) -> Verified | None:
