@@ -80,7 +80,7 @@ _COMPRESSED_MAGIC = (
 )
 _EXPORT_HINT = "an mlpjit archive is an uncompressed tar written by `mlpjit cache export`"
 
-_MEMBER_RE = re.compile(r"^entries/([0-9a-f]{64})\.(cubin|json)$")
+_MEMBER_RE = re.compile(r"entries/([0-9a-f]{64})\.(cubin|json)")
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 # Per-machine facts that do not travel: the importing store sets its own.
 _LOCAL_FIELDS = ("last_used", "origin")
@@ -222,7 +222,7 @@ def _check_member(member: tarfile.TarInfo) -> str:
         return f"{name!r} is an absolute or non-portable path"
     if ".." in name.split("/"):
         return f"{name!r} escapes the archive with '..'"
-    if name != INDEX_NAME and not _MEMBER_RE.match(name):
+    if name != INDEX_NAME and not _MEMBER_RE.fullmatch(name):
         return f"{name!r} is not a member of an mlpjit archive"
     limit = _member_limit(name)
     if member.size > limit:

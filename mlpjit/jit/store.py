@@ -71,7 +71,7 @@ MAX_MANIFEST_BYTES = 1 << 20
 MAX_ALIAS_BYTES = 4096
 
 _KEY_RE = re.compile(r"[0-9a-f]{64}")
-_SHARD_RE = re.compile(r"^[0-9a-f]{2}$")
+_SHARD_RE = re.compile(r"[0-9a-f]{2}")
 _UNSAFE_BITS = stat.S_IWGRP | stat.S_IWOTH
 
 
@@ -602,7 +602,7 @@ class CacheStore:
         entries = self._v1(base) / "entries"
         try:
             shards = sorted(
-                p for p in entries.iterdir() if _SHARD_RE.match(p.name) and _is_real_dir(p)
+                p for p in entries.iterdir() if _SHARD_RE.fullmatch(p.name) and _is_real_dir(p)
             )
         except OSError:
             return []

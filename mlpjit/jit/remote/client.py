@@ -36,6 +36,7 @@ from mlpjit.jit.store import (
     MAX_MANIFEST_BYTES,
     check_key,
     compile_seconds_of,
+    is_key,
     verify_manifest,
 )
 
@@ -65,7 +66,6 @@ DEFAULT_RETRY_AFTER = 30.0  # seconds the remote is skipped after a failure
 # Fleet-wide counters, each the Redis key <prefix>stats:<name>, INCRed as things happen.
 COUNTERS = ("hits", "rejected", "uploads")
 
-_KEY_RE = re.compile(r"[0-9a-f]{64}")  # fullmatch: "$" would let a trailing newline in
 # An alias' value: the key it names, then ":" and its signature when a fleet secret signed it.
 _ALIAS_RE = re.compile(rb"([0-9a-f]{64})(?::([0-9a-f]{1,128}))?")  # fullmatch
 
@@ -455,7 +455,7 @@ class RemoteCache:
         found: set[str] = set()
         for name in self._client.scan_iter(match=pattern, count=1000):
             key = bytes(name)[start:].decode("ascii", "replace")
-            if _KEY_RE.fullmatch(key):
+            if is_key(key):
                 found.add(key)
                 if limit is not None and len(found) >= limit:
                     break

@@ -18,13 +18,12 @@ from typing import Any
 from mlpjit.jit.archive import ImportReport, portable_manifest, publish_entry
 from mlpjit.jit.binary import binary_from_fields
 from mlpjit.jit.remote.client import RemoteCache
-from mlpjit.jit.store import CacheStore
+from mlpjit.jit.store import CacheStore, is_key
 
 __all__ = ["REPORT_SCAN_CAP", "check_prefixes", "pull", "push", "remote_report"]
 
 REPORT_SCAN_CAP = 100_000  # entries remote_report counts at most
-_PREFIX_RE = re.compile(r"^[0-9a-f]{1,64}$")
-_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+_PREFIX_RE = re.compile(r"[0-9a-f]{1,64}")
 
 
 def check_prefixes(prefixes: Iterable[str]) -> list[str]:
@@ -33,7 +32,7 @@ def check_prefixes(prefixes: Iterable[str]) -> list[str]:
     checked: list[str] = []
     for prefix in prefixes:
         text = str(prefix).strip().lower()
-        if not _PREFIX_RE.match(text):
+        if not _PREFIX_RE.fullmatch(text):
             raise ValueError(f"KEY_PREFIX must be 1 to 64 hex characters, got {prefix!r}")
         if text not in checked:
             checked.append(text)
@@ -86,7 +85,7 @@ def _pull_keys(
 ) -> tuple[list[str], list[str]] | None:
     """(remote keys to pull, prefixes matching none); None if Redis could not be listed.
     Full keys are fetched as they are, without listing Redis."""
-    if prefixes is not None and all(_KEY_RE.match(p) for p in prefixes):
+    if prefixes is not None and all(is_key(p) for p in prefixes):
         return sorted(prefixes), []
     listed = remote.entry_keys()
     return None if listed is None else _select(listed, prefixes)
