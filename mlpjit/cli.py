@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
 
 from mlpjit.errors import MlpjitError
+from mlpjit.models import LAYERS, PRESET_NAMES, PRESETS, get_preset
 
 if TYPE_CHECKING:
     from mlpjit.jit.remote import RemoteCache
@@ -119,6 +120,14 @@ def _param_arg(text: str) -> tuple[str, list[Any]]:
     if not sep or not name.strip():
         raise ValueError(f"--param must be name=value, got {text!r}")
     return name.strip(), [_scalar(v) for v in value.split(",")]
+
+
+def _layers_arg(text: str) -> tuple[str, ...]:
+    """'dense,shared' -> the --model layers to warm, in models.LAYERS order."""
+    items = [s.strip() for s in text.split(",")]
+    if not all(item in LAYERS for item in items):
+        raise ValueError(f"layers must be a comma list of {' and/or '.join(LAYERS)}, got {text!r}")
+    return tuple(layer for layer in LAYERS if layer in items)
 
 
 def _key_prefix_arg(text: str) -> str:
@@ -564,41 +573,57 @@ def _warm_requests(args: argparse.Namespace, arch: str) -> list[KernelRequest]:
         return requests
     if args.checkpoint:
         return _checkpoint_requests(args, arch)
-    from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
-    from mlpjit.models import MODELS
-
     if args.model:
-        hidden, intermediate = MODELS[args.model]
-    else:
-        if args.intermediate is None:
-            raise ValueError("--hidden needs --intermediate")
-        hidden, intermediate = args.hidden, args.intermediate
-    requests = dense_mlp_requests(
-        hidden,
-        intermediate,
-        args.tp,
-        args.tokens,
-        arch,
-        ue8m0=args.ue8m0,
-        limit=args.limit,
-        sms=_resolve_sms(args),
-    )
-    if not requests:
-        raise ValueError(_why_no_kernels(hidden, intermediate, args.tp, args.tokens))
-    return requests
+        return _shard_requests(args, arch, _model_shapes(args))
+    if args.intermediate is None:
+        raise ValueError("--hidden needs --intermediate")
+    return _shard_requests(args, arch, [(args.hidden, args.intermediate)])
 
 
-def _checkpoint_requests(args: argparse.Namespace, arch: str) -> list[KernelRequest]:
-    """The kernels of every distinct dense-MLP / shared-expert shape of --checkpoint at --tp
-    (a shape the kernels cannot take runs the stock path and needs none; only when no
-    shape has any kernel is that an error)."""
-    from mlpjit.checkpoint import checkpoint_mlp_shapes, shard_range
+def _model_shapes(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """(hidden, full intermediate) of each --layers layer of the --model preset.
+
+    "shared" of a model without a shared expert is skipped with a note on stderr, or an
+    error when it is all --layers asked for; a layer whose intermediate size --tp does not
+    divide is an error naming it (no rank could hold such a shard).
+    """
+    preset = get_preset(args.model)
+    have = preset.layers()
+    asked = args.layers or LAYERS
+    missing = [layer for layer in asked if layer not in have]
+    if missing and len(missing) == len(asked):
+        raise ValueError(
+            f"{preset.name} has no shared expert: --layers {','.join(asked)} leaves nothing "
+            f"to warm (allowed for it: {', '.join(have)})"
+        )
+    if missing:
+        print(
+            f"mlpjit: note: {preset.name} has no shared expert; warming its dense layers only",
+            file=sys.stderr,
+        )
+    shapes = []
+    for layer in asked:
+        if layer in have:
+            what = "dense MLP" if layer == "dense" else "shared expert"
+            if have[layer] % args.tp:
+                raise ValueError(
+                    f"tp must divide {preset.name}'s {what} intermediate size "
+                    f"{have[layer]}, got {args.tp}"
+                )
+            shapes.append((preset.hidden, have[layer]))
+    return shapes
+
+
+def _shard_requests(
+    args: argparse.Namespace, arch: str, shapes: Sequence[tuple[int, int]]
+) -> list[KernelRequest]:
+    """The distinct kernels of every (hidden, full intermediate) shape at --tp and --tokens,
+    in order. A shape the kernels cannot take runs the stock path and needs none; only when
+    no shape has any kernel is that an error, saying why for each."""
     from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
 
-    shapes = sorted({(h, i) for _, h, i in checkpoint_mlp_shapes(args.checkpoint)})
     requests: list[KernelRequest] = []
     for hidden, intermediate in shapes:
-        shard_range(intermediate, 0, args.tp)  # ValueError naming the size and tp
         for r in dense_mlp_requests(
             hidden,
             intermediate,
@@ -612,15 +637,25 @@ def _checkpoint_requests(args: argparse.Namespace, arch: str) -> list[KernelRequ
             if r not in requests:
                 requests.append(r)
     if not requests:
-        raise ValueError(
-            "; ".join(_why_no_kernels(h, i, args.tp, args.tokens) for h, i in shapes)
-        )
+        raise ValueError("; ".join(_why_no_kernels(h, i, args.tp, args.tokens) for h, i in shapes))
     return requests
+
+
+def _checkpoint_requests(args: argparse.Namespace, arch: str) -> list[KernelRequest]:
+    """The kernels of every distinct dense-MLP / shared-expert shape of --checkpoint at --tp
+    (a shape the kernels cannot take runs the stock path and needs none; only when no
+    shape has any kernel is that an error)."""
+    from mlpjit.checkpoint import checkpoint_mlp_shapes, shard_range
+
+    shapes = sorted({(h, i) for _, h, i in checkpoint_mlp_shapes(args.checkpoint)})
+    for _, intermediate in shapes:
+        shard_range(intermediate, 0, args.tp)  # ValueError naming the size and tp
+    return _shard_requests(args, arch, shapes)
 
 
 def _why_no_kernels(hidden: int, intermediate: int, tp: int, tokens: Sequence[int]) -> str:
     """What was asked and why no kernel fits it (a plan with 0 kernels warms nothing)."""
-    from mlpjit.kernels.fp8_gemv.params import MAX_TOKENS, MAX_WARPS, SLICE
+    from mlpjit.kernels.fp8_gemv.params import GROUP, MAX_TOKENS
 
     inter = intermediate // tp
     lo, hi = min(tokens), max(tokens)
@@ -629,19 +664,17 @@ def _why_no_kernels(hidden: int, intermediate: int, tp: int, tokens: Sequence[in
             f"no token count in {lo}..{hi} takes the kernel path (1-{MAX_TOKENS}); larger "
             f"counts run the stock path and need no kernel"
         )
-    elif hidden % SLICE:
-        why = f"hidden {hidden} is not a multiple of {SLICE}"
-    elif inter % SLICE:
+    elif hidden % GROUP:
+        why = f"hidden {hidden} is not a multiple of {GROUP}"
+    elif inter % GROUP:
         why = (
-            f"tp {tp} does not divide intermediate {intermediate} into multiples of {SLICE} "
+            f"tp {tp} does not divide intermediate {intermediate} into multiples of {GROUP} "
             f"(each rank gets {inter})"
         )
-    elif max(hidden, inter) > SLICE * MAX_WARPS:
-        why = f"the kernels take K up to {SLICE * MAX_WARPS}, got {max(hidden, inter)}"
     else:
         why = (
             f"fp8_gemv cannot take gate_up {2 * inter}x{hidden} or down {hidden}x{inter} "
-            f"within the shared-memory and register limits"
+            f"within the shared-memory and register limits (they run the stock path)"
         )
     asked = f"hidden {hidden}, intermediate {intermediate}, tp {tp}, tokens {lo}..{hi}"
     return f"no kernels to warm for {asked}: {why}"
@@ -840,6 +873,17 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return report.exit_status
 
 
+def _presets_text() -> str:
+    """The --model presets for --help: "glm5 (hidden 6144, dense 12288, shared 2048); ...",
+    aliases after their preset."""
+    parts = []
+    for name, p in PRESETS.items():
+        shared = f", shared {p.shared_intermediate}" if p.shared_intermediate else ""
+        aliases = f", also {', '.join(p.aliases)}" if p.aliases else ""
+        parts.append(f"{name} (hidden {p.hidden}, dense {p.intermediate}{shared}{aliases})")
+    return "; ".join(parts)
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="mlpjit", description="mlpjit compile cache: warm it, inspect it, ship it."
@@ -857,7 +901,13 @@ def _build_parser() -> argparse.ArgumentParser:
     warm = sub(commands, "warm", _cmd_warm, "compile kernels into the cache (no GPU needed)")
     what = warm.add_mutually_exclusive_group(required=True)
     what.add_argument("--kernel", help="a registered kernel name (e.g. fp8_gemv)")
-    what.add_argument("--model", choices=("glm5", "glm4.5"), help="a dense-MLP model preset")
+    what.add_argument(
+        "--model",
+        choices=PRESET_NAMES,
+        metavar="NAME",
+        help=f"a model preset, full (unsharded) sizes: {_presets_text()}; warms its "
+        "--layers at --tp",
+    )
     what.add_argument(
         "--hidden", type=_arg_type(_positive), help="hidden size (with --intermediate)"
     )
@@ -881,6 +931,14 @@ def _build_parser() -> argparse.ArgumentParser:
         type=_arg_type(_param_arg),
         metavar="NAME=VALUE[,VALUE...]",
         help="compile parameter of --kernel; a value list multiplies the requests",
+    )
+    warm.add_argument(
+        "--layers",
+        type=_arg_type(_layers_arg),
+        default=None,
+        metavar="dense,shared",
+        help="with --model: its dense MLP layers and/or its MoE layers' shared expert, each "
+        "sharded intermediate/tp (default both; a model without a shared expert warms dense)",
     )
     warm.add_argument("--intermediate", type=_arg_type(_positive), help="intermediate size")
     warm.add_argument("--tp", type=_arg_type(_positive), default=1, help="tensor-parallel size")
@@ -981,6 +1039,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.parser.error("--param goes with --kernel")
     if args.command == "warm" and args.intermediate is not None and args.hidden is None:
         args.parser.error("--intermediate goes with --hidden")
+    if args.command == "warm" and args.layers is not None and not args.model:
+        args.parser.error("--layers goes with --model")
     _setup_logging(args.verbose)
     try:
         return args.func(args)

@@ -47,8 +47,21 @@ from mlpjit.testing.layers import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-# name -> (hidden, intermediate per TP shard)
-SHAPES = {name: DENSE_SHAPES[name] for name in ("glm5-tp8", "glm5-tp4", "glm5-tp1", "glm4.5-tp8")}
+# The default shapes, name -> (hidden, intermediate per TP shard); --shapes takes any
+# DENSE_SHAPES name (every preset's dense and shared-expert shards).
+SHAPES = {
+    name: DENSE_SHAPES[name]
+    for name in (
+        "glm5-tp8",
+        "glm5-tp4",
+        "glm5-tp1",
+        "glm4.5-tp8",
+        "deepseek-v3-tp8",
+        "deepseek-v3-shared-tp8",
+        "deepseek-v3-shared-tp1",
+        "qwen3-32b-tp8",
+    )
+}
 DEFAULT_TOKENS = (1, 2, 4, 8)
 L2_BYTES_H200 = 60 * 1024 * 1024  # used when the device does not report its L2 size
 METHODS = ("mlpjit", "mlpjit_nopdl", "stock", "scaled_mm", "bf16")
@@ -65,7 +78,7 @@ def kernel_requests(arch: str = "sm_90a", shapes: Sequence[str] = tuple(SHAPES))
 
     requests = []
     for name in shapes:
-        hidden, inter = SHAPES[name]
+        hidden, inter = DENSE_SHAPES[name]
         requests += layer_requests(hidden, inter, DEFAULT_TOKENS, arch, limit=None, ue8m0=True)
     return requests
 
@@ -75,7 +88,11 @@ def kernel_requests(arch: str = "sm_90a", shapes: Sequence[str] = tuple(SHAPES))
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {list(SHAPES)}")
+    p.add_argument(
+        "--shapes",
+        default=",".join(SHAPES),
+        help=f"comma list of {', '.join(DENSE_SHAPES)} (default: {', '.join(SHAPES)})",
+    )
     p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="e.g. 1,2,4,8")
     p.add_argument("--replays", type=int, default=200, help="timed graph replays (>= 1)")
     p.add_argument("--warmup", type=int, default=10, help="untimed replays first")
@@ -94,7 +111,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.shapes, args.tokens, args.replays, args.warmup = "glm5-tp8", "1,8", 30, 3
         args.host_calls = 50
-    args.shape_list = _choices(args.shapes, SHAPES, "--shapes", p)
+    args.shape_list = _choices(args.shapes, DENSE_SHAPES, "--shapes", p)
     args.method_list = _choices(args.methods, METHODS, "--methods", p)
     try:
         args.token_list = [int(t) for t in args.tokens.split(",") if t.strip()]
@@ -150,7 +167,7 @@ def host_overhead_us(call: Callable[[], object], calls: int, batches: int = 20) 
 def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -> list[dict]:
     from mlpjit import DenseMlp, stock
 
-    hidden, inter = SHAPES[name]
+    hidden, inter = DENSE_SHAPES[name]
     n_layers = layers_needed(hidden, inter, l2_bytes, args.l2_multiple)
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     ue8m0 = not args.fp32_scales
@@ -363,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print("dry run: nothing measured")
         for name in args.shape_list:
-            hidden, inter = SHAPES[name]
+            hidden, inter = DENSE_SHAPES[name]
             n = layers_needed(hidden, inter, L2_BYTES_H200, args.l2_multiple)
             paths = {
                 m: "kernel" if kernel_supported(hidden, inter, m) else "stock"

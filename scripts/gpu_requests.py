@@ -5,8 +5,13 @@ Each source below lists its kernels in ``kernel_requests(arch)``; the output fee
 ``mlpjit warm --from FILE`` on a machine without a GPU, so the GPU run needs no compiler
 (README: running the GPU tests and benchmarks on an H200):
 
+    pip install -e .   # the scripts import the installed package
     python3 scripts/gpu_requests.py --arch sm_90a -o .gpu-cache/requests.jsonl
-    MLPJIT_CACHE_DIR=.gpu-cache mlpjit warm --from .gpu-cache/requests.jsonl --arch sm_90a --jobs 2
+    MLPJIT_KERNEL_MODULES=mlpjit.testing.smoke MLPJIT_CACHE_DIR=.gpu-cache \
+        mlpjit warm --from .gpu-cache/requests.jsonl --arch sm_90a --jobs 2
+
+(the launcher tests use the smoke kernel, which registers only when its module is imported:
+MLPJIT_KERNEL_MODULES names it).
 
 The demos (serve_demo.py, tp_demo.py at TP 8 and 2) use GLM-5 shards that
 tests/gpu/test_dense_mlp_gpu.py lists already.
@@ -31,6 +36,7 @@ SOURCES = (
     REPO / "scripts" / "bench_dense_mlp.py",
     REPO / "scripts" / "bench_launch.py",
     REPO / "tests" / "gpu" / "test_transformers_gpu.py",
+    REPO / "scripts" / "bench_transformers.py",
 )
 
 

@@ -53,14 +53,31 @@ from mlpjit.testing.layers import (
     weight_bytes,
 )
 
-KERNEL_SHAPES = GEMV_SHAPES  # "glm5-tp8-gate_up" -> (rows, k, swiglu)
+
+def _kernel_takes(rows: int, k: int) -> bool:
+    """Whether fp8_gemv takes a launch at every token count: only those have variants to
+    sweep (the others run the stock path)."""
+    return all(tuning.kernel_supports(rows, k, m) for m in range(1, MAX_TOKENS + 1))
+
+
+# "glm5-tp8-gate_up" -> (rows, k, swiglu), every preset launch the kernel takes.
+KERNEL_SHAPES = {name: s for name, s in GEMV_SHAPES.items() if _kernel_takes(s.rows, s.k)}
 # The kernel sweep's shapes unless --shapes says otherwise: every GLM-5 shard and GLM-4.5 TP8.
 DEFAULT_KERNEL_SHAPES = (
     *(f"glm5-tp{tp}-{kind}" for tp in (8, 4, 2, 1) for kind in ("gate_up", "down")),
     "glm4.5-tp8-gate_up",
     "glm4.5-tp8-down",
 )
-LAYER_SHAPES = DENSE_SHAPES  # "glm5-tp8" -> (hidden, intermediate per rank)
+# "glm5-tp8" -> (hidden, intermediate per rank), every preset shard whose two launches the
+# kernel takes; the layer sweep's default is the GLM dense shards.
+LAYER_SHAPES = {
+    name: (hidden, inter)
+    for name, (hidden, inter) in DENSE_SHAPES.items()
+    if _kernel_takes(2 * inter, hidden) and _kernel_takes(hidden, inter)
+}
+DEFAULT_LAYER_SHAPES = tuple(
+    f"{model}-tp{tp}" for model in ("glm5", "glm4.5") for tp in (8, 4, 2, 1)
+)
 KERNEL_TOKENS = (1, 8)
 LAYER_TOKENS = (1, 2, 4, 8)
 TILES = (1, 2, 4)
@@ -73,34 +90,42 @@ ARCH = "sm_90a"
 
 def label(config: GemvConfig) -> str:
     """'t4/r3/c2' (tiles, in_regs, ctas_per_sm), with '/s3' for 3 slices per warp, '/n2'
-    for clusters of 2 CTAs and '/early' for the PDL trigger at kernel entry."""
+    for clusters of 2 CTAs, '/k256' for 256-K slices, '/x4' for 4 K splits and '/early'
+    for the PDL trigger at kernel entry."""
     c = config
     spw = f"/s{c.slices_per_warp}" if c.slices_per_warp != 1 else ""
     cluster = f"/n{c.cluster}" if c.cluster != 1 else ""
+    slice_k = f"/k{c.slice_k}" if c.slice_k != 512 else ""
+    splits = f"/x{c.splits}" if c.splits != 1 else ""
     early = "/early" if c.early_launch else ""
-    return f"t{c.tiles}/r{c.in_regs}/c{c.ctas_per_sm}{spw}{cluster}{early}"
+    return f"t{c.tiles}/r{c.in_regs}/c{c.ctas_per_sm}{spw}{cluster}{slice_k}{splits}{early}"
 
 
 def parse_config(text: str) -> GemvConfig:
-    """'t4/r3/c2' (tiles, in_regs, ctas_per_sm), optionally '/s2' (slices_per_warp) and
-    '/n2' (CTAs per cluster) -> GemvConfig, trigger after the wait. ValueError otherwise."""
-    form = "t4/r3/c2, t1/r0/c2/s3 or t1/r3/c1/s2/n4"
+    """'t4/r3/c2' (tiles, in_regs, ctas_per_sm), then optionally, in any order, '/s2'
+    (slices_per_warp), '/n2' (CTAs per cluster), '/k256' (slice_k) and '/x4' (K splits)
+    -> GemvConfig, trigger after the wait. ValueError otherwise."""
+    form = "t4/r3/c2, t1/r0/c2/s3, t1/r3/c1/s2/n4 or t2/r1/c2/k256/x4"
     parts = text.split("/")
-    if len(parts) >= 3 and (len(parts) == 3 or parts[3][:1] != "s"):
-        parts.insert(3, "s1")
-    if len(parts) == 4:
-        parts.append("n1")
-    if len(parts) != 5 or [x[:1] for x in parts] != ["t", "r", "c", "s", "n"]:
+    optional = {"s": "slices_per_warp", "n": "cluster", "k": "slice_k", "x": "splits"}
+    if len(parts) < 3 or [x[:1] for x in parts[:3]] != ["t", "r", "c"]:
         raise ValueError(f"config must look like {form}, got {text!r}")
     try:
-        tiles, in_regs, cps, spw, cluster = (int(x[1:]) for x in parts)
-    except ValueError:
+        tiles, in_regs, cps = (int(x[1:]) for x in parts[:3])
+        extra = {}
+        for part in parts[3:]:
+            name = optional[part[:1]]
+            if name in extra:
+                raise KeyError(name)
+            extra[name] = int(part[1:])
+    except (KeyError, ValueError):
         raise ValueError(f"config must look like {form}, got {text!r}") from None
+    spw = extra.get("slices_per_warp", 1)
     if min(tiles, cps, spw) < 1 or in_regs < 0:
         raise ValueError(f"config needs tiles, ctas_per_sm, slices >= 1 and in_regs >= 0: {text!r}")
-    if cluster not in CLUSTER_SIZES:
+    if extra.get("cluster", 1) not in CLUSTER_SIZES:
         raise ValueError(f"config's cluster (/n) must be one of {CLUSTER_SIZES}: {text!r}")
-    return GemvConfig(tiles, in_regs, cps, slices_per_warp=spw, cluster=cluster)
+    return GemvConfig(tiles, in_regs, cps, **extra)
 
 
 def gemv_request(
@@ -160,6 +185,9 @@ def variants(
         for i, r in enumerate(fits):
             (first if i == 0 else rest).append(GemvConfig(c.tiles, r, c.ctas_per_sm))
     ordered = [default]
+    spread = tuning.spread_config(rows, k, tokens)
+    if spread is not None and spread != default:
+        ordered.append(spread)  # the K-split / any-tiles pick, even where the table decides
     for c in first + rest:
         if c not in ordered:
             ordered.append(c)
@@ -218,9 +246,11 @@ def pairs(
     extra_down: Sequence[GemvConfig] = (),
     extra_gate_up: Sequence[GemvConfig] = (),
     clusters: Sequence[int] = (),
+    spread: int = 0,
 ) -> list[tuple[GemvConfig, GemvConfig]]:
     """choose_config's (gate_up, down) with each early_launch combination, then every
-    (gate_up, down) of the defaults and the extra configs that fit, with gate_up's trigger
+    (gate_up, down) of the defaults, tuning.spread_config's picks and the extra configs
+    that fit (and the ``spread`` best picks of tuning.spread_configs), with gate_up's trigger
     at entry and after the wait (down's after the wait); then, per cluster size in
     ``clusters``, the default pair with gate_up, down and both set to that cluster size
     (where it fits)."""
@@ -230,6 +260,12 @@ def pairs(
         (dataclasses.replace(gate_up, early_launch=g), dataclasses.replace(down, early_launch=d))
         for g, d in itertools.product((False, True), repeat=2)
     ]
+    # The model's spread picks (K splits, any tiles) beside the defaults, where they differ.
+    if spread:
+        spread_g = tuning.spread_configs(2 * inter, hidden, m, count=spread)
+        spread_d = tuning.spread_configs(hidden, inter, m, count=spread)
+        extra_gate_up = [*extra_gate_up, *(c for c in spread_g if c != gate_up)]
+        extra_down = [*extra_down, *(c for c in spread_d if c != down)]
     gate_ups = [gate_up] + [c for c in extra_gate_up if tuning.config_fits(2 * inter, hidden, m, c)]
     downs = [down] + [c for c in extra_down if tuning.config_fits(hidden, inter, m, c)]
     for g, d, early in itertools.product(gate_ups, downs, (False, True)):
@@ -263,7 +299,9 @@ def pair_requests(
 
 def _layer_pairs(args: argparse.Namespace, name: str, m: int) -> list:
     hidden, inter = LAYER_SHAPES[name]
-    return pairs(hidden, inter, m, args.extra_down, args.extra_gate_up, args.cluster_list)
+    return pairs(
+        hidden, inter, m, args.extra_down, args.extra_gate_up, args.cluster_list, args.spread
+    )
 
 
 def layer_requests(
@@ -273,13 +311,14 @@ def layer_requests(
     extra_gate_up: Sequence[GemvConfig] = (),
     arch: str = ARCH,
     clusters: Sequence[int] = (),
+    spread: int = 0,
 ) -> list[KernelRequest]:
     """The distinct compile requests of every pair the layer sweep times."""
     out: list[KernelRequest] = []
     for name in shapes:
         hidden, inter = LAYER_SHAPES[name]
         for m in tokens:
-            for pair in pairs(hidden, inter, m, extra_down, extra_gate_up, clusters):
+            for pair in pairs(hidden, inter, m, extra_down, extra_gate_up, clusters, spread):
                 out += [r for r in pair_requests(hidden, inter, m, pair, arch) if r not in out]
     return out
 
@@ -361,7 +400,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     layer = modes.add_parser("layer", parents=[common], help="sweep (gate_up, down) pairs")
     layer.add_argument(
-        "--shapes", default=",".join(LAYER_SHAPES), help=f"comma list of {', '.join(LAYER_SHAPES)}"
+        "--shapes",
+        default=",".join(DEFAULT_LAYER_SHAPES),
+        help=f"comma list of {', '.join(LAYER_SHAPES)}",
     )
     layer.add_argument(
         "--down-configs", default="", help="extra down configs, e.g. t4/r3/c2,t4/r1/c2/s3"
@@ -371,6 +412,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--clusters",
         default="",
         help="cluster sizes to try on the default pair, e.g. 1,2,4 (1: none)",
+    )
+    layer.add_argument(
+        "--spread",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time the N best picks of tuning.spread_configs (K splits, any tiles)",
     )
     args = p.parse_args(argv)
     if args.tokens is None:
@@ -591,6 +639,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.extra_gate_up,
                 args.arch,
                 args.cluster_list,
+                args.spread,
             )
         args.emit.parent.mkdir(parents=True, exist_ok=True)
         args.emit.write_text("".join(r.to_json_line() + "\n" for r in items))

@@ -30,7 +30,6 @@ def main() -> None:
 
     hold_file = spec.get("hold_file")
     if hold_file:
-
         real = smoke.compile_cubin
 
         def slow_compile(params, arch):

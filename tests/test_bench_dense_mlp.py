@@ -18,6 +18,29 @@ def test_dry_run_plans_every_shape(capsys) -> None:
     assert "glm5-tp8: hidden 6144, intermediate 1536, 9 layers" in text
 
 
+def test_default_shapes() -> None:
+    """GLM-5 TP 8/4/1, GLM-4.5 TP 8, DeepSeek-V3 dense TP 8 and shared TP 8 and 1, Qwen3-32B
+    TP 8: the shards the kernel work is measured on."""
+    assert bench.SHAPES == {
+        "glm5-tp8": (6144, 1536),
+        "glm5-tp4": (6144, 3072),
+        "glm5-tp1": (6144, 12288),
+        "glm4.5-tp8": (5120, 1536),
+        "deepseek-v3-tp8": (7168, 2304),
+        "deepseek-v3-shared-tp8": (7168, 256),
+        "deepseek-v3-shared-tp1": (7168, 2048),
+        "qwen3-32b-tp8": (5120, 3200),
+    }
+    assert bench.parse_args([]).shape_list == list(bench.SHAPES)
+
+
+def test_shapes_takes_any_preset_shard(capsys) -> None:
+    args = bench.parse_args(["--shapes", "qwen3-8b-tp8, glm5-shared-tp4"])
+    assert args.shape_list == ["qwen3-8b-tp8", "glm5-shared-tp4"]
+    assert bench.main(["--dry-run", "--shapes", "glm5-shared-tp4"]) == 0
+    assert "glm5-shared-tp4: hidden 6144, intermediate 512," in capsys.readouterr().out
+
+
 def test_quick_narrows_the_run() -> None:
     args = bench.parse_args(["--quick"])
     assert args.shape_list == ["glm5-tp8"] and args.token_list == [1, 8] and args.replays == 30
@@ -27,6 +50,8 @@ def test_quick_narrows_the_run() -> None:
     "argv",
     [
         ["--shapes", "glm6"],
+        ["--shapes", "kimi-k2-tp8"],
+        ["--shapes", "glm4.5-shared-tp8"],
         ["--tokens", "0"],
         ["--tokens", "a,b"],
         ["--methods", "cublas"],
@@ -69,3 +94,21 @@ def test_requests_cover_the_benchmark() -> None:
     requests = bench.kernel_requests("sm_90a")
     assert {r.params["tokens"] for r in requests} == {1, 2, 4, 8}
     assert all(r.params["ue8m0"] and r.params["limit"] is None for r in requests)
+
+
+@pytest.mark.parametrize("shapes", [tuple(bench.SHAPES), ("qwen3-8b-tp8", "glm5-shared-tp2")])
+def test_requests_hold_both_kernels_of_every_shape_on_the_kernel_path(shapes) -> None:
+    """Whatever the kernels take today: each benchmarked shape and token count that runs
+    DenseMlp's kernels has its gate_up and down request in the list."""
+    from mlpjit.dense_mlp import kernel_supported
+
+    requests = bench.kernel_requests("sm_90a", shapes)
+    have = {(r.params["rows"], r.params["k"], r.params["tokens"]) for r in requests}
+    on_kernel_path = 0
+    for name in shapes:
+        hidden, inter = bench.DENSE_SHAPES[name]
+        for m in bench.DEFAULT_TOKENS:
+            if kernel_supported(hidden, inter, m):
+                on_kernel_path += 1
+                assert {(2 * inter, hidden, m), (hidden, inter, m)} <= have, (name, m)
+    assert on_kernel_path >= 4  # glm5-tp8 / qwen3-8b-tp8 at every token count, at least

@@ -575,10 +575,10 @@ def test_import_is_cheap() -> None:
 # ---- mlpjit warm --checkpoint -----------------------------------------------------------------
 
 
-def _warm_checkpoint(root: Path, cache: Path, tp: int) -> subprocess.CompletedProcess:
+def _warm_checkpoint(root: Path, cache: Path, tp: int, *extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLPJIT_")}
     env["MLPJIT_CACHE_DIR"] = str(cache)
-    args = ["warm", "--checkpoint", str(root), "--tp", str(tp), "--arch", "sm_90a"]
+    args = ["warm", "--checkpoint", str(root), "--tp", str(tp), "--arch", "sm_90a", *extra]
     return subprocess.run(
         [sys.executable, "-m", "mlpjit", *args, "--dry-run", "--json"],
         capture_output=True,
@@ -589,9 +589,9 @@ def _warm_checkpoint(root: Path, cache: Path, tp: int) -> subprocess.CompletedPr
 
 
 def test_warm_checkpoint_lists_the_kernels_its_shapes_need(checkpoint, tmp_path) -> None:
-    """--checkpoint plans every distinct MLP shape of config.json at --tp: at TP 1 both the
-    dense (1024 x 1024) and the shared-expert shape (1024 x 512) take kernels; at TP 2 the
-    shared expert's 256-wide shard runs the stock path, so only the dense shard's kernels."""
+    """--checkpoint plans every distinct MLP shape of config.json at --tp: the dense
+    (1024 x 1024) and the shared-expert shape (1024 x 512), at TP 1 and at TP 2 (the shared
+    expert's 256-wide shard too)."""
     root, _ = checkpoint
     one = _warm_checkpoint(root, tmp_path / "c1", 1)
     assert one.returncode == 0, one.stderr
@@ -603,12 +603,14 @@ def test_warm_checkpoint_lists_the_kernels_its_shapes_need(checkpoint, tmp_path)
     two = _warm_checkpoint(root, tmp_path / "c2", 2)
     assert two.returncode == 0, two.stderr
     shapes = {(r["params"]["rows"], r["params"]["k"]) for r in json.loads(two.stdout)["entries"]}
-    assert shapes == {(INTER, HIDDEN), (HIDDEN, INTER // 2)}
+    assert shapes == {(INTER, HIDDEN), (HIDDEN, INTER // 2), (SHARED_INTER, HIDDEN),
+                      (HIDDEN, SHARED_INTER // 2)}  # fmt: skip
 
 
 def test_warm_checkpoint_that_fits_no_kernel_says_why(checkpoint, tmp_path) -> None:
     root, _ = checkpoint
-    run = _warm_checkpoint(root, tmp_path / "c", 4)
+    run = _warm_checkpoint(root, tmp_path / "c", 4, "--tokens", "9-16")
     assert run.returncode == 1
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "no kernels to warm" in lines[0], run.stderr
+    assert "takes the kernel path (1-8)" in lines[0]

@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 from redis_server import PASSWORD, RedisServer, free_port, start_redis, write_key_file
 
+from mlpjit import cli
 from mlpjit.cli import MAX_WARM_TOKENS, parse_age, parse_size, parse_tokens
+from mlpjit.kernels.fp8_gemv import plan as fp8_plan
+from mlpjit.models import PRESETS
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = ["--kernel", "smoke", "--param", "n=1024,2048,4096", "--param", "scale=2.0"]
@@ -166,17 +169,130 @@ def test_warm_jobs_compile_each_kernel_once(tmp_path: Path) -> None:
 
 def test_warm_model_plans_fp8_kernels(tmp_path: Path) -> None:
     plan = ok_json(tmp_path / "c", "warm", "--model", "glm5", "--tp", "8", "--tokens", "1-8",
-                   "--arch", "sm_90a", "--dry-run")  # fmt: skip
+                   "--layers", "dense", "--arch", "sm_90a", "--dry-run")  # fmt: skip
     assert plan["total"] == 16 and plan["cached"] == 0
     rows = {(e["params"]["rows"], e["params"]["k"]) for e in plan["entries"]}
     assert rows == {(2 * 12288 // 8, 6144), (6144, 12288 // 8)}
     assert not (tmp_path / "c" / "v1" / "entries").exists()  # dry run compiled nothing
 
     summary = ok_json(tmp_path / "c", "warm", "--model", "glm5", "--tp", "8", "--tokens", "1",
-                      "--arch", "sm_90a")  # fmt: skip
+                      "--layers", "dense", "--arch", "sm_90a")  # fmt: skip
     assert summary["total"] == 2 and summary["compiled"] == 2
     assert {e["kernel"] for e in summary["entries"]} == {"fp8_gemv"}
     assert {e["params"]["swiglu"] for e in summary["entries"]} == {True, False}
+
+
+def _planned(cache: Path, *args: str) -> dict[tuple[int, int], set[int]]:
+    """(rows, k) -> token counts of the fp8_gemv kernels a `warm --dry-run` lists."""
+    plan = ok_json(cache, "warm", *args, "--arch", "sm_90a", "--dry-run")
+    found: dict[tuple[int, int], set[int]] = {}
+    for e in plan["entries"]:
+        found.setdefault((e["params"]["rows"], e["params"]["k"]), set()).add(e["params"]["tokens"])
+    return found
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_warm_model_layers_plan_dense_and_shared_shards(tmp_path: Path, tp: int) -> None:
+    """GLM-5's dense layer (12288) and shared expert (2048) both split over --tp: gate_up
+    rows 2*intermediate/tp at k hidden, down k intermediate/tp (the kernel takes these)."""
+    dense = {(2 * 12288 // tp, 6144), (6144, 12288 // tp)}
+    shared = {(2 * 2048 // tp, 6144), (6144, 2048 // tp)}
+    c, tokens = tmp_path / "c", ["--model", "glm5", "--tp", str(tp), "--tokens", "1,8"]
+    both = _planned(c, *tokens)
+    assert set(both) == dense | shared
+    assert all(counts == {1, 8} for counts in both.values())
+    assert _planned(c, *tokens, "--layers", "shared,dense") == both
+    assert set(_planned(c, *tokens, "--layers", "dense")) == dense
+    assert set(_planned(c, *tokens, "--layers", " shared ")) == shared
+
+
+def test_warm_model_aliases_plan_the_same_kernels(tmp_path: Path) -> None:
+    """kimi-k2 and deepseek-r1 are deepseek-v3's shapes: the same kernel keys."""
+
+    def keys(model: str) -> list[str]:
+        plan = ok_json(tmp_path / "c", "warm", "--model", model, "--tp", "4", "--tokens", "1",
+                       "--arch", "sm_90a", "--dry-run")  # fmt: skip
+        return [e["key"] for e in plan["entries"]]
+
+    v3 = keys("deepseek-v3")
+    assert len(v3) == 4  # dense 7168 x 4608 and shared 7168 x 512 at TP 4, gate_up and down
+    assert keys("kimi-k2") == v3 and keys("deepseek-r1") == v3
+    assert keys("glm5") != v3
+
+
+def test_warm_model_without_a_shared_expert_notes_it(tmp_path: Path) -> None:
+    """qwen3-8b has no shared expert: the default --layers warms its dense layer with a
+    one-line note on stderr; --layers dense asks for nothing else, so no note."""
+    args = ["warm", "--model", "qwen3-8b", "--tp", "8", "--tokens", "1", "--arch", "sm_90a"]
+    run = mlpjit(tmp_path / "c", *args, "--dry-run", "--json")
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines() == [
+        "mlpjit: note: qwen3-8b has no shared expert; warming its dense layers only"
+    ]
+    rows = {(e["params"]["rows"], e["params"]["k"]) for e in json.loads(run.stdout)["entries"]}
+    assert rows == {(2 * 12288 // 8, 4096), (4096, 12288 // 8)}
+    run = mlpjit(tmp_path / "c", *args, "--layers", "dense", "--dry-run")
+    assert run.returncode == 0 and run.stderr == ""
+
+
+def test_warm_layers_usage_errors_name_the_option(tmp_path: Path) -> None:
+    run = mlpjit(tmp_path / "c", "warm", "--model", "glm5", "--layers", "dense,moe")
+    assert run.returncode == 2
+    assert "--layers" in run.stderr and "dense and/or shared, got 'dense,moe'" in run.stderr
+    run = mlpjit(tmp_path / "c", "warm", "--hidden", "6144", "--intermediate", "1536",
+                 "--layers", "shared", "--arch", "sm_90a")  # fmt: skip
+    assert run.returncode == 2 and "--layers goes with --model" in run.stderr
+
+
+def _planner_calls(monkeypatch, *args: str) -> list[tuple[int, int, int]]:
+    """(hidden, intermediate, tp) of each call `warm ARGS` makes to dense_mlp_requests,
+    which is stubbed: what the CLI asks for, whatever the kernels take."""
+    calls: list[tuple[int, int, int]] = []
+
+    def fake(hidden: int, intermediate: int, tp: int, tokens, arch: str, **kwargs) -> list:
+        calls.append((hidden, intermediate, tp))
+        return [("kernels of", hidden, intermediate // tp)]
+
+    monkeypatch.setattr(fp8_plan, "dense_mlp_requests", fake)
+    parsed = cli._build_parser().parse_args(["warm", *args, "--sms", "132"])
+    requests = cli._warm_requests(parsed, "sm_90a")
+    assert requests == [("kernels of", h, i // tp) for h, i, tp in calls]
+    return calls
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_warm_model_asks_the_planner_for_each_layer(monkeypatch, name: str, tp: int) -> None:
+    preset = PRESETS[name]
+    dense = (preset.hidden, preset.intermediate, tp)
+    shared = (preset.hidden, preset.shared_intermediate, tp)
+    want = [dense, shared] if preset.shared_intermediate else [dense]
+
+    def calls(*layers: str) -> list[tuple[int, int, int]]:
+        extra = ["--layers", *layers] if layers else []
+        return _planner_calls(monkeypatch, "--model", name, "--tp", str(tp), *extra)
+
+    assert calls() == want
+    assert calls("dense") == [dense]
+    assert calls("shared,dense") == want
+    if preset.shared_intermediate:
+        assert calls("shared") == [shared]
+
+
+def test_warm_model_preset_sizes_reach_the_planner(monkeypatch) -> None:
+    """The presets' numbers as config.json gives them, aliases included."""
+    assert _planner_calls(monkeypatch, "--model", "kimi-k2", "--tp", "8") == [
+        (7168, 18432, 8),
+        (7168, 2048, 8),
+    ]
+    assert _planner_calls(monkeypatch, "--model", "glm4.5", "--tp", "4") == [
+        (5120, 12288, 4),
+        (5120, 1536, 4),
+    ]
+    assert _planner_calls(monkeypatch, "--model", "qwen3-32b", "--tp", "8") == [(5120, 25600, 8)]
+    assert _planner_calls(monkeypatch, "--hidden", "4096", "--intermediate", "1024") == [
+        (4096, 1024, 1)
+    ]
 
 
 def test_warm_sms_plans_for_the_target_gpu(tmp_path: Path) -> None:
@@ -401,6 +517,11 @@ def test_import_rejects_hash_mismatch(warmed: tuple[Path, dict], tmp_path: Path)
         ["cache", "prune", "--older-than", "soon"],
         ["warm"],
         ["warm", "--model", "glm6"],
+        ["warm", "--model", "qwen3"],
+        ["warm", "--model", "glm5", "--layers", "moe"],
+        ["warm", "--model", "glm5", "--layers", ""],
+        ["warm", "--model", "glm5", "--layers", "dense,,shared"],
+        ["warm", "--hidden", "6144", "--intermediate", "1536", "--layers", "dense"],
         ["warm", "--model", "glm5", "--arch", "hopper"],
         ["cache", "bogus"],
         ["warm", "--model", "glm5", "--tokens", "1-99999999999"],
@@ -435,8 +556,17 @@ def test_huge_token_range_is_refused_at_once(tmp_path: Path) -> None:
         (["warm", "--kernel", "smoke", "--param", "n=3", "--arch", "sm_90a"], "smoke param"),
         (["warm", "--model", "glm5", "--tp", "7", "--arch", "sm_90a"], "tp must divide"),
         (
+            ["warm", "--model", "glm5", "--tp", "192", "--layers", "dense", "--arch", "sm_90a"],
+            "tp 192 does not divide intermediate 12288 into multiples of",
+        ),
+        (
             ["warm", "--model", "glm5", "--tp", "96", "--arch", "sm_90a"],
-            "tp 96 does not divide intermediate 12288 into multiples of 512",
+            "tp must divide glm5's shared expert intermediate size 2048, got 96",
+        ),
+        (
+            ["warm", "--model", "qwen3-8b", "--layers", "shared", "--arch", "sm_90a"],
+            "qwen3-8b has no shared expert: --layers shared leaves nothing to warm (allowed "
+            "for it: dense)",
         ),
         (
             ["warm", "--model", "glm5", "--tokens", "9", "--arch", "sm_90a"],
@@ -444,7 +574,7 @@ def test_huge_token_range_is_refused_at_once(tmp_path: Path) -> None:
         ),
         (
             ["warm", "--hidden", "100", "--intermediate", "100", "--arch", "sm_90a", "--dry-run"],
-            "hidden 100 is not a multiple of 512",
+            "hidden 100 is not a multiple of 128",
         ),
         (
             ["warm", "--model", "glm5", "--arch", "sm_999"],

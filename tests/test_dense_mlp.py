@@ -486,10 +486,11 @@ def test_kernel_requests_match_the_cli_plan() -> None:
     assert {r.params["sms"] for r in h20} == {78}
     assert kernel_supported(6144, 1536, 8)
     assert not kernel_supported(6144, 1536, 9)
-    assert not kernel_supported(7168, 2304, 1)  # 2304 % 512 != 0: stock path
+    assert kernel_supported(7168, 2304, 1)  # 2304 % 512 != 0, a multiple of 128
+    assert not kernel_supported(5120, 17408, 1)  # Qwen3-14B TP1: stock path
 
 
-# ---- bad checkpoints: scale values, empty weights (issue 13) -------------------------------------
+# ---- bad checkpoints: scale values, empty weights ------------------------------------------------
 
 
 def _with_bad_block(scale: torch.Tensor, value: float) -> torch.Tensor:
@@ -611,7 +612,7 @@ def test_more_bad_x(weights, x, message: str) -> None:
         _mlp(weights)(x)
 
 
-# ---- prepare is linear in the number of token counts (issue 13) ----------------------------------
+# ---- prepare is linear in the number of token counts ---------------------------------------------
 
 
 class _CountingInt(int):

@@ -3,8 +3,10 @@ the shape kernel.py's docstring promises (no spills, FP8 mma, 16-byte weight loa
 before griddepcontrol.wait, pointer parameters matching the launcher's list).
 
 Every kernel of GLM-5 at TP 1/2/4/8 x tokens 1..8 (gate_up and down, 64 kernels, about
-0.5 s each here) is compiled in the default run. MLPJIT_TEST_FAST=1 keeps a representative
-subset (TP 8 and TP 1, tokens 1 and 8).
+0.5 s each here) is compiled in the default run, and every other preset's dense and
+shared-expert shard (DeepSeek-V3, GLM-4.5, Qwen3; TP 1/2/4/8) at tokens 1, 4 and 8.
+MLPJIT_TEST_FAST=1 keeps a representative subset (TP 8 and TP 1, tokens 1 and 8).
+`python3 scripts/check_kernels.py` runs the same checks over every token count 1..8.
 """
 
 from __future__ import annotations
@@ -45,6 +47,25 @@ def _glm5_requests() -> list:
     requests = []
     for tp in tps:
         requests += fp8_plan.dense_mlp_requests(hidden, inter, tp, list(tokens), ARCH, ue8m0=True)
+    return requests
+
+
+def _preset_requests() -> list:
+    """The dense and shared-expert shards of every preset but GLM-5, TP 1/2/4/8."""
+    fast = os.environ.get("MLPJIT_TEST_FAST") == "1"
+    tokens = [1, 8] if fast else [1, 4, 8]
+    seen, requests = set(), []
+    for name, preset in models.PRESETS.items():
+        if name == "glm5":
+            continue
+        for inter in preset.layers().values():
+            for tp in (1, 8) if fast else (1, 2, 4, 8):
+                if inter % (128 * tp):
+                    continue
+                for r in fp8_plan.dense_mlp_requests(preset.hidden, inter, tp, tokens, ARCH):
+                    if _freeze(r.params) not in seen:
+                        seen.add(_freeze(r.params))
+                        requests.append(r)
     return requests
 
 
@@ -92,11 +113,22 @@ def _facts(frozen: tuple) -> dict:
 
 
 REQUESTS = _glm5_requests()
+PRESET_REQUESTS = _preset_requests()
 
 
 @pytest.mark.parametrize("request_", REQUESTS, ids=[_case_id(r) for r in REQUESTS])
 def test_glm5_kernel_sass(request_) -> None:
-    p = request_.params
+    check_kernel_sass(request_.params)
+
+
+@pytest.mark.parametrize("request_", PRESET_REQUESTS, ids=[_case_id(r) for r in PRESET_REQUESTS])
+def test_preset_kernel_sass(request_) -> None:
+    check_kernel_sass(request_.params)
+
+
+def check_kernel_sass(p: dict) -> None:
+    """The promises of kernel.py's docstring, in one compiled kernel's SASS and launch."""
+    params = SPEC.make_params(p)
     frozen = _freeze(p)
     binary = _compiled(frozen)
     facts = _facts(frozen)
@@ -109,25 +141,32 @@ def test_glm5_kernel_sass(request_) -> None:
     assert facts["regs"] <= MAX_REGS
     threads = binary.block[0]
     assert facts["regs"] * threads * p["ctas_per_sm"] <= hopper.REGS_PER_SM
+    slice_k, splits = params.slice_k, params.splits
     assert binary.smem_bytes == gemv_params.smem_bytes(
-        p["k"], p["tokens"], p["tiles"], p["in_regs"], spw
+        p["k"], p["tokens"], p["tiles"], p["in_regs"], spw, slice_k=slice_k, splits=splits
     )
     assert binary.smem_bytes + facts["static_smem"] <= hopper.SMEM_PER_CTA_MAX
     assert binary.smem_bytes <= hopper.smem_budget(p["ctas_per_sm"])
 
-    # Launch geometry: one CTA per 16*tiles rows, or a persistent grid of one resident wave
-    # (gemv_params.grid_ctas); 32 threads per (tile, spw 512-K slices).
-    tiles_total = p["rows"] // (16 * p["tiles"])
-    grid = gemv_params.grid_ctas(p["rows"], p["k"], p["tiles"], p["in_regs"], p["ctas_per_sm"], spw)
+    # Launch geometry: one CTA per (16*tiles rows, K split), or a persistent grid of one
+    # resident wave (gemv_params.grid_ctas); 32 threads per (tile, spw slices).
+    units = p["rows"] // (16 * p["tiles"]) * splits
+    grid = gemv_params.grid_ctas(
+        p["rows"], p["k"], p["tiles"], p["in_regs"], p["ctas_per_sm"], spw,
+        slice_k=slice_k, splits=splits,
+    )  # fmt: skip
     assert binary.grid == (grid, 1, 1)
-    assert grid == tiles_total or grid == hopper.SMS * p["ctas_per_sm"] < tiles_total
-    persistent = grid < tiles_total
-    assert binary.block == (32 * p["tiles"] * p["k"] // 512 // spw, 1, 1)
+    slots = hopper.resident_ctas(hopper.SMS * p["ctas_per_sm"], max(splits, p.get("cluster", 1)))
+    assert grid == units or slots - splits < grid <= slots < units
+    persistent = grid < units
+    assert binary.block == (32 * p["tiles"] * p["k"] // splits // slice_k // spw, 1, 1)
     assert binary.pdl is True
 
-    # FP8 mma: 16 m16n8k32 e4m3 mmas per slice, each 2 HMMA.16816.F32 + FP8->FP16 unpacks.
-    assert count["HMMA.16816.F32"] == 32 * spw
-    assert count["F2FP.F16.E4M3.UNPACK_B"] >= 32 * spw
+    # FP8 mma: slice_k/32 m16n8k32 e4m3 mmas per slice, each 2 HMMA.16816.F32 + FP8->FP16
+    # unpacks.
+    mmas = slice_k // 16 * spw
+    assert count["HMMA.16816.F32"] == mmas
+    assert count["F2FP.F16.E4M3.UNPACK_B"] >= mmas
     # Activation quantization packs with the satfinite e4m3 convert.
     assert any(op.startswith("F2FP.SATFINITE.E4M3") for op in count)
 
@@ -139,12 +178,13 @@ def test_glm5_kernel_sass(request_) -> None:
     ops = facts["ops"]
     cp_async = [i for i, op in enumerate(ops) if op.startswith("LDGSTS.E.BYPASS.")]
     assert all(ops[i] in ("LDGSTS.E.BYPASS.128", "LDGSTS.E.BYPASS.LTC128B.128") for i in cp_async)
+    staged = params.steps - in_regs
     assert count["LDG.E.NA.128.CONSTANT"] == 2 * in_regs * copies * spw
-    assert len(cp_async) == 2 * (gemv_params.STEPS - in_regs) * copies * spw
+    assert len(cp_async) == 2 * staged * copies * spw
     # PDL: the first tile's cp.async share is issued before the dependency wait (ACQBULK).
     assert ops.count("ACQBULK") == 1
     wait = ops.index("ACQBULK")
-    assert sum(i < wait for i in cp_async) == 2 * (gemv_params.STEPS - in_regs) * spw
+    assert sum(i < wait for i in cp_async) == 2 * staged * spw
     # The PDL trigger (PREEXIT): after the wait, or with early_launch before any weight load.
     assert ops.count("PREEXIT") == 1
     trigger = ops.index("PREEXIT")
@@ -159,13 +199,21 @@ def test_glm5_kernel_sass(request_) -> None:
 
     # Clusters: the launch carries the shape; the CTAs meet at entry and after x's shared
     # quantization (cluster barrier arrive/wait pairs), and write it with DSMEM stores.
+    # K splits: they meet at entry and where the partials meet (a persistent kernel also
+    # arrives after each tile's sum: its slots are free again).
     cluster = p.get("cluster", 1)
-    assert binary.cluster == (cluster, 1, 1) and grid % cluster == 0
+    assert binary.cluster == (max(cluster, splits), 1, 1) and grid % max(cluster, splits) == 0
     if cluster > 1:
         assert not persistent or cluster <= tuning.MAX_PERSISTENT_CLUSTER
         assert count["UCGABAR_ARV"] == 2 and count["UCGABAR_WAIT"] == 2
         assert ops.index("UCGABAR_ARV") < wait
         assert count["ST.E.128"] > 0
+    elif splits > 1:
+        assert count["UCGABAR_ARV"] == (3 if persistent else 2)
+        assert count["UCGABAR_WAIT"] == 2
+        assert ops.index("UCGABAR_ARV") < wait < ops.index("UCGABAR_WAIT")
+        assert count["ST.E.128"] == 1  # the tile sum into the first CTA's slot
+        assert count["BPT.TRAP"] == 1  # launched without the cluster shape: trap
     else:
         assert "UCGABAR_ARV" not in count and "ST.E.128" not in count
 
@@ -309,8 +357,8 @@ def test_clusters_compile_clean(changes) -> None:
 
 @pytest.mark.parametrize(
     ("rows", "k", "tokens", "swiglu"),
-    [(5120, 3072, 8, False), (7168, 4608, 6, False), (4096, 7168, 8, False)],
-    ids=["glm4.5-tp4-down-t8", "dsv3-tp4-down-t6", "k7168-down-t8"],
+    [(7168, 9216, 8, False), (9216, 7168, 6, True), (4096, 7168, 8, False)],
+    ids=["dsv3-tp2-down-t8", "dsv3-tp4-gate_up-t6", "k7168-down-t8"],
 )
 def test_untuned_cluster_defaults_compile_clean(rows, k, tokens, swiglu) -> None:
     """From 5 tokens on, plan's heuristic picks run in clusters of 2; they must not spill,

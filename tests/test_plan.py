@@ -19,12 +19,22 @@ ARCH = "sm_90a"
 
 
 def _all_model_shapes() -> list[tuple[int, int, bool]]:
+    """Both launches of every preset's dense and shared-expert shards at TP 1-8 (where the
+    shard is a multiple of 128)."""
     shapes = []
-    for hidden, inter in models.MODELS.values():
-        for tp in (1, 2, 4, 8):
-            shapes.append((2 * inter // tp, hidden, True))
-            shapes.append((hidden, inter // tp, False))
-    return shapes
+    for preset in models.PRESETS.values():
+        for inter in preset.layers().values():
+            for tp in (1, 2, 4, 8):
+                if inter % (tp * 128) == 0:
+                    shapes.append((2 * inter // tp, preset.hidden, True))
+                    shapes.append((preset.hidden, inter // tp, False))
+    return sorted(set(shapes))
+
+
+# Shapes the kernel does not take (they run the stock path): Qwen3-14B's TP-1 down
+# projection (k 17408 = 17 x 1024: 17 slices per row tile, in 17 warps or in one, need
+# more registers than their launch bound leaves in a persistent grid).
+NOT_ON_THE_KERNELS = {(5120, 17408, False)}
 
 
 def test_plan_imports_no_cutlass() -> None:
@@ -41,9 +51,13 @@ def test_plan_imports_no_cutlass() -> None:
         (6144, 12288, 8, True),
         (6144, 1536, 9, False),  # more tokens than the mma's N
         (4608, 7168, 1, True),
-        (7168, 2304, 1, False),  # DeepSeek-V3 TP8 down: k % 512 != 0
+        (7168, 2304, 1, True),  # DeepSeek-V3 TP8 down: k % 512 != 0, a multiple of 128
+        (7168, 256, 8, True),  # DeepSeek-V3 TP8 shared expert down
+        (512, 7168, 8, True),  # ... and gate_up: 32 row tiles
+        (7168, 2240, 1, False),  # k % 128 != 0
         (3080, 6144, 1, False),  # rows % 16 != 0
-        (6144, 32768, 1, False),  # 64 warps for one tile
+        (6144, 32768, 1, True),  # K split over clusters of a persistent grid
+        (5120, 17408, 1, False),  # Qwen3-14B TP1 down: 17 slices per tile fit no budget
     ],
 )
 def test_kernel_supports(rows: int, k: int, tokens: int, ok: bool) -> None:
@@ -62,19 +76,25 @@ def test_kernel_supports_rejects_non_positive_ints(bad) -> None:
 @pytest.mark.parametrize("tokens", [1, 4, 8])
 def test_choose_config_within_limits(shape, tokens: int) -> None:
     rows, k, swiglu = shape
+    if shape in NOT_ON_THE_KERNELS:
+        assert not tuning.kernel_supports(rows, k, tokens)
+        return
     cfg = tuning.choose_config(rows, k, tokens, swiglu)
-    warps = cfg.tiles * k // gemv_params.SLICE
-    threads = 32 * warps
-    assert warps <= gemv_params.MAX_WARPS
-    assert rows % (16 * cfg.tiles) == 0
-    assert 0 <= cfg.in_regs <= gemv_params.STEPS
-    assert threads * cfg.ctas_per_sm <= hopper.THREADS_PER_SM
-    smem = gemv_params.smem_bytes(k, tokens, cfg.tiles, cfg.in_regs)
-    assert smem <= hopper.smem_budget(cfg.ctas_per_sm)
-    assert cfg.ctas_per_sm * (smem + hopper.SMEM_CTA_OVERHEAD) <= hopper.SMEM_PER_SM
+    # GemvParams validates what the kernel can compile; these are the budgets besides.
+    p = gemv_params.GemvParams.of(rows, k, tokens, cfg, swiglu=swiglu, limit=None, ue8m0=True)
+    assert p.warps <= gemv_params.MAX_WARPS
+    assert 0 <= cfg.in_regs < p.steps  # at least one staged step (keeps the PDL overlap)
+    assert p.threads * cfg.ctas_per_sm <= hopper.THREADS_PER_SM
+    assert p.smem_bytes <= hopper.smem_budget(cfg.ctas_per_sm)
+    assert cfg.ctas_per_sm * (p.smem_bytes + hopper.SMEM_CTA_OVERHEAD) <= hopper.SMEM_PER_SM
     # Registers the in-register weights need fit the launch bound.
-    budget = hopper.REGS_PER_SM // (threads * cfg.ctas_per_sm)
-    assert tuning.BASE_REGS + 8 * cfg.in_regs <= min(255, budget)
+    budget = hopper.reg_budget(p.threads, cfg.ctas_per_sm)
+    assert tuning.BASE_REGS + 8 * cfg.in_regs * cfg.slices_per_warp <= budget
+    # A K-split grid is one resident wave of whole clusters.
+    if cfg.splits > 1:
+        assert p.ctas % cfg.splits == 0
+        assert p.ctas <= hopper.SMS * cfg.ctas_per_sm
+    assert tuning.config_fits(rows, k, tokens, cfg)
 
 
 def test_choose_config_one_wave_when_possible() -> None:
@@ -100,7 +120,8 @@ def test_smem_bytes_matches_design_formula() -> None:
     ("args", "match"),
     [
         ((3072, 6144, 9, True), "cannot take"),
-        ((7168, 2304, 1, False), "cannot take"),
+        ((7168, 2240, 1, False), "cannot take"),  # k % 128 != 0
+        ((5120, 17408, 8, False), "cannot take"),  # see NOT_ON_THE_KERNELS
         ((3072, 6144, 1, "yes"), "swiglu must be a bool"),
     ],
 )
@@ -131,6 +152,8 @@ def test_gemv_request_params() -> None:
         "early_launch",
         "slices_per_warp",
         "cluster",
+        "slice_k",
+        "splits",
         "sms",
     }
 
@@ -145,10 +168,12 @@ def test_early_launch_is_in_the_request_only_when_set() -> None:
     assert "early_launch" not in plain.params and marked.params["early_launch"] is True
     assert {**plain.params, "early_launch": True} == dict(marked.params)
     # The tuned table sets it on gate_up only (after down a server runs no mlpjit kernel).
-    tuned = [c for entries in tuning.TUNED_H200.values() for _, c in entries if c.early_launch]
+    tuned = [
+        c for entries in tuning.TUNED_H200.values() for _, c in entries if c and c.early_launch
+    ]
     assert tuned and all(
         swiglu for (_, _, swiglu), entries in tuning.TUNED_H200.items()
-        for _, c in entries if c.early_launch
+        for _, c in entries if c and c.early_launch
     )  # fmt: skip
     assert tuning.choose_config(3072, 5120, 8, True) == early  # GLM-4.5 TP8 gate_up
 
@@ -189,9 +214,11 @@ def test_dense_mlp_requests_glm5_tp8() -> None:
 
 
 def test_dense_mlp_requests_skips_unsupported() -> None:
-    # Token counts above 8 and DeepSeek-V3's TP8 shard (k = 2304) take the stock path.
+    # Token counts above 8 and Qwen3-14B's TP-1 shard take the stock path; DeepSeek-V3's
+    # TP-8 shard (k = 2304) takes the kernels.
     assert fp8_plan.dense_mlp_requests(6144, 12288, 8, [9, 16], ARCH) == []
-    assert fp8_plan.dense_mlp_requests(7168, 18432, 8, [1], ARCH) == []
+    assert fp8_plan.dense_mlp_requests(5120, 17408, 1, [1, 8], ARCH) == []
+    assert len(fp8_plan.dense_mlp_requests(7168, 18432, 8, [1], ARCH)) == 2
     reqs = fp8_plan.dense_mlp_requests(5120, 12288, 8, 3, ARCH, ue8m0=False, limit=5.0)
     assert [r.params["limit"] for r in reqs] == [5.0, None]
     assert all(r.params["ue8m0"] is False for r in reqs)
@@ -219,6 +246,10 @@ def test_tuned_table_fits_every_token_count_it_covers():
         for tokens in range(1, gemv_params.MAX_TOKENS + 1):
             config = tuning.choose_config(rows, k, tokens, swiglu)
             expected = next(c for bound, c in entries if tokens <= bound)
+            if expected is None:  # the planner's own pick
+                with pytest.MonkeyPatch.context() as patch:
+                    patch.setattr(tuning, "TUNED_H200", {})
+                    expected = tuning.choose_config(rows, k, tokens, swiglu)
             assert config == expected, (rows, k, swiglu, tokens)
 
 
@@ -245,10 +276,14 @@ def test_wide_persistent_heuristic_follows_the_measured_picks(monkeypatch) -> No
     assert tuning.choose_config(6144, 12288, 8, False) == GemvConfig(
         1, 3, 1, slices_per_warp=3, cluster=2
     )
-    # Fewer than two waves of row tiles (GLM-5 TP8 gate_up) or small k keep the old heuristic.
-    assert tuning.choose_config(3072, 6144, 1, True).slices_per_warp == 1
-    assert tuning.choose_config(6144, 3072, 1, False).slices_per_warp == 1
-    for rows, k, m in ((24576, 5120, 1), (5120, 12288, 5), (5120, 6144, 8)):
+    # Fewer than two waves of row tiles load some SMs twice as much as others with one CTA
+    # per tile (GLM-5 TP8 gate_up: 192 row tiles on 132 SMs): the tiles are split along K
+    # over one wave instead.
+    spread = tuning.choose_config(3072, 6144, 1, True)
+    assert spread.splits > 1
+    p = gemv_params.GemvParams.of(3072, 6144, 1, spread, swiglu=True, limit=None, ue8m0=True)
+    assert hopper.SMS * 0.9 <= p.ctas <= hopper.SMS * spread.ctas_per_sm
+    for rows, k, m in ((24576, 5120, 1), (12288, 5120, 5), (24576, 5120, 8)):
         config = tuning.choose_config(rows, k, m, rows > k)
         spw = config.slices_per_warp
         assert spw > 1 and (k // gemv_params.SLICE) % spw == 0
@@ -310,7 +345,7 @@ def test_heuristic_clusters_from_five_tokens_where_the_grid_allows() -> None:
     """Untuned shapes: clusters of 2 from HEURISTIC_CLUSTER_MIN_TOKENS tokens on (GLM-4.5
     TP1/TP2/TP4 measured 0.4-2.3 us faster per layer at 8 tokens), never below, never where
     the grid is odd."""
-    for rows, k, swiglu in ((24576, 5120, True), (5120, 6144, False), (5120, 3072, False)):
+    for rows, k, swiglu in ((24576, 5120, True), (12288, 5120, True)):
         assert (rows, k, swiglu) not in tuning.TUNED_H200
         for tokens in range(1, gemv_params.MAX_TOKENS + 1):
             config = tuning.choose_config(rows, k, tokens, swiglu)
@@ -368,3 +403,30 @@ def test_params_default_sms_is_the_tuned_tables() -> None:
 
     defaults = {f.name: f.default for f in dataclasses.fields(GemvParams)}
     assert defaults["sms"] == hopper.SMS
+
+
+def _family_shards() -> list[tuple[str, int, int]]:
+    """(name, hidden, intermediate per shard) of every DeepSeek-family layer the kernels
+    are for: GLM-5, DeepSeek-V3 / Kimi-K2 and Qwen3 at TP 1/2/4/8 (dense and shared
+    expert), GLM-4.5 dense at TP 1-8 where TP divides it, its shared expert at TP 1/2/4."""
+    shards = []
+    for name, preset in models.PRESETS.items():
+        for layer, inter in preset.layers().items():
+            tps = (1, 2, 3, 4, 6, 8) if (name, layer) == ("glm4.5", "dense") else (1, 2, 4, 8)
+            for tp in tps:
+                if (name, layer) == ("glm4.5", "shared") and tp == 8:
+                    continue  # 192 per shard: not a multiple of the 128-wide weight blocks
+                shards.append((f"{name}-{layer}-tp{tp}", preset.hidden, inter // tp))
+    return shards
+
+
+@pytest.mark.parametrize("shard", _family_shards(), ids=lambda s: s[0])
+def test_family_layers_take_the_kernels(shard) -> None:
+    """Every token count 1-8 of every family layer runs on the kernels, but Qwen3-14B's TP-1
+    shard (NOT_ON_THE_KERNELS)."""
+    from mlpjit.dense_mlp import kernel_supported
+
+    _, hidden, inter = shard
+    declined = (hidden, inter, False) in NOT_ON_THE_KERNELS
+    for m in range(1, 9):
+        assert kernel_supported(hidden, inter, m) is not declined, m

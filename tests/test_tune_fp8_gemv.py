@@ -13,6 +13,7 @@ from conftest import load_script
 from mlpjit.kernels import hopper
 from mlpjit.kernels.fp8_gemv import SPEC, tuning
 from mlpjit.kernels.fp8_gemv import params as gemv_params
+from mlpjit.kernels.fp8_gemv.params import GemvConfig
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +25,10 @@ def _valid(params: dict) -> bool:
     """The plan's limits on one fp8_gemv specialization (what the kernel checks too)."""
     rows, k, m = params["rows"], params["k"], params["tokens"]
     tiles, in_regs, cps = params["tiles"], params["in_regs"], params["ctas_per_sm"]
+    if params.get("splits", 1) > 1 or params.get("slice_k", 512) != 512:
+        return tuning.config_fits(rows, k, m, GemvConfig(**{
+            f: params[f] for f in GemvConfig.__dataclass_fields__ if f in params
+        }))  # fmt: skip
     spw = params.get("slices_per_warp", 1)
     fit = tuning.max_in_regs(k, m, tiles, cps, spw)
     return (
@@ -52,13 +57,19 @@ def test_variants_are_valid_capped_and_start_with_default(tune):
     for rows, k, swiglu in tune.KERNEL_SHAPES.values():
         for m in (1, 8):
             found = tune.variants(rows, k, m, swiglu)
-            # k = 12288 leaves room for one warp per K slice only (tiles 1): one pair
-            assert (1 if k > 6144 else 2) <= len(found) <= tune.MAX_VARIANTS
+            # k = 12288 leaves room for one warp per K slice only (tiles 1): one pair; k not
+            # a multiple of 512 has no whole-K candidates besides the default
+            assert (1 if k > 6144 or k % 512 else 2) <= len(found) <= tune.MAX_VARIANTS
             default = tuning.choose_config(rows, k, m, swiglu)
             assert found[0] == dataclasses.replace(default, early_launch=False)
             assert not any(c.early_launch for c in found)
             assert len(set(found)) == len(found)
+            spread = tuning.spread_config(rows, k, m)
+            if spread is not None and spread != found[0]:
+                assert found[1] == spread  # the model's pick, measured beside the default
             for c in found[1:]:  # the default may be any measured config (tuning.TUNED_H200)
+                if c == spread:
+                    continue
                 assert c.tiles in tune.TILES and c.in_regs in tune.IN_REGS
                 assert c.slices_per_warp == 1
 
@@ -89,7 +100,7 @@ def test_emit_writes_valid_requests(tune, tmp_path):
         # early_launch is never set in a per-kernel sweep, sms stays the H200's (132);
         # slices_per_warp and cluster only when not 1 (plan's default for TP8 down at 8
         # tokens has clusters of 2)
-        optional = {"slices_per_warp", "cluster"}
+        optional = {"slices_per_warp", "cluster", "slice_k", "splits"}
         assert set(params) - optional == allowed - {"early_launch", "sms"} - optional
         assert params["tokens"] == 8 and params["ue8m0"] is True and params["limit"] is None
         assert (params["rows"], params["k"], params["swiglu"]) in tune.KERNEL_SHAPES.values()
@@ -201,7 +212,9 @@ def test_parse_config_slices_per_warp(tune) -> None:
     assert tune.parse_config("t1/r0/c2").slices_per_warp == 1
     assert tune.label(tune.parse_config("t1/r0/c2/s3")) == "t1/r0/c2/s3"
     with pytest.raises(ValueError, match="t1/r0/c2/s3"):
-        tune.parse_config("t1/r0/c2/x3")
+        tune.parse_config("t1/r0/c2/q3")
+    with pytest.raises(ValueError, match="t1/r0/c2/s3"):
+        tune.parse_config("t1/r0/c2/s3/s2")  # twice
     with pytest.raises(ValueError, match="slices >= 1"):
         tune.parse_config("t4/r1/c2/s0")
 
@@ -225,8 +238,13 @@ def test_parse_config_cluster(tune) -> None:
     assert tune.label(both) == "t1/r3/c1/s2/n4" and tune.label(alone) == "t1/r3/c1/n2"
     with pytest.raises(ValueError, match="cluster"):
         tune.parse_config("t1/r3/c1/n3")
-    with pytest.raises(ValueError, match="t1/r3/c1/s2/n4"):
-        tune.parse_config("t1/r3/c1/n2/s2")
+    # optional parts in any order, K slices and splits too
+    assert tune.parse_config("t1/r3/c1/n2/s2") == both.__class__(
+        1, 3, 1, slices_per_warp=2, cluster=2
+    )
+    split = tune.parse_config("t2/r1/c2/x4/k256")
+    assert (split.splits, split.slice_k) == (4, 256)
+    assert tune.label(split) == "t2/r1/c2/k256/x4"
 
 
 def test_cluster_pairs_set_each_kernel_and_both(tune) -> None:

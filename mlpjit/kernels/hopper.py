@@ -20,6 +20,7 @@ __all__ = [
     "THREADS_PER_SM",
     "check_sms",
     "reg_budget",
+    "resident_ctas",
     "smem_budget",
 ]
 
@@ -32,6 +33,11 @@ REGS_PER_SM = 65536
 SCHEDULERS = 4  # warp schedulers per SM, each with a quarter of the register file
 THREADS_PER_SM = 2048
 THREADS_PER_CTA = 1024
+# Thread block clusters of up to 2 CTAs fill every CTA slot; of 4 or 8 only 10/11 of them
+# (H200: 30 clusters of 4 = 120 CTAs at one CTA per SM, 30 of 8 = 240 at two;
+# cuOccupancyMaxActiveClusters): the SMs of a GPC do not divide into them.
+MAX_FULL_CLUSTER = 2
+LARGE_CLUSTER_RESIDENCY = 120 / 132
 
 
 def check_sms(sms: int) -> int:
@@ -52,3 +58,11 @@ def reg_budget(threads: int, ctas_per_sm: int) -> int:
 def smem_budget(ctas_per_sm: int) -> int:
     """Dynamic shared memory one CTA may use when ctas_per_sm CTAs share an SM."""
     return min(SMEM_PER_CTA_MAX, SMEM_PER_SM // ctas_per_sm) - SMEM_CTA_OVERHEAD
+
+
+def resident_ctas(slots: int, cluster: int) -> int:
+    """CTAs in clusters of ``cluster`` that can be resident at once on ``slots`` CTA slots
+    (SMs x CTAs per SM); a larger grid runs its last clusters as a second wave."""
+    if cluster <= MAX_FULL_CLUSTER:
+        return slots
+    return int(LARGE_CLUSTER_RESIDENCY * slots) // cluster * cluster

@@ -23,6 +23,7 @@ __all__ = [
     "bf16x2_to_f32x2",
     "bf16_round",
     "cluster_arrive_relaxed",
+    "cluster_arrive_release",
     "cluster_ctarank",
     "cluster_sync_acq_rel",
     "cluster_wait",
@@ -40,6 +41,8 @@ __all__ = [
     "fresh_ctaid_x",
     "fresh_tid_x",
     "i32_as_f32",
+    "ld_global_nc_f32",
+    "ld_global_nc_v2_f32",
     "ld_global_nc_v4_f32",
     "ld_global_nc_v4_hint",
     "ld_global_nc_v4_hint_if",
@@ -56,6 +59,7 @@ __all__ = [
     "st_global_b16",
     "st_cluster_f32",
     "st_cluster_v4",
+    "st_cluster_v4_f32",
     "st_shared_f32",
     "st_shared_v4",
     "st_shared_v4_f32",
@@ -195,6 +199,34 @@ def ld_global_nc_v4_f32(addr: Int64, *, loc=None, ip=None) -> tuple:
         [(_I64, addr)],
         "ld.global.nc.v4.f32 {$0, $1, $2, $3}, [$4];",
         "=f,=f,=f,=f,l",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def ld_global_nc_v2_f32(addr: Int64, *, loc=None, ip=None) -> tuple:
+    """ld.global.nc.v2.f32 {f0, f1}, [addr]; (read-only data such as weight scales)."""
+    return _asm(
+        [_F32] * 2,
+        [(_I64, addr)],
+        "ld.global.nc.v2.f32 {$0, $1}, [$2];",
+        "=f,=f,l",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def ld_global_nc_f32(addr: Int64, *, loc=None, ip=None) -> Float32:
+    """ld.global.nc.f32 f, [addr]; (read-only data such as weight scales)."""
+    return _asm(
+        [_F32],
+        [(_I64, addr)],
+        "ld.global.nc.f32 $0, [$1];",
+        "=f,l",
         side_effects=True,
         loc=loc,
         ip=ip,
@@ -395,6 +427,21 @@ def cluster_arrive_relaxed(*, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def cluster_arrive_release(*, loc=None, ip=None) -> None:
+    """barrier.cluster.arrive.release.aligned; (this CTA's earlier memory accesses happen
+    before the barrier completes)"""
+    _asm(
+        [],
+        [],
+        "barrier.cluster.arrive.release.aligned;",
+        "~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
 def cluster_wait(*, loc=None, ip=None) -> None:
     """barrier.cluster.wait.aligned; (acquire at cluster scope)"""
     _asm([], [], "barrier.cluster.wait.aligned;", "~{memory}", side_effects=True, loc=loc, ip=ip)
@@ -436,6 +483,22 @@ def st_cluster_v4(addr: Int32, a: Int32, b: Int32, c: Int32, d: Int32, *, loc=No
         [(_I32, addr), (_I32, a), (_I32, b), (_I32, c), (_I32, d)],
         "st.shared::cluster.v4.u32 [$0], {$1, $2, $3, $4};",
         "r,r,r,r,r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def st_cluster_v4_f32(
+    addr: Int32, a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None
+) -> None:
+    """st.shared::cluster.v4.f32 [addr], {a, b, c, d}; (addr from mapa_shared)"""
+    _asm(
+        [],
+        [(_I32, addr), (_F32, a), (_F32, b), (_F32, c), (_F32, d)],
+        "st.shared::cluster.v4.f32 [$0], {$1, $2, $3, $4};",
+        "r,f,f,f,f,~{memory}",
         side_effects=True,
         loc=loc,
         ip=ip,

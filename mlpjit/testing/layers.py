@@ -1,4 +1,4 @@
-"""Layers for tests, benchmarks and demos: the GLM dense-MLP shard shapes, random FP8 weights,
+"""Layers for tests, benchmarks and demos: the model presets' shard shapes, random FP8 weights,
 and how the benchmarks time a chain of layers and the demos their start-up.
 
 Test and tooling support only: the package never imports it. torch is imported inside the
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from mlpjit.models import MODELS
+from mlpjit.models import PRESETS, get_preset
 
 if TYPE_CHECKING:
     import torch
@@ -70,12 +70,17 @@ class GemvShape(NamedTuple):
     swiglu: bool
 
 
-def dense_shard(model: str, tp: int) -> tuple[int, int]:
-    """(hidden, intermediate per rank) of a model preset's dense MLP over ``tp`` ranks."""
-    hidden, inter = MODELS[model]
+def dense_shard(model: str, tp: int, layer: str = "dense") -> tuple[int, int]:
+    """(hidden, intermediate per rank) over ``tp`` ranks of a model preset's dense MLP
+    (``layer`` "dense") or its shared expert ("shared"); aliases are accepted."""
+    preset = get_preset(model)
+    layers = preset.layers()
+    if layer not in layers:
+        raise ValueError(f"{preset.name} has no {layer!r} layer; it has {', '.join(layers)}")
+    inter = layers[layer]
     if inter % tp:
-        raise ValueError(f"tp {tp} does not divide {model}'s intermediate size {inter}")
-    return hidden, inter // tp
+        raise ValueError(f"tp {tp} does not divide {model}'s {layer} intermediate size {inter}")
+    return preset.hidden, inter // tp
 
 
 def gemv_shapes(hidden: int, inter: int) -> dict[str, GemvShape]:
@@ -84,10 +89,22 @@ def gemv_shapes(hidden: int, inter: int) -> dict[str, GemvShape]:
     return {"gate_up": GemvShape(2 * inter, hidden, True), "down": GemvShape(hidden, inter, False)}
 
 
-# "glm5-tp8" -> (hidden, intermediate per rank), every model preset at TP 8, 4, 2 and 1.
-DENSE_SHAPES: dict[str, tuple[int, int]] = {
-    f"{model}-tp{tp}": dense_shard(model, tp) for model in MODELS for tp in TP_SIZES
-}
+def _shard_names() -> dict[str, tuple[int, int]]:
+    """Every preset's dense MLP ("glm5-tp8") and shared expert ("glm5-shared-tp8") at TP 8,
+    4, 2 and 1, where the shard is a whole number of 128-wide scale blocks (what a
+    block-quantized FP8 checkpoint can be split into)."""
+    shapes = {}
+    for name, preset in PRESETS.items():
+        for layer, inter in preset.layers().items():
+            tag = name if layer == "dense" else f"{name}-{layer}"
+            for tp in TP_SIZES:
+                if inter % (tp * BLOCK) == 0:
+                    shapes[f"{tag}-tp{tp}"] = dense_shard(name, tp, layer)
+    return shapes
+
+
+# "glm5-tp8" / "glm5-shared-tp8" -> (hidden, intermediate per rank), see _shard_names.
+DENSE_SHAPES: dict[str, tuple[int, int]] = _shard_names()
 # "glm5-tp8-gate_up" -> GemvShape, both launches of every shard above.
 GEMV_SHAPES: dict[str, GemvShape] = {
     f"{name}-{kind}": shape

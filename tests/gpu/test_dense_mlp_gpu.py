@@ -36,19 +36,67 @@ SHAPES = {
     "glm5-tp8": (6144, 1536),
     "glm4.5-tp8": (5120, 1536),
 }
+GLM_SHAPES = tuple(SHAPES)
 TOKENS = tuple(range(1, 9))
+
+# The other DeepSeek-family shards on the kernel path: K any multiple of 128, K splits over
+# clusters, few-row shared experts (hidden, intermediate per shard).
+FAMILY_SHAPES = {
+    "glm5-shared-tp1": (6144, 2048),
+    "glm5-shared-tp2": (6144, 1024),
+    "glm5-shared-tp4": (6144, 512),
+    "glm5-shared-tp8": (6144, 256),
+    "dsv3-tp1": (7168, 18432),
+    "dsv3-tp2": (7168, 9216),
+    "dsv3-tp4": (7168, 4608),
+    "dsv3-tp8": (7168, 2304),
+    "dsv3-shared-tp1": (7168, 2048),
+    "dsv3-shared-tp2": (7168, 1024),
+    "dsv3-shared-tp4": (7168, 512),
+    "dsv3-shared-tp8": (7168, 256),
+    "glm4.5-tp1": (5120, 12288),
+    "glm4.5-tp2": (5120, 6144),
+    "glm4.5-tp3": (5120, 4096),
+    "glm4.5-tp4": (5120, 3072),
+    "glm4.5-tp6": (5120, 2048),
+    "glm4.5-shared-tp1": (5120, 1536),
+    "glm4.5-shared-tp2": (5120, 768),
+    "glm4.5-shared-tp4": (5120, 384),
+    "qwen3-8b-tp1": (4096, 12288),
+    "qwen3-8b-tp2": (4096, 6144),
+    "qwen3-8b-tp4": (4096, 3072),
+    "qwen3-8b-tp8": (4096, 1536),
+    "qwen3-14b-tp2": (5120, 8704),
+    "qwen3-14b-tp4": (5120, 4352),
+    "qwen3-14b-tp8": (5120, 2176),
+    "qwen3-32b-tp1": (5120, 25600),
+    "qwen3-32b-tp2": (5120, 12800),
+    "qwen3-32b-tp4": (5120, 6400),
+    "qwen3-32b-tp8": (5120, 3200),
+}
+SHAPES.update(FAMILY_SHAPES)
+# Qwen3-14B's TP-1 down projection (k 17408 = 17 x 1024) fits no decomposition of the
+# kernel's register budget: that shard runs the stock path (test_fallback_shape_...).
+STOCK_SHAPE = (5120, 17408)
 
 # (shape, tokens, ue8m0, limit): every shape x every token count with vLLM's Hopper default
 # (ue8m0, no clamp); the other scale rule and the clamp on GLM-5 TP8 for every token count
 # and on a few token counts of the others (each combination is its own compiled kernel).
 CASES = (
-    [(s, m, True, None) for s in SHAPES for m in TOKENS]
+    [(s, m, True, None) for s in GLM_SHAPES for m in TOKENS]
     + [(s, m, u, lim) for s in ("glm5-tp8",) for m in TOKENS
        for (u, lim) in ((False, None), (True, LIMIT), (False, LIMIT))]
     + [("glm5-tp1", m, False, LIMIT) for m in (1, 6)]
     + [("glm4.5-tp8", m, False, None) for m in (1, 5)]
     + [("glm4.5-tp8", m, True, LIMIT) for m in (2, 7)]
 )  # fmt: skip
+# Each family shape at three token counts (every count 1..8 on every fourth shape or so),
+# the scale rule and the clamp alternating over shapes and counts.
+CASES += [
+    (shape, m, (i + j) % 2 == 0, LIMIT if (i + j) % 3 == 1 else None)
+    for i, shape in enumerate(FAMILY_SHAPES)
+    for j, m in enumerate(sorted({1 + (3 * i) % 8, 1 + (3 * i + 4) % 8, 8}))
+]
 
 GRAPH_SHAPE, GRAPH_LAYERS, GRAPH_TOKENS = "glm5-tp8", 4, 4
 
@@ -60,8 +108,10 @@ def kernel_requests(arch: str = "sm_90a") -> list:
     wanted: dict[tuple, set[int]] = {}
     for shape, m, ue8m0, limit in CASES:
         wanted.setdefault((*SHAPES[shape], ue8m0, limit), set()).add(m)
-    # graph, memory and allocation tests: GLM-5 TP8, ue8m0, no clamp, tokens 1..8
-    wanted.setdefault((*SHAPES[GRAPH_SHAPE], True, None), set()).update(TOKENS)
+    # graph, memory and allocation tests: GLM-5 TP8, ue8m0, no clamp, tokens 1..8; the
+    # K-split repeat and graph tests: their shapes, ue8m0, no clamp, tokens 1..8
+    for shape in (GRAPH_SHAPE, *SPLIT_SHAPES):
+        wanted.setdefault((*SHAPES[shape], True, None), set()).update(TOKENS)
     requests = []
     for (hidden, inter, ue8m0, limit), tokens in wanted.items():
         requests += layer_requests(hidden, inter, sorted(tokens), arch, limit=limit, ue8m0=ue8m0)
@@ -255,12 +305,13 @@ def test_fallback_more_than_8_tokens(m: int) -> None:
 
 @pytest.mark.parametrize("m", [1, 4, 8])
 @pytest.mark.parametrize("ue8m0,limit", [(True, None), (False, LIMIT)])
-def test_fallback_k_not_multiple_of_512(m: int, ue8m0: bool, limit: float | None) -> None:
-    """DeepSeek-V3 TP8 dense shard: hidden 7168, intermediate 2304 (2304 % 512 != 0)."""
-    hidden, inter = 7168, 2304
-    if "dsv3" not in _layers:
-        _layers["dsv3"] = make_layer(hidden, inter, seed=77)
-    w = _layers["dsv3"]
+def test_fallback_shape_the_kernels_decline(m: int, ue8m0: bool, limit: float | None) -> None:
+    """Qwen3-14B's TP-1 shard (hidden 5120, intermediate 17408) runs the stock path."""
+    hidden, inter = STOCK_SHAPE
+    assert not kernel_supported(hidden, inter, m)
+    if "stock" not in _layers:
+        _layers["stock"] = make_layer(hidden, inter, seed=77)
+    w = _layers["stock"]
     mlp = DenseMlp(**w, limit=limit, ue8m0=ue8m0)
     assert mlp.path(m) == "stock"
     x = make_x(m, hidden, seed=200 + m)
@@ -274,7 +325,7 @@ def test_fallback_k_not_multiple_of_512(m: int, ue8m0: bool, limit: float | None
     want_out = ref.gemv_reference(act, w["w2"], w["w2_scale"], swiglu=False, ue8m0=ue8m0)
     err_act, err_out = rel_l2(act, want_act), rel_l2(out, want_out)
     print(
-        f"[fallback] dsv3-tp8 m={m} ue8m0={ue8m0} limit={limit}: "
+        f"[fallback] qwen3-14b-tp1 m={m} ue8m0={ue8m0} limit={limit}: "
         f"act_rel_l2={err_act:.2e} out_rel_l2={err_out:.2e}"
     )
     assert torch.isfinite(out).all() and torch.isfinite(act).all()
@@ -324,6 +375,79 @@ def test_graph_of_a_chain_replays_like_eager(tokens: int) -> None:
     torch.cuda.synchronize()
     assert torch.equal(static_out, chain(x2))
     assert not torch.equal(static_out, eager)
+
+
+SPLIT_SHAPES = ("dsv3-shared-tp8", "dsv3-tp8", "dsv3-tp1", "glm5-shared-tp8")
+
+
+def split_cluster_sizes(mlp: DenseMlp, m: int) -> list[int]:
+    """Cluster sizes of the m-token kernels that split K (from their compile params)."""
+    requests = dense_mlp.kernel_requests(
+        mlp.hidden, mlp.intermediate, [m], mlp.arch, limit=mlp.limit, ue8m0=mlp.ue8m0, sms=mlp.sms
+    )
+    return [r.params.get("splits", 1) for r in requests if r.params.get("splits", 1) > 1]
+
+
+@pytest.mark.parametrize("shape", SPLIT_SHAPES)
+def test_k_split_results_repeat_bit_for_bit(shape: str) -> None:
+    """The K splits of a tile add up in a fixed order: every call gives the same bits, on
+    the default stream and on two streams running the layer at the same time (nothing is
+    shared between calls: the partials meet in the cluster's shared memory)."""
+    hidden, inter = SHAPES[shape]
+    mlp = DenseMlp(**layer(shape), ue8m0=True)
+    mlp.prepare(TOKENS)
+    assert any(split_cluster_sizes(mlp, m) for m in TOKENS), "no K-split kernel in this shape"
+    for m in TOKENS:
+        x = make_x(m, hidden, seed=500 + m)
+        first = mlp(x)
+        for _ in range(3):
+            assert torch.equal(mlp(x), first)
+        streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+        inputs = [x, make_x(m, hidden, seed=600 + m)]
+        wants = [first, mlp(inputs[1])]
+        torch.cuda.synchronize()
+        outs: list[list[torch.Tensor]] = [[], []]
+        for _ in range(20):
+            for i, stream in enumerate(streams):
+                with torch.cuda.stream(stream):
+                    outs[i].append(mlp(inputs[i]))
+        torch.cuda.synchronize()
+        for i in range(2):
+            assert all(torch.equal(o, wants[i]) for o in outs[i]), f"stream {i}, m={m}"
+    print(f"[k-split] {shape}: splits per token count "
+          f"{ {m: split_cluster_sizes(mlp, m) for m in TOKENS} }")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "shape,tokens", [("dsv3-shared-tp8", 1), ("dsv3-shared-tp8", 8), ("dsv3-tp8", 8)]
+)
+def test_graph_of_k_split_layers_replays_like_eager(shape: str, tokens: int) -> None:
+    """Captured K-split launches (clusters of the splits) replay like eager ones, with no
+    workspace to reset between replays."""
+    hidden, inter = SHAPES[shape]
+    layers = [DenseMlp(**make_layer(hidden, inter, seed=700 + i), ue8m0=True) for i in range(3)]
+    for mlp in layers:
+        mlp.prepare([tokens])
+    assert split_cluster_sizes(layers[0], tokens), "no K-split kernel at this token count"
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        for mlp in layers:
+            x = mlp(x)
+        return x
+
+    static_x = make_x(tokens, hidden, seed=800)
+    eager = chain(static_x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = chain(static_x)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, eager)
+    static_x.copy_(make_x(tokens, hidden, seed=801))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_out, chain(static_x))
 
 
 def test_unprepared_token_count_during_capture_raises() -> None:

@@ -34,6 +34,7 @@ import pytest
 import torch
 
 from mlpjit import reference as ref
+from mlpjit.testing.tiny_models import ARCHS, MODELS, NOT_CONVERTED, ROUTED, TINY
 
 pytestmark = [
     pytest.mark.gpu,
@@ -44,57 +45,26 @@ pytestmark = [
 ]
 
 TOL = 5e-3  # relative L2 of a routed module against mlpjit.reference (the GPU tests' bound)
+# On the stock path (more than 8 tokens, or a shape the kernels do not take) gate_up comes
+# from torch's _scaled_mm, which sums in another order: now and then a gate or up value ends
+# one bf16 ulp off, its act value crosses an FP8 rounding boundary and moves by one FP8 ulp
+# (up to 2^-3 relative). With an intermediate shard of 256 (a TP-8 shared expert) one such
+# act value moves the output by about 2^-3 / sqrt(256) relative. Seen on the H200: up to
+# 1.3e-2 on stock-path modules, 0 to 4e-5 on the kernel path.
+TOL_STOCK = 2e-2
 TOKENS = tuple(range(1, 9))
 PROMPT = (3, 14, 15, 92, 65)
 NEW_TOKENS = 32
-NOT_CONVERTED = ["lm_head", r".*self_attn", r".*mlp\.gate", r".*mlp\.experts"]
-ROUTED = [
-    "model.layers.0.mlp",
-    "model.layers.1.mlp.shared_experts",
-    "model.layers.2.mlp.shared_experts",
-]
-
-# (architecture, hidden, dense intermediate, shared-expert intermediate): the real sizes of
-# one TP shard at TP 8 and TP 1 (GLM-5: 6144, 12288, 2048; DeepSeek-V3: 7168, 18432, 2048).
-MODELS = {
-    "glm5-tp8": ("glm_moe_dsa", 6144, 1536, 256),
-    "glm5-tp1": ("glm_moe_dsa", 6144, 12288, 2048),
-    "dsv3-tp8": ("deepseek_v3", 7168, 2304, 256),
-    "dsv3-tp1": ("deepseek_v3", 7168, 18432, 2048),
-}
-ARCHS = {
-    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {"n_group": 1, "topk_group": 1}),
-    # index_topk = max_position_embeddings: the DSA indexer keeps every key, so its discrete
-    # top-k cannot flip on rounding (see tests/test_integrations_transformers.py).
-    "glm_moe_dsa": (
-        "GlmMoeDsaConfig",
-        "GlmMoeDsaForCausalLM",
-        {"index_topk": 128, "index_head_dim": 64, "index_n_heads": 2},
-    ),
-}
-TINY = {
-    "vocab_size": 1024,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "n_shared_experts": 1,
-    "n_routed_experts": 4,
-    "num_experts_per_tok": 2,
-    "first_k_dense_replace": 1,
-    "kv_lora_rank": 128,
-    "q_lora_rank": 256,
-    "qk_rope_head_dim": 32,
-    "qk_nope_head_dim": 64,
-    "v_head_dim": 64,
-    "max_position_embeddings": 128,
-}
+# The tiny models' last config entries: a 128-position cache, and GLM-5's DSA indexer
+# keeping every key (index_topk = max_position_embeddings), so its discrete top-k cannot
+# flip on rounding (see tests/test_integrations_transformers.py).
+POSITIONS = 128
 
 
 def kernel_requests(arch: str = "sm_90a") -> list:
     """Every compile request these tests use: both kernels of each routed MLP shape for
-    1-8 tokens, ue8m0=False and no clamp (apply()'s defaults). Shapes the kernels do not
-    take (DeepSeek-V3's TP 8 and TP 1 dense shards, the 256-wide TP 8 shared experts) run
-    the stock path and need none."""
+    1-8 tokens, ue8m0=False and no clamp (apply()'s defaults); a shape the kernels do not
+    take runs the stock path and needs none."""
     from mlpjit.dense_mlp import kernel_requests as layer_requests
 
     requests = []
@@ -125,9 +95,12 @@ def build_bf16(name: str, path) -> None:
 
     arch, hidden, dense, shared = MODELS[name]
     config_cls, model_cls, extra = ARCHS[arch]
+    if arch == "glm_moe_dsa":
+        extra = {**extra, "index_topk": POSITIONS}
     config = getattr(transformers, config_cls)(
-        **TINY, **extra, hidden_size=hidden, intermediate_size=dense, moe_intermediate_size=shared
-    )
+        **TINY, **extra, hidden_size=hidden, intermediate_size=dense,
+        moe_intermediate_size=shared, max_position_embeddings=POSITIONS,
+    )  # fmt: skip
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = getattr(transformers, model_cls)(config).to(torch.bfloat16)
@@ -197,7 +170,7 @@ def load_exact(path, fp8: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def fp8_linear_reference(input, weight, weight_scale_inv, *_):
+def fp8_linear_reference(input, weight, weight_scale_inv, *_, **__):
     """transformers' fp8_linear in mlpjit.reference math (its kernel is Hub-fetched)."""
     x = input.reshape(-1, input.shape[-1]).to(torch.bfloat16)
     y = ref.gemv_reference(x, weight, weight_scale_inv.float(), swiglu=False)
@@ -280,7 +253,7 @@ def test_routed_mlps_match_the_reference(models, m: int) -> None:
         path = module.forward.__self__.mlp.path(m)
         err = rel_l2(got.reshape(m, hidden), want)
         print(f"{models['name']} {name} m={m} path={path} rel_l2={err:.2e}")
-        assert err < TOL
+        assert err < (TOL if path == "kernel" else TOL_STOCK)
 
 
 def logits_of(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:

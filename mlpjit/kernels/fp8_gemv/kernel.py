@@ -5,13 +5,18 @@ block scales and per-(token, 128-group) activation scales computed in the kernel
 stock rule. With ``swiglu`` the CTA pairs gate row j with up row rows/2 + j and writes
 act[tokens, rows/2] = bf16(silu(bf16 gate) * bf16 up) directly.
 
-Shape of the work: a CTA owns ``tiles`` tiles of 16 weight rows over the whole K; one warp
-per (tile, ``slices_per_warp`` consecutive 512-K slices) issues one m16n8k32 e4m3 mma per
-32 K with the tokens as the 8 B columns. Weights are loaded before griddepcontrol.wait
-(PDL): per slice, the first ``in_regs`` 64-K steps into registers (L2 evict-first hint),
-the rest by cp.async into shared memory (no hint: see ptx.cp_async_cg_16). With
-``cluster`` > 1 the CTAs of a thread block cluster quantize x together (each a share,
-written to all of them through distributed shared memory).
+Shape of the work: a CTA owns ``tiles`` tiles of 16 weight rows over its K (all of K, or
+one of ``splits`` equal parts); one warp per (tile, ``slices_per_warp`` consecutive
+``slice_k``-K slices) issues one m16n8k32 e4m3 mma per 32 K with the tokens as the 8 B
+columns. Weights are loaded before griddepcontrol.wait (PDL): per slice, the first
+``in_regs`` 64-K steps into registers (L2 evict-first hint), the rest by cp.async into
+shared memory (no hint: see ptx.cp_async_cg_16). With ``cluster`` > 1 the CTAs of a thread
+block cluster quantize x together (each a share, written to all of them through
+distributed shared memory). With ``splits`` > 1 the K splits of a row tile are the CTAs of
+one cluster, each quantizing only its part of x; the others write their fp32 partials into
+the first one's shared memory, which adds them in split order after a cluster barrier and
+runs the epilogue: a fixed order (bit-identical results) with no workspace in global memory
+to reset or to share between streams.
 
 Nothing here is imported by ``import mlpjit``; the compile manager imports this module on
 a cache miss and calls :func:`compile_cubin`.
@@ -30,7 +35,7 @@ from cutlass import Float32, Int32, Int64
 
 from mlpjit.kernels import ptx
 from mlpjit.kernels.cubin import compile_to_cubin
-from mlpjit.kernels.fp8_gemv.params import GROUP, KERNEL_ARGS, SLICE, STEPS, GemvParams
+from mlpjit.kernels.fp8_gemv.params import GROUP, KERNEL_ARGS, STEP, GemvParams
 
 __all__ = ["Fp8Gemv", "compile_cubin"]
 
@@ -100,8 +105,8 @@ class Fp8Gemv:
         if cutlass.const_expr(self.ctas_per_sm > 1):
             # Without an explicit carveout the DSL queries the device for min_blocks > 1.
             extra["preferred_smem_carveout"] = 100
-        if cutlass.const_expr(self.cluster > 1):
-            extra["cluster"] = [self.cluster, 1, 1]
+        if cutlass.const_expr(self.cluster_ctas > 1):
+            extra["cluster"] = [self.cluster_ctas, 1, 1]
         self.kernel(m_out, m_x, m_w, m_ws).launch(
             grid=[self.ctas, 1, 1],
             block=[self.threads, 1, 1],
@@ -118,7 +123,9 @@ class Fp8Gemv:
     def kernel(self, m_out: cute.Tensor, m_x: cute.Tensor, m_w: cute.Tensor, m_ws: cute.Tensor):
         T = self.tokens
         K = self.k
-        G = self.groups
+        CG = self.cta_groups
+        GS = self.slice_groups
+        SL = self.slice_k
         TL = self.tiles
 
         tid, _, _ = cute.arch.thread_idx()
@@ -127,23 +134,35 @@ class Fp8Gemv:
         warp = tid >> 5
         tile = warp % TL
         SPW = self.spw
-        slc0 = (warp // TL) * SPW  # the warp's first 512-K slice; it owns SPW in a row
+        slc0 = (warp // TL) * SPW  # the warp's first slice of the CTA's K; it owns SPW in a row
         g = lane >> 2
         q = lane & 3
+        # K split: CTA rank `split` of its cluster takes K [split * kc, (split + 1) * kc) of
+        # row tile `blk`.
+        blk0 = cta
+        split = Int32(0)
+        if cutlass.const_expr(self.splits > 1):
+            blk0 = cta // self.splits
+            split = cta % self.splits
 
         smem = cutlass.memory.SmemAllocator()
         s_base = smem.allocate(self.smem_bytes, byte_alignment=128).toint()
         s_wgt = s_base
         s_act = s_base + self.smem_weights
         s_xsc = s_act + self.smem_act
+        s_red = s_base + self.smem_reduce_offset
 
         g_out = Int64(m_out.iterator.toint())
         g_x = Int64(m_x.iterator.toint())
         g_w = Int64(m_w.iterator.toint())
         g_ws = Int64(m_ws.iterator.toint())
-
-        row0, row1 = self.tile_rows(cta, tile, g)
-        k_lane = slc0 * SLICE + q * 16  # slice s of the warp: + s * SLICE
+        row0, row1 = self.tile_rows(blk0, tile, g)
+        k_lane = slc0 * SL + q * 16  # slice s of the warp: + s * SL
+        grp0 = Int32(0)  # the split's first 128-group of K
+        if cutlass.const_expr(self.splits > 1):
+            g_x = g_x + Int64(split * (self.kc * 2))  # x row t of this split: + t * k * 2
+            grp0 = split * CG
+            k_lane = k_lane + split * self.kc
         g_a0 = g_w + Int64(row0) * K + Int64(k_lane)
         g_a1 = g_w + Int64(row1) * K + Int64(k_lane)
 
@@ -152,7 +171,7 @@ class Fp8Gemv:
         # weights while this one still does; otherwise after the wait, as usual.
         if cutlass.const_expr(self.early_launch):
             cute.arch.griddepcontrol_launch_dependents()
-        if cutlass.const_expr(self.cluster > 1):
+        if cutlass.const_expr(self.cluster_ctas > 1):
             ptx.cluster_arrive_relaxed()  # "started": others may write our smem after the wait
         # ---- weights in flight before the dependency wait (they never depend on it)
         policy = ptx.createpolicy_evict_first()
@@ -162,23 +181,25 @@ class Fp8Gemv:
         r_a1 = [[] for _ in range(SPW)]
         for s in cutlass.range_constexpr(SPW):
             for st in cutlass.range_constexpr(self.in_regs):
-                r_a0[s].append(ptx.ld_global_nc_v4_hint(g_a0 + (s * SLICE + st * 64), policy))
-                r_a1[s].append(ptx.ld_global_nc_v4_hint(g_a1 + (s * SLICE + st * 64), policy))
+                r_a0[s].append(ptx.ld_global_nc_v4_hint(g_a0 + (s * SL + st * STEP), policy))
+                r_a1[s].append(ptx.ld_global_nc_v4_hint(g_a1 + (s * SL + st * STEP), policy))
         s_stage = s_wgt + (warp * SPW * self.staged) * 1024 + lane * 16
         for s in cutlass.range_constexpr(SPW):
             for j in cutlass.range_constexpr(self.staged):
                 st = self.in_regs + j
                 s_slot = s_stage + (s * self.staged + j) * 1024
-                ptx.cp_async_cg_16(s_slot, g_a0 + (s * SLICE + st * 64))
-                ptx.cp_async_cg_16(s_slot + 512, g_a1 + (s * SLICE + st * 64))
+                ptx.cp_async_cg_16(s_slot, g_a0 + (s * SL + st * STEP))
+                ptx.cp_async_cg_16(s_slot + 512, g_a1 + (s * SL + st * STEP))
                 cute.arch.cp_async_commit_group()
-        r_ws0, r_ws1 = self.weight_scales(g_ws, row0, row1, slc0)
+        r_ws0, r_ws1 = self.weight_scales(g_ws, row0, row1, slc0, grp0)
 
         cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(not self.early_launch):
             cute.arch.griddepcontrol_launch_dependents()
 
-        if cutlass.const_expr(self.cluster == 1):
+        if cutlass.const_expr(self.cluster > 1):
+            self.quantize_across_cluster(g_x, s_act, s_xsc, warp, lane)
+        elif cutlass.const_expr(self.chunk_lanes == 32):
             # ---- quantize x once per CTA: warp (tile i, slice s) takes tokens i, i+tiles, ...
             # All of a warp's x loads are issued before the first is consumed, so the global
             # round trips overlap (ptxas still sinks some of them when registers run short).
@@ -194,16 +215,17 @@ class Fp8Gemv:
                     self.quantize_if_valid(word, s_act, s_xsc, tile + j * TL, slc0 + s, lane)
             cute.arch.sync_threads()
         else:
-            self.quantize_across_cluster(g_x, s_act, s_xsc, warp, lane)
+            self.quantize_short_slices(g_x, s_act, s_xsc, tile, slc0, lane)
+            cute.arch.sync_threads()
 
         # ---- main loop per row tile, partial sums, epilogue
         t_b = cutlass.min(g, T - 1)  # B columns >= tokens repeat the last token
-        s_b = s_act + (slc0 * T + t_b) * SLICE  # slice s: + s * T * SLICE
+        s_b = s_act + (slc0 * T + t_b) * SL  # slice s: + s * T * SL
         sw_b = (t_b & 1) << 2
         c0 = cutlass.min(q * 2, T - 1)
         c1 = cutlass.min(q * 2 + 1, T - 1)
-        s_xs0 = s_xsc + (c0 * G + slc0 * 4) * 4  # slice s: + s * 16
-        s_xs1 = s_xsc + (c1 * G + slc0 * 4) * 4
+        s_xs0 = s_xsc + (c0 * CG + slc0 * GS) * 4  # slice s: + s * GS * 4
+        s_xs1 = s_xsc + (c1 * CG + slc0 * GS) * 4
         # Each warp writes its K-slice partials over its own last staged slot: only this lane
         # read those 16 bytes, and the slot's cp.async group is complete by then. (With
         # nothing staged the activation area is reused after a barrier; never persistent.)
@@ -215,16 +237,22 @@ class Fp8Gemv:
                 s_part = s_act + tid * 16
             ptx.st_shared_v4_f32(s_part, total[0], total[1], total[2], total[3])
             cute.arch.sync_threads()
-            if warp < TL:
-                # Warp `tile` < tiles is slice 0 of its tile: s_part is also where it reads from.
-                self.reduce_and_store(g_out, s_part, ptx.fresh_ctaid_x())
+            if cutlass.const_expr(self.splits == 1):
+                if warp < TL:
+                    # Warp `tile` < tiles is slice 0 of its tile: s_part is where it reads from.
+                    self.reduce_and_store(g_out, s_part, ptx.fresh_ctaid_x())
+            else:
+                blk = ptx.fresh_ctaid_x() // self.splits
+                self.reduce_splits(g_out, s_part, s_red, warp, lane, split, blk, False)
         else:
             # Persistent: row tiles cta, cta + grid, ... Tile i+1's weights are requested
             # while tile i is computed: each register step and staged slot is refilled as soon
             # as tile i has consumed it (the last slot after the epilogue, since it holds the
             # partial sums meanwhile), so HBM streaming does not pause between tiles.
-            for blk in cutlass.range(cta, self.row_tiles, self.ctas, unroll=1):
-                nxt = blk + self.ctas
+            # K-split: the cluster takes row tiles c, c + clusters, ... (c: its index).
+            stride = self.ctas // self.splits
+            for blk in cutlass.range(blk0, self.row_tiles, stride, unroll=1):
+                nxt = blk + stride
                 more = Int32(nxt < self.row_tiles)
                 n_row0, n_row1 = self.tile_rows(nxt, tile, g)
                 g_n0 = g_w + Int64(n_row0) * K + Int64(k_lane)
@@ -235,11 +263,14 @@ class Fp8Gemv:
                 )  # fmt: skip
                 ptx.st_shared_v4_f32(s_part, total[0], total[1], total[2], total[3])
                 cute.arch.sync_threads()
-                if warp < TL:
-                    self.reduce_and_store(g_out, s_part, blk)
+                if cutlass.const_expr(self.splits == 1):
+                    if warp < TL:
+                        self.reduce_and_store(g_out, s_part, blk)
+                else:
+                    self.reduce_splits(g_out, s_part, s_red, warp, lane, split, blk, True)
                 # Every reader of the partials is done: the last slot takes tile i+1's step.
                 cute.arch.sync_threads()
-                last = (SPW - 1) * SLICE + (STEPS - 1) * 64
+                last = (SPW - 1) * SL + (self.steps - 1) * STEP
                 ptx.cp_async_cg_16_if(s_part, g_n0 + last, more)
                 ptx.cp_async_cg_16_if(s_part + 512, g_n1 + last, more)
                 cute.arch.cp_async_commit_group()
@@ -250,28 +281,42 @@ class Fp8Gemv:
                 r_a1 = [[] for _ in range(SPW)]
                 for s in cutlass.range_constexpr(SPW):
                     for st in cutlass.range_constexpr(self.in_regs):
-                        off = s * SLICE + st * 64
+                        off = s * SL + st * STEP
                         r_a0[s].append(ptx.ld_global_nc_v4_hint_if(g_n0 + off, policy, more))
                         r_a1[s].append(ptx.ld_global_nc_v4_hint_if(g_n1 + off, policy, more))
                 # Past the last tile: a valid re-read, never used.
                 w_row0, w_row1 = self.tile_rows(cutlass.min(nxt, self.row_tiles - 1), tile, g)
-                r_ws0, r_ws1 = self.weight_scales(g_ws, w_row0, w_row1, slc0)
+                r_ws0, r_ws1 = self.weight_scales(g_ws, w_row0, w_row1, slc0, grp0)
 
     @cute.jit
-    def weight_scales(self, g_ws: Int64, row0: Int32, row1: Int32, slc0: Int32):
-        """Per slice of the warp, the 4 float32 block scales of rows row0 and row1 (the same
-        block unless SwiGLU pairs a gate row with its up row)."""
+    def weight_scales(self, g_ws: Int64, row0: Int32, row1: Int32, slc0: Int32, grp0: Int32):
+        """Per slice of the warp (slc0: its first), the slice_k/128 float32 block scales of
+        rows row0 and row1 (the same block unless SwiGLU pairs a gate row with its up row);
+        grp0 is the split's first 128-group of K."""
         G = self.groups
         r_ws0 = []
         r_ws1 = []
         for s in cutlass.range_constexpr(self.spw):
-            sc = (slc0 + s) * 4
-            r_ws0.append(ptx.ld_global_nc_v4_f32(g_ws + Int64(((row0 >> 7) * G + sc) * 4)))
+            sc = (slc0 + s) * self.slice_groups
+            if cutlass.const_expr(self.splits > 1):
+                sc = sc + grp0
+            r_ws0.append(self.block_scales(g_ws + Int64(((row0 >> 7) * G + sc) * 4)))
             if cutlass.const_expr(self.swiglu):
-                r_ws1.append(ptx.ld_global_nc_v4_f32(g_ws + Int64(((row1 >> 7) * G + sc) * 4)))
+                r_ws1.append(self.block_scales(g_ws + Int64(((row1 >> 7) * G + sc) * 4)))
             else:
                 r_ws1.append(r_ws0[s])
         return r_ws0, r_ws1
+
+    @cute.jit
+    def block_scales(self, addr: Int64):
+        """The slice_groups consecutive float32 scales at addr, in one load (k is a multiple
+        of slice_k, so addr is aligned to their size)."""
+        if cutlass.const_expr(self.slice_groups == 4):
+            return ptx.ld_global_nc_v4_f32(addr)
+        elif cutlass.const_expr(self.slice_groups == 2):
+            return ptx.ld_global_nc_v2_f32(addr)
+        else:
+            return (ptx.ld_global_nc_f32(addr),)
 
     @cute.jit
     def warp_sums(
@@ -300,7 +345,7 @@ class Fp8Gemv:
             slice_refill = None
             if cutlass.const_expr(refill is not None):
                 g_n0, g_n1, more = refill
-                slice_refill = (g_n0 + s * SLICE, g_n1 + s * SLICE, more)
+                slice_refill = (g_n0 + s * self.slice_k, g_n1 + s * self.slice_k, more)
             newer = (SPW - 1) * self.staged if refill is not None else (SPW - 1 - s) * self.staged
             total = self.slice_sums(
                 total,
@@ -308,11 +353,11 @@ class Fp8Gemv:
                 r_a1[s],
                 (r_ws0[s], r_ws1[s]),
                 s_stage + s * self.staged * 1024,
-                s_b + s * self.tokens * SLICE,
+                s_b + s * self.tokens * self.slice_k,
                 q,
                 sw_b,
-                s_xs0 + s * 16,
-                s_xs1 + s * 16,
+                s_xs0 + s * self.slice_groups * 4,
+                s_xs1 + s * self.slice_groups * 4,
                 slice_refill,
                 newer,
                 s == SPW - 1,
@@ -336,7 +381,7 @@ class Fp8Gemv:
         newer_groups: int,
         hold_last: bool,
     ):
-        """One 512-K slice of a row tile: 4 groups x (2 steps x 2 mmas), fp32 group sums,
+        """One slice of a row tile: slice_k/128 groups x (2 steps x 2 mmas), fp32 group sums,
         then the scales, added to ``total``.
 
         With ``refill`` = (next row-0 address, next row-1 address, predicate), each staged
@@ -345,7 +390,7 @@ class Fp8Gemv:
         committed after this slice's, which the waits must not wait for.
         """
         r_ws0, r_ws1 = r_ws
-        for grp in cutlass.range_constexpr(SLICE // GROUP):
+        for grp in cutlass.range_constexpr(self.slice_groups):
             acc = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
             for sub in cutlass.range_constexpr(2):
                 st = grp * 2 + sub
@@ -367,9 +412,9 @@ class Fp8Gemv:
                 acc = ptx.mma_m16n8k32_e4m3((a0[2], a1[2], a0[3], a1[3]), (b[2], b[3]), acc)
                 if cutlass.const_expr(refill is not None):
                     g_n0, g_n1, more = refill
-                    if cutlass.const_expr(self.in_regs <= st < STEPS - int(hold_last)):
-                        ptx.cp_async_cg_16_if(s_stage + j * 1024, g_n0 + st * 64, more)
-                        ptx.cp_async_cg_16_if(s_stage + j * 1024 + 512, g_n1 + st * 64, more)
+                    if cutlass.const_expr(self.in_regs <= st < self.steps - int(hold_last)):
+                        ptx.cp_async_cg_16_if(s_stage + j * 1024, g_n0 + st * STEP, more)
+                        ptx.cp_async_cg_16_if(s_stage + j * 1024 + 512, g_n1 + st * STEP, more)
                         cute.arch.cp_async_commit_group()
             xs0 = ptx.ld_shared_f32(s_xs0 + grp * 4)
             xs1 = ptx.ld_shared_f32(s_xs1 + grp * 4)
@@ -389,10 +434,38 @@ class Fp8Gemv:
         return t
 
     @cute.jit
-    def load_chunk(self, g_x: Int64, t: Int32, slc: Int32, lane) -> list:
-        """The 16 BF16 of x[t, slc*512 + 16*lane ..] as 8 words (two 16-byte loads)."""
-        g_src = g_x + Int64((t * self.k + slc * SLICE + lane * 16) * 2)
+    def load_chunk(self, g_x: Int64, t: Int32, slc: Int32, cl) -> list:
+        """The 16 BF16 of x[t, slc*slice_k + 16*cl ..] as 8 words (two 16-byte loads); cl is
+        the lane's place in its chunk (a chunk: one slice of one token)."""
+        g_src = g_x + Int64((t * self.k + slc * self.slice_k + cl * 16) * 2)
         return list(ptx.ld_global_v4(g_src)) + list(ptx.ld_global_v4(g_src + 16))
+
+    @cute.jit
+    def quantize_short_slices(
+        self, g_x: Int64, s_act: Int32, s_xsc: Int32, tile: Int32, slc0: Int32, lane: Int32
+    ):
+        """The per-CTA quantization for slices shorter than 512: a chunk takes slice_k/16
+        lanes, so a warp quantizes 32/(slice_k/16) tokens of its slice at once (warp of tile
+        i: tokens i, i+tiles, ...); lanes past the last token re-read it and store nothing."""
+        T = self.tokens
+        TL = self.tiles
+        lanes = self.chunk_lanes
+        per_pass = 32 // lanes
+        passes = ((T + TL - 1) // TL + per_pass - 1) // per_pass
+        sub = lane // lanes
+        cl = lane % lanes
+        words = [
+            self.load_chunk(g_x, cutlass.min(tile + (p * per_pass + sub) * TL, T - 1), slc0 + s, cl)
+            for s in range(self.spw)
+            for p in range(passes)
+        ]
+        for s in cutlass.range_constexpr(self.spw):
+            for p in cutlass.range_constexpr(passes):
+                t = tile + (p * per_pass + sub) * TL
+                self.quantize_chunk(
+                    words[s * passes + p], s_act, s_xsc, cutlass.min(t, T - 1), slc0 + s, cl,
+                    valid=t < T,
+                )  # fmt: skip
 
     @cute.jit
     def quantize_if_valid(self, words: list, s_act: Int32, s_xsc: Int32, t: Int32, slc, lane):
@@ -444,9 +517,12 @@ class Fp8Gemv:
         ptx.cluster_sync_acq_rel()
 
     @cute.jit
-    def quantize_chunk(self, words: list, s_act: Int32, s_xsc: Int32, t: Int32, slc: Int32, lane):
-        """Lane l quantizes K = slc*512 + 16l .. +15 of token t; 8 lanes share a 128-group.
-        With a cluster, the result goes to the same place in every CTA's shared memory.
+    def quantize_chunk(
+        self, words: list, s_act: Int32, s_xsc: Int32, t: Int32, slc: Int32, lane, valid=None
+    ):
+        """Lane l (of its chunk) quantizes K = slc*slice_k + 16l .. +15 of token t; 8 lanes
+        share a 128-group. With a cluster, the result goes to the same place in every CTA's
+        shared memory. ``valid`` (a runtime predicate, or None for always): whether to store.
 
         The amax runs on the packed BF16 pairs with max.xorsign.abs: each step takes |.| of
         its inputs, so only the final sign is junk (dropped by the last fabs); |x| and max
@@ -489,14 +565,21 @@ class Fp8Gemv:
             ptx.cvt_e4m3x4(qv[4 * i], qv[4 * i + 1], qv[4 * i + 2], qv[4 * i + 3]) for i in range(4)
         ]
         chunk = lane ^ ((t & 1) << 2)  # swizzle odd tokens: conflict-free B reads
-        s_dst = s_act + (slc * self.tokens + t) * SLICE + chunk * 16
-        if cutlass.const_expr(self.cluster == 1):
+        s_dst = s_act + (slc * self.tokens + t) * self.slice_k + chunk * 16
+        GS = self.slice_groups
+        if cutlass.const_expr(valid is not None):
+            if valid:
+                ptx.st_shared_v4(s_dst, packed[0], packed[1], packed[2], packed[3])
+                if lane & 7 == 0:
+                    s_scale = s_xsc + (t * self.cta_groups + slc * GS + (lane >> 3)) * 4
+                    ptx.st_shared_f32(s_scale, scale)
+        elif cutlass.const_expr(self.cluster == 1):
             ptx.st_shared_v4(s_dst, packed[0], packed[1], packed[2], packed[3])
             if lane & 7 == 0:
-                ptx.st_shared_f32(s_xsc + (t * self.groups + slc * 4 + (lane >> 3)) * 4, scale)
+                ptx.st_shared_f32(s_xsc + (t * self.cta_groups + slc * GS + (lane >> 3)) * 4, scale)
         else:
             # (Not hoisted above the branch: that reorders the plain kernel's SASS.)
-            s_scale = s_xsc + (t * self.groups + slc * 4 + (lane >> 3)) * 4
+            s_scale = s_xsc + (t * self.cta_groups + slc * GS + (lane >> 3)) * 4
             for rank in cutlass.range_constexpr(self.cluster):
                 dst = ptx.mapa_shared(s_dst, Int32(rank))
                 ptx.st_cluster_v4(dst, packed[0], packed[1], packed[2], packed[3])
@@ -516,13 +599,58 @@ class Fp8Gemv:
         return row0, row1
 
     @cute.jit
-    def reduce_and_store(self, g_out: Int64, s_part: Int32, blk: Int32):
-        """Sum the tile's k/512/spw partials (one per warp); lane (g, q) holds rows g, g+8 x
-        tokens 2q, 2q+1.
+    def reduce_splits(
+        self,
+        g_out: Int64,
+        s_part: Int32,
+        s_red: Int32,
+        warp: Int32,
+        lane: Int32,
+        split: Int32,
+        blk: Int32,
+        again: bool,
+    ):
+        """The K splits of row tile ``blk`` meet in the cluster's first CTA (split 0): the
+        others write their tile sums into its s_red slots, and it adds them in split order
+        (the same order whichever CTA finishes first) and runs the epilogue. ``again``: a
+        persistent kernel, whose next tile reuses the slots."""
+        TL = self.tiles
+        ptx.trap_unless_cluster_size(self.splits)
+        # Pairs with the entry arrive (every CTA of the cluster has started) or, in a
+        # persistent kernel, with the previous tile's last arrive (its slots were read).
+        ptx.cluster_wait()
+        slot = s_red + (warp * 32 + lane) * 16  # split r: + (r - 1) * tiles * 512
+        if split != 0:  # noqa: SIM102 (a runtime `and` of two conditions: kept apart)
+            if warp < TL:
+                acc = self.tile_partials(s_part)
+                dst = ptx.mapa_shared(slot + (split - 1) * (TL * 512), Int32(0))
+                ptx.st_cluster_v4_f32(dst, acc[0], acc[1], acc[2], acc[3])
+        # Release our slot writes, acquire everyone's.
+        ptx.cluster_sync_acq_rel()
+        if split == 0:  # noqa: SIM102
+            if warp < TL:
+                self.reduce_and_store(g_out, s_part, blk, slot)
+        if cutlass.const_expr(again):
+            ptx.cluster_arrive_release()  # our slot reads are done (the leader's)
 
-        s_part: this lane's partials in the tile's first warp; warp w of the tile is w * tiles
-        warps further on.
-        blk: the row tile (the CTA index unless persistent).
+    @cute.jit
+    def tile_partials(self, s_part: Int32) -> list:
+        """Sum of the tile's k/splits/slice_k/spw warp partials (s_part: this lane's in the
+        tile's first warp; warp w of the tile is w * tiles warps further on)."""
+        # Bytes per warp of the partials: its staged weights, or 32 lanes x 16 B of s_act.
+        warp_stride = self.spw * self.staged * 1024 if self.staged else 32 * 16
+        acc = list(ptx.ld_shared_v4_f32(s_part))
+        for s in cutlass.range_constexpr(1, self.warps_per_tile):
+            part = ptx.ld_shared_v4_f32(s_part + s * self.tiles * warp_stride)
+            acc = [acc[i] + part[i] for i in range(4)]
+        return acc
+
+    @cute.jit
+    def reduce_and_store(self, g_out: Int64, s_part: Int32, blk: Int32, s_slots=None):
+        """Sum the tile's partials (tile_partials, then the other splits' from ``s_slots``
+        in split order) and store the tile; lane (g, q) holds rows g, g+8 x tokens 2q, 2q+1.
+
+        blk: the row tile (the CTA index unless persistent or split).
         """
         T = self.tokens
         # Indices are re-derived from fresh special-register reads: holding them across the
@@ -531,12 +659,11 @@ class Fp8Gemv:
         lane = tid & 31
         row0, _ = self.tile_rows(blk, tid >> 5, lane >> 2)
         q = lane & 3
-        # Bytes per warp of the partials: its staged weights, or 32 lanes x 16 B of s_act.
-        warp_stride = self.spw * self.staged * 1024 if self.staged else 32 * 16
-        acc = list(ptx.ld_shared_v4_f32(s_part))
-        for s in cutlass.range_constexpr(1, self.warps_per_tile):
-            part = ptx.ld_shared_v4_f32(s_part + s * self.tiles * warp_stride)
-            acc = [acc[i] + part[i] for i in range(4)]
+        acc = self.tile_partials(s_part)
+        if cutlass.const_expr(s_slots is not None):
+            for r in cutlass.range_constexpr(1, self.splits):
+                part = ptx.ld_shared_v4_f32(s_slots + (r - 1) * (self.tiles * 512))
+                acc = [acc[i] + part[i] for i in range(4)]
         if cutlass.const_expr(self.swiglu):
             # Row g is the gate, row g+8 the matching up: act[t, row0] for t = 2q, 2q+1.
             for c in cutlass.range_constexpr(2):
@@ -609,7 +736,7 @@ def compile_cubin(params: GemvParams, arch: str):
         smem_bytes=gemv.smem_bytes,
         pdl=True,
         params=tuple(KernelParam(name, "ptr") for name in KERNEL_ARGS),
-        cluster=(gemv.cluster, 1, 1),
+        cluster=(gemv.cluster_ctas, 1, 1),
     )
 
 

@@ -21,6 +21,8 @@ __all__ = [
     "MAX_TOKENS",
     "MAX_WARPS",
     "SLICE",
+    "SLICE_SIZES",
+    "SPLITS_MAX",
     "STEPS",
     "GemvConfig",
     "GemvParams",
@@ -28,9 +30,14 @@ __all__ = [
     "smem_bytes",
 ]
 
-SLICE = 512  # K per warp
-STEPS = 8  # 64-K steps per slice
+SLICE = 512  # K per warp slice by default (slice_k)
+STEPS = 8  # 64-K steps per default slice
+STEP = 64  # K per step: one 16-byte load per lane covers 4 lanes x 16 K
+SLICE_SIZES = (128, 256, 512)  # slice_k: a power-of-two number of 128-groups
 GROUP = 128  # activation / weight scale group along K
+# K splits of a row tile: the CTAs of one thread block cluster (at most 8, the portable
+# cluster size) sum their partials in the first one's shared memory.
+SPLITS_MAX = 8
 MAX_TOKENS = 8  # the mma's N
 MAX_WARPS = hopper.THREADS_PER_CTA // 32
 # cp.async groups one thread may have in flight: ptxas 13.0 encodes the wait count in 6 bits
@@ -47,13 +54,31 @@ PERSISTENT_MIN_REGS = 136
 KERNEL_ARGS = ("out", "x", "w", "w_scale")
 
 
-def smem_bytes(k: int, tokens: int, tiles: int, in_regs: int, slices_per_warp: int = 1) -> int:
+def smem_bytes(
+    k: int,
+    tokens: int,
+    tiles: int,
+    in_regs: int,
+    slices_per_warp: int = 1,
+    *,
+    slice_k: int = SLICE,
+    splits: int = 1,
+) -> int:
     """Dynamic shared memory of a specialization: staged weights | activations (reused for
-    the partial sums) | x scales."""
-    warps = tiles * (k // SLICE) // slices_per_warp
-    staged = tiles * (k // SLICE) * (STEPS - in_regs) * 2 * 32 * 16
-    act = max(tokens * k, warps * 32 * 16)
-    return staged + act + tokens * (k // GROUP) * 4
+    the partial sums) | x scales | the other splits' partials (first CTA of a cluster)."""
+    kc = k // splits
+    slices = kc // slice_k
+    warps = tiles * slices // slices_per_warp
+    staged = tiles * slices * (slice_k // STEP - in_regs) * 2 * 32 * 16
+    act = max(tokens * kc, warps * 32 * 16)
+    scales = tokens * (kc // GROUP) * 4
+    if splits == 1:
+        return staged + act + scales
+    return staged + act + _align16(scales) + (splits - 1) * tiles * 32 * 16
+
+
+def _align16(nbytes: int) -> int:
+    return -(-nbytes // 16) * 16
 
 
 def grid_ctas(
@@ -64,21 +89,27 @@ def grid_ctas(
     ctas_per_sm: int,
     slices_per_warp: int = 1,
     sms: int = hopper.SMS,
+    *,
+    slice_k: int = SLICE,
+    splits: int = 1,
 ) -> int:
-    """CTAs launched: one per 16*tiles-row tile, or a persistent grid of one resident wave.
+    """CTAs launched: one per (16*tiles-row tile, K split), or a persistent grid of one
+    resident wave.
 
     Persistent (sms*ctas_per_sm CTAs; CTA c takes row tiles c, c + grid, ...) when there
     are more tiles than that, at least one step is staged (its slot holds the partial sums)
     and the launch bound leaves PERSISTENT_MIN_REGS registers a thread: x is then quantized
     once per CTA instead of once per tile. At the 80-register bound of 768 threads per SM
     the tile loop spilled 16-104 B with ptxas 13.0 for every GLM-5 config tried, so such
-    configs keep one CTA per tile.
+    configs keep one CTA per tile. A K-split grid is made of clusters of ``splits`` CTAs.
     """
-    tiles_total = rows // (16 * tiles)
-    threads = 32 * tiles * (k // SLICE) // slices_per_warp
-    if in_regs >= STEPS or hopper.reg_budget(threads, ctas_per_sm) < PERSISTENT_MIN_REGS:
+    tiles_total = rows // (16 * tiles) * splits
+    threads = 32 * tiles * (k // splits // slice_k) // slices_per_warp
+    if in_regs >= slice_k // STEP or hopper.reg_budget(threads, ctas_per_sm) < PERSISTENT_MIN_REGS:
         return tiles_total
-    return min(tiles_total, sms * ctas_per_sm)
+    # Whole clusters of the K splits, all resident: each takes row tiles c, c + clusters, ...
+    slots = hopper.resident_ctas(sms * ctas_per_sm, splits)
+    return min(tiles_total, slots // splits * splits)
 
 
 @dataclass(frozen=True)
@@ -95,6 +126,11 @@ class GemvConfig:
     # CTAs per cluster: each quantizes 1/cluster of x and writes it into every CTA's shared
     # memory, so x is read from L2 once per cluster instead of once per CTA.
     cluster: int = 1
+    # K per warp slice (128, 256 or 512): smaller slices take K that 512 does not divide.
+    slice_k: int = SLICE
+    # K splits per row tile, one CTA each (a cluster of that many CTAs): spreads few rows
+    # over more SMs, and each CTA reads and quantizes only its k/splits of x.
+    splits: int = 1
 
 
 def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
@@ -132,14 +168,19 @@ class GemvParams:
     early_launch: bool = False
     slices_per_warp: int = 1
     cluster: int = 1
+    slice_k: int = SLICE
+    splits: int = 1
     sms: int = hopper.SMS  # the target GPU's SM count: sizes a persistent grid
 
     def __post_init__(self) -> None:
         _check_int("rows", self.rows, 16)
-        _check_int("k", self.k, SLICE)
+        _check_int("k", self.k, GROUP)
         _check_int("tokens", self.tokens, 1, MAX_TOKENS)
         _check_int("tiles", self.tiles, 1)
-        _check_int("in_regs", self.in_regs, 0, STEPS)
+        if type(self.slice_k) is not int or self.slice_k not in SLICE_SIZES:
+            raise ValueError(f"slice_k must be one of {SLICE_SIZES}, got {self.slice_k!r}")
+        _check_int("splits", self.splits, 1, SPLITS_MAX)
+        _check_int("in_regs", self.in_regs, 0, self.steps)
         _check_int("ctas_per_sm", self.ctas_per_sm, 1, 32)
         for name in ("swiglu", "ue8m0", "early_launch"):
             _check_bool(name, getattr(self, name))
@@ -150,8 +191,11 @@ class GemvParams:
             raise ValueError(f"limit must be None or a positive float, got {limit!r}")
         if limit is not None:
             object.__setattr__(self, "limit", float(limit))
-        if self.k % SLICE:
-            raise ValueError(f"k must be a multiple of {SLICE}, got {self.k}")
+        if self.k % (self.splits * self.slice_k):
+            raise ValueError(
+                f"k must be a multiple of splits * slice_k = {self.splits * self.slice_k}, "
+                f"got {self.k} (splits={self.splits}, slice_k={self.slice_k})"
+            )
         if self.rows % (16 * self.tiles):
             raise ValueError(
                 f"rows must be a multiple of 16*tiles = {16 * self.tiles}, got {self.rows}"
@@ -161,22 +205,33 @@ class GemvParams:
         _check_int("slices_per_warp", self.slices_per_warp, 1, self.slices)
         if self.slices % self.spw:
             raise ValueError(
-                f"slices_per_warp must divide k/{SLICE} = {self.slices}, got {self.slices_per_warp}"
+                f"slices_per_warp must divide k/splits/slice_k = {self.slices}, "
+                f"got {self.slices_per_warp}"
             )
         if self.warps > MAX_WARPS:
             raise ValueError(
-                f"tiles * k/{SLICE} / slices_per_warp = {self.warps} warps exceeds "
-                f"{MAX_WARPS}; use fewer tiles or more slices_per_warp (k={self.k})"
+                f"tiles * k/splits/slice_k / slices_per_warp = {self.warps} warps exceeds "
+                f"{MAX_WARPS}; use fewer tiles, more slices_per_warp or more splits (k={self.k})"
             )
         if self.spw * self.staged > MAX_PENDING_GROUPS:
             raise ValueError(
-                f"slices_per_warp * (8 - in_regs) = {self.spw * self.staged} cp.async groups "
+                f"slices_per_warp * (steps - in_regs) = {self.spw * self.staged} cp.async groups "
                 f"in flight per thread; at most {MAX_PENDING_GROUPS} (the wait_group count "
                 "ptxas encodes): raise in_regs or lower slices_per_warp"
             )
         hopper.check_sms(self.sms)
         if type(self.cluster) is not int or self.cluster not in CLUSTER_SIZES:
             raise ValueError(f"cluster must be one of {CLUSTER_SIZES}, got {self.cluster!r}")
+        if self.cluster > 1 and self.slice_k != SLICE:
+            raise ValueError(
+                f"cluster must be 1 with slice_k={self.slice_k} (clusters share x in "
+                f"{SLICE}-K chunks), got cluster={self.cluster}"
+            )
+        if self.splits > 1 and self.cluster > 1:
+            raise ValueError(
+                f"cluster must be 1 with splits > 1 (the cluster is the tile's {self.splits} "
+                f"K splits), got cluster={self.cluster}"
+            )
         if self.ctas % self.cluster:
             raise ValueError(
                 f"cluster must divide the grid of {self.ctas} CTAs, got {self.cluster}; "
@@ -227,12 +282,39 @@ class GemvParams:
         return self.slices_per_warp
 
     @property
+    def kc(self) -> int:
+        """K of one CTA (one split)."""
+        return self.k // self.splits
+
+    @property
     def slices(self) -> int:
-        return self.k // SLICE
+        """Warp slices of one CTA's K."""
+        return self.kc // self.slice_k
+
+    @property
+    def steps(self) -> int:
+        """64-K steps per slice."""
+        return self.slice_k // STEP
+
+    @property
+    def slice_groups(self) -> int:
+        """128-groups per slice."""
+        return self.slice_k // GROUP
+
+    @property
+    def chunk_lanes(self) -> int:
+        """Lanes that quantize one slice of one token (16 values each)."""
+        return self.slice_k // 16
 
     @property
     def groups(self) -> int:
+        """128-groups of the whole K (the weight scales' row length)."""
         return self.k // GROUP
+
+    @property
+    def cta_groups(self) -> int:
+        """128-groups of one CTA's K (its x scales per token)."""
+        return self.kc // GROUP
 
     @property
     def warps_per_tile(self) -> int:
@@ -249,7 +331,7 @@ class GemvParams:
     @property
     def staged(self) -> int:
         """64-K steps per slice that go through shared memory (cp.async)."""
-        return STEPS - self.in_regs
+        return self.steps - self.in_regs
 
     @property
     def row_tiles(self) -> int:
@@ -259,13 +341,26 @@ class GemvParams:
     @property
     def ctas(self) -> int:
         return grid_ctas(
-            self.rows, self.k, self.tiles, self.in_regs, self.ctas_per_sm, self.spw, self.sms
+            self.rows,
+            self.k,
+            self.tiles,
+            self.in_regs,
+            self.ctas_per_sm,
+            self.spw,
+            self.sms,
+            slice_k=self.slice_k,
+            splits=self.splits,
         )
+
+    @property
+    def cluster_ctas(self) -> int:
+        """CTAs per launched cluster: the x-sharing cluster, or the K splits of a tile."""
+        return self.splits if self.splits > 1 else self.cluster
 
     @property
     def persistent(self) -> bool:
         """Whether a CTA loops over several row tiles (a grid of one resident wave)."""
-        return self.ctas < self.row_tiles
+        return self.ctas < self.row_tiles * self.splits
 
     @property
     def out_cols(self) -> int:
@@ -277,15 +372,28 @@ class GemvParams:
 
     @property
     def smem_act(self) -> int:
-        return max(self.tokens * self.k, self.warps * 32 * 16)
+        return max(self.tokens * self.kc, self.warps * 32 * 16)
 
     @property
     def smem_scales(self) -> int:
-        return self.tokens * self.groups * 4
+        return self.tokens * self.cta_groups * 4
+
+    @property
+    def smem_reduce_offset(self) -> int:
+        """Where the other splits' partials (16-byte vectors) start, after the x scales."""
+        return self.smem_weights + self.smem_act + _align16(self.smem_scales)
 
     @property
     def smem_bytes(self) -> int:
-        return smem_bytes(self.k, self.tokens, self.tiles, self.in_regs, self.spw)
+        return smem_bytes(
+            self.k,
+            self.tokens,
+            self.tiles,
+            self.in_regs,
+            self.spw,
+            slice_k=self.slice_k,
+            splits=self.splits,
+        )
 
     @property
     def grid(self) -> tuple[int, int, int]:

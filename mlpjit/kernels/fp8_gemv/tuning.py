@@ -6,17 +6,21 @@ What the sweeps behind the table and the heuristics found is in docs/KERNEL_NOTE
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 
 from mlpjit.kernels import hopper
 from mlpjit.kernels.fp8_gemv.params import (
     CLUSTER_SIZES,
+    GROUP,
     MAX_PENDING_GROUPS,
     MAX_TOKENS,
     MAX_WARPS,
     SLICE,
-    STEPS,
+    SLICE_SIZES,
+    SPLITS_MAX,
+    STEP,
     GemvConfig,
     grid_ctas,
     smem_bytes,
@@ -28,36 +32,41 @@ __all__ = [
     "config_fits",
     "kernel_supports",
     "max_in_regs",
+    "spread_config",
+    "spread_configs",
 ]
 
 # Registers the kernel needs besides the in-register weights (8 per in_regs step), measured
 # with ptxas 13.0 under launch bounds: in_regs=3 fits the 80-register bound (768 threads per
 # SM) without spilling for every GLM-5 shape and token count.
 BASE_REGS = 56
-# Grids meant as one wave must be resident at once. Clusters of 2 always are (H200: 66 of
-# 2 at one CTA per SM); of 4 or 8 only 10/11 of the slots fill (30 clusters of 4 = 120
-# CTAs at one CTA per SM, 30 of 8 = 240 at two; cuOccupancyMaxActiveClusters), so a larger
-# grid would run its last clusters as a second wave.
-MAX_PERSISTENT_CLUSTER = 2
-LARGE_CLUSTER_RESIDENCY = 120 / 132
+# Grids meant as one wave must be resident at once (hopper.resident_ctas). A persistent
+# grid with x shared over clusters uses clusters of at most 2 (they fill every slot).
+MAX_PERSISTENT_CLUSTER = hopper.MAX_FULL_CLUSTER
 
 
 def max_in_regs(
-    k: int, tokens: int, tiles: int, ctas_per_sm: int, slices_per_warp: int = 1
+    k: int,
+    tokens: int,
+    tiles: int,
+    ctas_per_sm: int,
+    slices_per_warp: int = 1,
+    *,
+    slice_k: int = SLICE,
+    splits: int = 1,
 ) -> int | None:
     """The most 64-K steps in registers that fit the register and shared-memory budgets
     of this tiling and launch bound, or None if none does."""
-    threads = 32 * tiles * (k // SLICE) // slices_per_warp
+    threads = 32 * tiles * (k // splits // slice_k) // slices_per_warp
     if threads * ctas_per_sm > hopper.THREADS_PER_SM:
         return None
     regs = hopper.reg_budget(threads, ctas_per_sm)
-    # At most STEPS-1: with no cp.async at all, ptxas 13.0 hoists griddepcontrol.wait
+    # At most steps-1: with no cp.async at all, ptxas 13.0 hoists griddepcontrol.wait
     # (ACQBULK) above every weight load, losing the PDL overlap; a committed cp.async group
     # keeps the loads before it (tests/test_fp8_gemv_compile.py checks the order).
-    in_regs = min(STEPS - 1, (regs - BASE_REGS) // (8 * slices_per_warp))
-    if in_regs < 0 or smem_bytes(k, tokens, tiles, in_regs, slices_per_warp) > hopper.smem_budget(
-        ctas_per_sm
-    ):
+    in_regs = min(slice_k // STEP - 1, (regs - BASE_REGS) // (8 * slices_per_warp))
+    smem = smem_bytes(k, tokens, tiles, in_regs, slices_per_warp, slice_k=slice_k, splits=splits)
+    if in_regs < 0 or smem > hopper.smem_budget(ctas_per_sm):
         return None
     return in_regs
 
@@ -70,20 +79,23 @@ def _config(
     early: bool = False,
     spw: int = 1,
     cluster: int = 1,
+    slice_k: int = SLICE,
+    splits: int = 1,
 ) -> GemvConfig:
-    return GemvConfig(tiles, in_regs, ctas_per_sm, early, spw, cluster)
+    return GemvConfig(tiles, in_regs, ctas_per_sm, early, spw, cluster, slice_k, splits)
 
 
 # The fastest config per GLM shape on one H200 (132 SMs), from per-kernel sweeps
 # (`scripts/tune_fp8_gemv.py kernel`) and layer-level pair sweeps (`... layer`) at 1-8
 # tokens; docs/KERNEL_NOTES.md has the variants and numbers. (rows, k, swiglu) ->
 # ((up to tokens, config), ...): a token count takes the first entry whose bound covers it;
-# shapes not listed, or an entry that does not fit a token count, use the heuristic.
+# shapes not listed, an entry of None, or one that does not fit a token count, use the
+# heuristic.
 # early=True (PDL trigger at kernel entry, so the down kernel starts streaming while gate_up
 # still runs) only where it won >= 0.25 us per layer, and only on gate_up: after down a
 # server runs no mlpjit kernel. cluster=2 where clusters of 2 won >= 0.2 us per layer in two
 # sweeps; spw = slices per warp, mostly with persistent grids (TP 4, 2, 1).
-TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig], ...]] = {
+TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...]] = {
     # GLM-5 (hidden 6144, intermediate 12288) TP 8
     (3072, 6144, True): (
         (1, _config(1, 3, 2)),
@@ -159,6 +171,42 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig], ...]] = {
         (7, _config(1, 0, 1, spw=2)),
         (8, _config(1, 0, 1, spw=2, cluster=2)),
     ),
+    # From the layer sweeps of the K-granularity-128 kernels (`tune_fp8_gemv.py layer
+    # --spread 3`), where a pair beat the planner's by >= 2%; token counts not listed keep
+    # the planner's pick (an entry of None). DeepSeek-V3 (hidden 7168) TP 8: the down
+    # projection's K-split pick (7 tiles x 2 splits) lost 1-2 us to 4 whole-K tiles.
+    (7168, 2304, False): (
+        (2, _config(4, 3, 1, spw=3, slice_k=256)),
+        (8, None),
+    ),
+    # DeepSeek-V3 shared expert TP 8 (512 gate_up rows split 4 or 7 ways along K).
+    (512, 7168, True): (
+        (1, None),
+        (4, None),
+        (8, _config(2, 3, 2, slice_k=256, splits=7)),
+    ),
+    (7168, 256, False): (
+        (1, _config(4, 1, 2, slice_k=128)),
+        (8, None),
+    ),
+    # DeepSeek-V3 shared expert TP 1.
+    (7168, 2048, False): ((8, _config(7, 3, 1, splits=2)),),
+    (4096, 7168, True): (
+        (1, None),
+        (2, _config(2, 3, 1, spw=2)),
+        (4, _config(2, 1, 1)),
+        (8, _config(4, 2, 1, spw=7, slice_k=256, splits=2)),
+    ),
+    # Qwen3-32B (hidden 5120) TP 8.
+    (6400, 5120, True): (
+        (1, _config(1, 3, 1)),
+        (4, None),
+        (8, _config(1, 3, 1)),
+    ),
+    (5120, 3200, False): (
+        (1, _config(1, 1, 3, spw=5, slice_k=128)),
+        (8, _config(8, 0, 2, spw=5, slice_k=128, splits=5)),
+    ),
 }
 # Heuristic picks keep at most this many steps in registers: 2-3 beat more in the sweeps
 # (more registers cost occupancy, and ptxas may sink register loads below the PDL wait).
@@ -174,25 +222,41 @@ def config_fits(rows: int, k: int, tokens: int, config: GemvConfig, sms: int = h
     launch bound (no spills), shared memory within the budget, and a cluster grid meant as
     one wave resident at once."""
     spw = config.slices_per_warp
-    if spw < 1 or (k // SLICE) % spw or spw * (STEPS - config.in_regs) > MAX_PENDING_GROUPS:
+    slice_k, splits = config.slice_k, config.splits
+    if slice_k not in SLICE_SIZES or not 1 <= splits <= SPLITS_MAX or k % (splits * slice_k):
+        return False
+    slices = k // splits // slice_k
+    if spw < 1 or slices % spw or spw * (slice_k // STEP - config.in_regs) > MAX_PENDING_GROUPS:
         return False
     if type(config.cluster) is not int or config.cluster not in CLUSTER_SIZES:
         return False
-    if rows % (16 * config.tiles):
+    if config.cluster > 1 and (splits > 1 or slice_k != SLICE):
         return False
-    grid = grid_ctas(rows, k, config.tiles, config.in_regs, config.ctas_per_sm, spw, sms)
-    if grid % config.cluster:
+    if rows % (16 * config.tiles) or config.tiles * slices // spw > MAX_WARPS:
+        return False
+    geometry = {"slice_k": slice_k, "splits": splits}
+    grid = grid_ctas(
+        rows, k, config.tiles, config.in_regs, config.ctas_per_sm, spw, sms, **geometry
+    )
+    cluster = max(config.cluster, splits)
+    if grid % cluster:
         return False
     slots = sms * config.ctas_per_sm
-    if config.cluster > MAX_PERSISTENT_CLUSTER and slots >= grid > LARGE_CLUSTER_RESIDENCY * slots:
+    if splits > 1 and grid > _resident(slots, cluster):
+        return False  # a K-split grid must be one resident wave
+    if cluster > MAX_PERSISTENT_CLUSTER and slots >= grid > _resident(slots, cluster):
         return False  # meant as one wave, but not resident at once
-    fit = max_in_regs(k, tokens, config.tiles, config.ctas_per_sm, spw)
+    fit = max_in_regs(k, tokens, config.tiles, config.ctas_per_sm, spw, **geometry)
     return (
         fit is not None
         and 0 <= config.in_regs <= fit
-        and smem_bytes(k, tokens, config.tiles, config.in_regs, spw)
+        and smem_bytes(k, tokens, config.tiles, config.in_regs, spw, **geometry)
         <= hopper.smem_budget(config.ctas_per_sm)
     )
+
+
+def _resident(slots: int, cluster: int) -> int:
+    return hopper.resident_ctas(slots, cluster)
 
 
 def _tuned(rows: int, k: int, tokens: int, swiglu: bool, sms: int) -> GemvConfig | None:
@@ -200,7 +264,7 @@ def _tuned(rows: int, k: int, tokens: int, swiglu: bool, sms: int) -> GemvConfig
         return None  # measured on 132 SMs: grids and pairings need not carry over
     for bound, config in TUNED_H200.get((rows, k, swiglu), ()):
         if tokens <= bound:
-            return config if config_fits(rows, k, tokens, config) else None
+            return config if config is not None and config_fits(rows, k, tokens, config) else None
     return None
 
 
@@ -213,9 +277,12 @@ def _check_shape(rows: int, k: int, tokens: int) -> None:
 def one_wave_candidates(
     rows: int, k: int, tokens: int, sms: int = hopper.SMS
 ) -> list[tuple[tuple, GemvConfig]]:
-    """(score, config) of every one-CTA-per-tile tiling that fits, lower score better."""
+    """(score, config) of every one-CTA-per-tile tiling of whole-K 512-K slices that fits,
+    lower score better (none when 512 does not divide k)."""
     slices = k // SLICE
     found = []
+    if k % SLICE:
+        return found
     tiles = 1
     while tiles * slices <= MAX_WARPS:
         if rows % (16 * tiles) == 0:
@@ -237,9 +304,169 @@ def one_wave_candidates(
 def kernel_supports(rows: int, k: int, tokens: int) -> bool:
     """True when fp8_gemv can run this shape; otherwise callers use the stock path."""
     _check_shape(rows, k, tokens)
-    if tokens > MAX_TOKENS or k % SLICE or rows % 16:
+    if tokens > MAX_TOKENS or k % GROUP or rows % 16:
         return False
-    return bool(one_wave_candidates(rows, k, tokens))
+    if k % SLICE == 0 and one_wave_candidates(rows, k, tokens):
+        return True
+    return _spread(rows, k, tokens, hopper.SMS) is not None
+
+
+# The model _spread ranks decompositions with: the busiest SM's bytes, where a CTA costs its
+# weight bytes plus X_COST per byte of the bf16 x part it reads and quantizes (from L2, but
+# on the critical path after the PDL wait; with fewer than QUANT_WARPS warps proportionally
+# more), and a K split SPLIT_COST bytes per row tile, SPLIT_STEP more per split past two
+# (its cluster barrier, whose release waits for every memory access in flight, and the
+# partials through distributed shared memory at the kernel's tail). A pick replaces the
+# whole-K heuristics' only if it models SPREAD_GAIN faster. SPLIT_COST from the H200 layer
+# sweeps (docs/KERNEL_NOTES.md): at 8 KB the model split DeepSeek-V3 TP 8's gate_up in two
+# in a persistent grid (5.3 us slower than whole K) and preferred splits that lost 1-2 us.
+X_COST = 1.0
+QUANT_WARPS = 8
+SPLIT_COST = 16 * 1024
+SPLIT_STEP = 2 * 1024
+SPREAD_GAIN = 0.9
+# ... and only where the whole-K pick leaves the busiest SM this far above the mean: the
+# whole-K heuristics were measured best on the evenly spread GLM shapes (persistent grids
+# of many row tiles per CTA, one-wave grids that fill the SMs).
+SPREAD_BELOW_BALANCE = 0.85
+SPREAD_MAX_CTAS_PER_SM = 4
+# _spread_regs' bases: BASE_REGS and WIDE_BASE_REGS less the weight scales of the 512-K
+# slices they were measured with (8 per slice, 2-3 slices per warp for the latter).
+# The K splits' extra (their reduction, and the split's offsets) from the spills of
+# ptxas 13.0 at the bounds just below these.
+SPREAD_BASE_REGS = 52
+SPREAD_PERSISTENT_BASE_REGS = 120
+SPREAD_SPLIT_REGS = 16
+SPREAD_PERSISTENT_SPLIT_REGS = 48
+
+
+def spread_config(rows: int, k: int, tokens: int, sms: int = hopper.SMS) -> GemvConfig | None:
+    """The best decomposition of any tiles, K splits and slice size by the model below (see
+    _spread), whether or not choose_config would take it; None if nothing fits. Tuning
+    sweeps measure it beside the table's and the whole-K heuristics' picks."""
+    found = spread_configs(rows, k, tokens, sms, 1)
+    return found[0] if found else None
+
+
+def spread_configs(
+    rows: int, k: int, tokens: int, sms: int = hopper.SMS, count: int = 4
+) -> list[GemvConfig]:
+    """The ``count`` best decompositions by the model, best first (for tuning sweeps)."""
+    return [config for _, config in _spread_ranked(rows, k, tokens, sms)[:count]]
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def _modeled_cost(
+    rows: int, k: int, tokens: int, tiles: int, ctas: int, splits: int, warps: int, sms: int
+) -> float:
+    """Bytes the busiest SM moves, in the model above (``ctas`` CTAs, one resident wave; a
+    persistent grid's CTAs take several row tiles in turn)."""
+    kc = k // splits
+    rounds = math.ceil(rows // (16 * tiles) * splits / ctas)
+    quant = X_COST * tokens * kc * 2 * max(1.0, QUANT_WARPS / warps)
+    split = SPLIT_COST + SPLIT_STEP * (splits - 2) if splits > 1 else 0
+    return math.ceil(ctas / sms) * (rounds * (16 * tiles * kc + split) + quant)
+
+
+def _spread(rows: int, k: int, tokens: int, sms: int) -> tuple[float, GemvConfig] | None:
+    """(modeled cost, config) of the best decomposition over tiles per CTA, K splits (1-8
+    CTAs of a cluster), slice size, slices per warp and launch bound that fits the register,
+    shared-memory and residency budgets: one CTA per (tile, split) in one resident wave, or
+    a persistent grid of one wave; None if nothing fits."""
+    ranked = _spread_ranked(rows, k, tokens, sms)
+    return (ranked[0][0][0], ranked[0][1]) if ranked else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _spread_ranked(
+    rows: int, k: int, tokens: int, sms: int
+) -> tuple[tuple[tuple, GemvConfig], ...]:
+    """Every _spread decomposition that fits, as (rank, config), best first."""
+    ranked = []
+    row_tiles = rows // 16
+    for splits in _divisors(k // GROUP, SPLITS_MAX):
+        kc = k // splits
+        for slice_k in SLICE_SIZES:
+            if kc % slice_k:
+                continue
+            slices = kc // slice_k
+            for tiles in _divisors(row_tiles, MAX_WARPS):
+                for spw in _divisors(slices, slices):
+                    warps = tiles * slices // spw
+                    if warps > MAX_WARPS:
+                        continue
+                    for cps in range(1, SPREAD_MAX_CTAS_PER_SM + 1):
+                        found = _spread_config(
+                            rows, k, tokens, tiles, spw, cps, slice_k, splits, sms
+                        )
+                        if found is None:
+                            continue
+                        config, ctas = found
+                        cost = _modeled_cost(rows, k, tokens, tiles, ctas, splits, warps, sms)
+                        # Then: fewer splits, longer slices, fewer warps, lighter launch bound.
+                        ranked.append(((cost, splits, -slice_k, warps, cps), config))
+    return tuple(sorted(ranked, key=lambda item: item[0]))
+
+
+def _spread_config(
+    rows: int, k: int, tokens: int, tiles: int, spw: int, cps: int, slice_k: int, splits: int,
+    sms: int,
+) -> tuple[GemvConfig, int] | None:  # fmt: skip
+    """The config (and its grid) of one _spread decomposition, with the fewest register
+    steps that fit (at most HEURISTIC_MAX_IN_REGS where shared memory allows), or None."""
+    geometry = {"slice_k": slice_k, "splits": splits}
+    fit = max_in_regs(k, tokens, tiles, cps, spw, **geometry)
+    if fit is None:
+        return None
+    cap = min(fit, HEURISTIC_MAX_IN_REGS)
+    for in_regs in [*range(cap, -1, -1), *range(cap + 1, fit + 1)]:
+        ctas = _spread_grid(rows, k, tokens, tiles, spw, cps, in_regs, geometry, sms)
+        if ctas is not None:
+            break
+    else:
+        return None
+    config = GemvConfig(tiles, in_regs, cps, slices_per_warp=spw, slice_k=slice_k, splits=splits)
+    return config, ctas
+
+
+def _spread_grid(
+    rows: int, k: int, tokens: int, tiles: int, spw: int, cps: int, in_regs: int,
+    geometry: dict, sms: int,
+) -> int | None:  # fmt: skip
+    """The grid of a _spread decomposition with ``in_regs`` register steps, or None where
+    it does not fit shared memory, the cp.async groups, or the persistent kernel's
+    registers, or is more than one wave."""
+    slice_k, splits = geometry["slice_k"], geometry["splits"]
+    if smem_bytes(k, tokens, tiles, in_regs, spw, **geometry) > hopper.smem_budget(cps):
+        return None
+    if spw * (slice_k // STEP - in_regs) > MAX_PENDING_GROUPS:
+        return None
+    ctas = grid_ctas(rows, k, tiles, in_regs, cps, spw, sms, **geometry)
+    persistent = ctas < rows // (16 * tiles) * splits
+    if persistent and tiles > 1:
+        return None  # persistent grids were only measured with one tile per CTA
+    if not persistent and ctas > _resident(sms * cps, splits):
+        return None  # more than one wave
+    threads = 32 * tiles * (k // splits // slice_k) // spw
+    if _spread_regs(spw, in_regs, slice_k, splits, persistent) > hopper.reg_budget(threads, cps):
+        return None
+    return ctas
+
+
+def _spread_regs(spw: int, in_regs: int, slice_k: int, splits: int, persistent: bool) -> int:
+    """Registers a thread of a _spread config needs (ptxas 13.0, no spills): a base, and
+    per slice of the warp its register steps (8 each), weight scales (2 rows x
+    slice_k/128) and addresses; the persistent form holds the next tile's addresses and
+    refill state too, and its K splits their reduction's."""
+    per_slice = 8 * in_regs + 2 * (slice_k // GROUP)
+    if not persistent:
+        split = SPREAD_SPLIT_REGS if splits > 1 else 0
+        return SPREAD_BASE_REGS + split + spw * (per_slice + 4)
+    split = SPREAD_PERSISTENT_SPLIT_REGS if splits > 1 else 0
+    return SPREAD_PERSISTENT_BASE_REGS + split + spw * (per_slice + 11)
 
 
 def choose_config(
@@ -262,22 +489,69 @@ def choose_config(
         raise ValueError(f"rows must be even with swiglu, got {rows}")
     if not kernel_supports(rows, k, tokens):
         raise ValueError(
-            f"fp8_gemv cannot take rows={rows}, k={k}, tokens={tokens}: needs k % {SLICE} == 0, "
-            f"rows % 16 == 0, 1 <= tokens <= {MAX_TOKENS} and k <= {SLICE * MAX_WARPS} "
-            "within the shared-memory and register limits"
+            f"fp8_gemv cannot take rows={rows}, k={k}, tokens={tokens}: needs k % {GROUP} == 0, "
+            f"rows % 16 == 0 and 1 <= tokens <= {MAX_TOKENS}, within the shared-memory and "
+            "register limits"
         )
     tuned = _tuned(rows, k, tokens, swiglu, sms)
     if tuned is not None:
         return tuned
-    pick = _wide_persistent(rows, k, tokens, sms)
-    if pick is None:
-        best = min(one_wave_candidates(rows, k, tokens, sms), key=lambda c: c[0])[1]
-        pick = GemvConfig(best.tiles, min(best.in_regs, HEURISTIC_MAX_IN_REGS), best.ctas_per_sm)
+    pick = _whole_k_pick(rows, k, tokens, sms)
+    spread = _spread(rows, k, tokens, sms)
+    if pick is None and spread is None:
+        raise ValueError(
+            f"fp8_gemv has no decomposition of rows={rows}, k={k}, tokens={tokens} that fits "
+            f"one wave of a {sms}-SM GPU"
+        )
+    if spread is not None and (
+        pick is None
+        or (
+            _balance(rows, k, pick, sms) < SPREAD_BELOW_BALANCE
+            and spread[0] < SPREAD_GAIN * _config_cost(rows, k, tokens, pick, sms)
+        )
+    ):
+        return spread[1]
     if tokens >= HEURISTIC_CLUSTER_MIN_TOKENS:
         clustered = replace(pick, cluster=2)
         if config_fits(rows, k, tokens, clustered, sms):
             return clustered
     return pick
+
+
+def _whole_k_pick(rows: int, k: int, tokens: int, sms: int) -> GemvConfig | None:
+    """The whole-K heuristic (512-K slices): a wide persistent grid, else the best
+    one-wave tiling; None if k is not a multiple of 512 or nothing fits."""
+    if k % SLICE:
+        return None
+    pick = _wide_persistent(rows, k, tokens, sms)
+    if pick is not None:
+        return pick
+    candidates = one_wave_candidates(rows, k, tokens, sms)
+    if not candidates:
+        return None
+    best = min(candidates, key=lambda c: c[0])[1]
+    return GemvConfig(best.tiles, min(best.in_regs, HEURISTIC_MAX_IN_REGS), best.ctas_per_sm)
+
+
+def _balance(rows: int, k: int, config: GemvConfig, sms: int) -> float:
+    """Mean weight bytes per SM over the busiest SM's, for a config's launch (1: even)."""
+    ctas = grid_ctas(
+        rows, k, config.tiles, config.in_regs, config.ctas_per_sm, config.slices_per_warp, sms,
+        slice_k=config.slice_k, splits=config.splits,
+    )  # fmt: skip
+    units = rows // (16 * config.tiles) * config.splits
+    busiest = math.ceil(ctas / sms) * math.ceil(units / ctas)
+    return units / sms / busiest
+
+
+def _config_cost(rows: int, k: int, tokens: int, config: GemvConfig, sms: int) -> float:
+    """_modeled_cost of a config's launch (persistent grids included)."""
+    ctas = grid_ctas(
+        rows, k, config.tiles, config.in_regs, config.ctas_per_sm, config.slices_per_warp, sms,
+        slice_k=config.slice_k, splits=config.splits,
+    )  # fmt: skip
+    warps = config.tiles * (k // config.splits // config.slice_k) // config.slices_per_warp
+    return _modeled_cost(rows, k, tokens, config.tiles, ctas, config.splits, warps, sms)
 
 
 # Heuristic for shapes with at least two waves of 16-row tiles and k >= WIDE_MIN_K: the

@@ -1,0 +1,1053 @@
+#!/usr/bin/env python3
+"""Decode-step time of tiny DeepSeek-V3 and GLM-5 transformers models with mlpjit.
+
+Each model (transformers' own DeepseekV3ForCausalLM / GlmMoeDsaForCausalLM; 3 layers: one
+dense, two MoE with a shared expert each; small attention and a 1024-token vocab; random
+weights; the real MLP sizes of one TP shard at TP 8 and TP 1, as tests/gpu/
+test_transformers_gpu.py builds them) is built in bf16 on the GPU; a copy gets its dense MLPs
+and shared experts converted to FP8 by transformers' own pieces (replace_with_fp8_linear with
+``modules_to_not_convert`` for attention, routers, routed experts and lm_head, then
+Fp8Quantize: what FineGrainedFP8Config does at load). Variants of the same weights:
+
+  mlpjit  the FP8 model with mlpjit.integrations.transformers.apply(): every dense MLP and
+          shared expert call runs DenseMlp (kernels at 1 token where the shape has them,
+          DenseMlp's stock path otherwise)
+  bf16    the bf16 model whose converted weights are the FP8 ones dequantized (the math FP8
+          approximates, run by plain nn.Linear)
+  hf_fp8  the FP8 model unpatched: transformers' FP8Linear (DeepGEMM or the Triton kernel,
+          both fetched from the Hugging Face Hub by the ``kernels`` package). Probed first;
+          "not available: <reason>" where it cannot run (no ``kernels``, no network)
+
+One decode step = one new token at position ``--tokens-context`` of a StaticCache filled by a
+prefill: before every step the cache's length counters are put back to the context, so each
+step does the same work (same position, same mask). Modes:
+
+  eager     model(...) called from Python
+  graph     the same call captured with torch.cuda.graph and replayed
+  compiled  transformers' own compile path, model.get_compiled_call(None): torch.compile
+            mode "reduce-overhead" (CUDA graphs through cudagraph trees), what generate()
+            uses with a static cache. Tried by itself where a graph capture failed (unless
+            --no-compile-fallback), or always with --modes ...,compiled
+
+Times are CUDA events around each step (eager: the host-bound step's span), median over
+``--steps`` after ``--warmup``. Beside them: the step's floor (bytes of the weights one token
+reads / the device-to-device copy bandwidth of the same run: all parameters but the
+embedding, routed experts counted for top-k of them; the KV cache not counted), and per MLP
+shape, DenseMlp alone at 1 token (CUDA-graph replay of a chain of distinct layers whose
+weights total ``--l2-multiple`` x L2, as scripts/bench_dense_mlp.py times it, activation
+scales not ue8m0 as apply() defaults) against the bf16 module math (gate, up, down F.linear
+and SiLU-and-mul) and its own floor.
+
+Every section is guarded: a failure is recorded (table, JSON "errors") and the run goes on.
+Progress on stderr, the markdown report on stdout, the JSON with ``--json`` (rewritten after
+each variant, so a run cut short keeps what it measured; ``--report-from`` prints the report
+of saved JSON files, merged, e.g. of one run per model where a run's time is limited).
+
+    MLPJIT_CACHE_DIR=.gpu-cache python3 scripts/bench_transformers.py --json r.json
+    python3 scripts/bench_transformers.py --dry-run         # no GPU: the plan and kernels
+    python3 scripts/bench_transformers.py --report-from a.json b.json
+
+The kernels (1 token, ue8m0=False, for the MLP shapes that take them) are listed by
+``kernel_requests(arch)``; scripts/gpu_requests.py collects them for warming a cache on a
+CPU machine (README: running the GPU tests and benchmarks on an H200).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as dt
+import gc
+import inspect
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+import traceback
+import types
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mlpjit.testing.tiny_models import ARCHS, MODELS, NOT_CONVERTED, TINY
+
+PROJS = ("gate_proj", "up_proj", "down_proj")
+VARIANTS = ("mlpjit", "bf16", "hf_fp8")
+MODES = ("eager", "graph", "compiled")
+DEFAULT_MODES = ("eager", "graph")
+DECODE_TOKENS = (1,)  # the token counts apply() prepares kernels for
+MIN_CONTEXT = 9  # a prefill of more than 8 tokens takes DenseMlp's stock path: no kernels
+CACHE_SLACK = 8  # static cache slots past the decoded token (masked out)
+MIN_POSITIONS = 128
+L2_BYTES_H200 = 60 * 1024 * 1024  # used when the device does not report its L2 size
+BLOCK = 128
+DEVICE = "cuda"  # where the models and layers live (the CPU tests set "cpu")
+
+
+def log(message: str) -> None:
+    """One progress line on stderr."""
+    print(
+        f"[bench_transformers {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True
+    )
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: first line of the message`` (at most 300 characters)."""
+    text = str(exc).strip().splitlines()
+    line = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def attempt(
+    label: str, errors: list[dict], fn: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    """fn(*args, **kwargs), or None with the error recorded in ``errors`` and on stderr."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # recorded; the run goes on
+        message = describe(exc)
+        log(f"{label}: FAILED: {message}")
+        traceback.print_exc(file=sys.stderr)
+        errors.append({"section": label, "error": message})
+        return None
+
+
+# ---- shapes and kernels ---------------------------------------------------------------------
+
+
+def routed_prefixes(num_layers: int = TINY["num_hidden_layers"], first_dense: int = 1) -> list[str]:
+    """The modules apply() routes: the dense layers' MLPs, then the MoE layers' shared experts."""
+    return [
+        f"model.layers.{i}.mlp" if i < first_dense else f"model.layers.{i}.mlp.shared_experts"
+        for i in range(num_layers)
+    ]
+
+
+def mlp_shapes(name: str) -> list[dict]:
+    """The routed MLP shapes of a model: {"module", "hidden", "intermediate", "count"}."""
+    _, hidden, dense, shared = MODELS[name]
+    prefixes = routed_prefixes()
+    n_shared = sum(p.endswith("shared_experts") for p in prefixes)
+    return [
+        {
+            "module": "dense mlp",
+            "hidden": hidden,
+            "intermediate": dense,
+            "count": len(prefixes) - n_shared,
+        },
+        {"module": "shared expert", "hidden": hidden, "intermediate": shared, "count": n_shared},
+    ]
+
+
+def kernel_requests(arch: str = "sm_90a", models: Sequence[str] = tuple(MODELS)) -> list:
+    """The compile requests the benchmark needs: both kernels of each routed MLP shape at 1
+    token, ue8m0=False and no clamp (apply()'s defaults; the per-MLP chains use the same).
+    Shapes the kernels do not take (mlpjit.dense_mlp.kernel_supported) run DenseMlp's stock
+    path and need none."""
+    from mlpjit.dense_mlp import kernel_requests as layer_requests
+
+    requests = []
+    for name in models:
+        for shape in mlp_shapes(name):
+            for r in layer_requests(
+                shape["hidden"], shape["intermediate"], DECODE_TOKENS, arch, limit=None, ue8m0=False
+            ):
+                if r not in requests:
+                    requests.append(r)
+    return requests
+
+
+# ---- arguments ------------------------------------------------------------------------------
+
+
+def _choices(text: str, allowed: Sequence[str], flag: str, p: argparse.ArgumentParser) -> list[str]:
+    items = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    bad = [s for s in items if s not in allowed]
+    if bad or not items:
+        p.error(f"{flag}: unknown {bad or text!r}; allowed: {', '.join(allowed)}")
+    return items
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma list of {list(MODELS)}")
+    p.add_argument(
+        "--tokens-context",
+        default="64",
+        help=f"comma list of context lengths (tokens cached before the step, >= {MIN_CONTEXT})",
+    )
+    p.add_argument("--steps", type=int, default=100, help="timed decode steps per mode (>= 1)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps first (>= 0)")
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma list of {MODES}")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {VARIANTS}")
+    p.add_argument(
+        "--no-compile-fallback",
+        action="store_true",
+        help="do not try the compiled mode where a graph capture failed",
+    )
+    p.add_argument(
+        "--experts-implementation",
+        default=None,
+        help="transformers' routed experts code: eager, grouped_mm, batched_mm (default: its pick)",
+    )
+    p.add_argument(
+        "--mlp-replays", type=int, default=100, help="graph replays per MLP chain (0: skip)"
+    )
+    p.add_argument("--l2-multiple", type=float, default=4.0, help="MLP chain weights / L2 size")
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and the kernels; no GPU")
+    p.add_argument(
+        "--report-from",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="print the report of saved results (several: merged, e.g. one run per model)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.model_list = _choices(args.models, tuple(MODELS), "--models", p)
+    args.mode_list = _choices(args.modes, MODES, "--modes", p)
+    args.variant_list = _choices(args.variants, VARIANTS, "--variants", p)
+    try:
+        args.context_list = list(
+            dict.fromkeys(int(t) for t in args.tokens_context.split(",") if t.strip())
+        )
+    except ValueError:
+        p.error(f"--tokens-context must be a comma list of ints, got {args.tokens_context!r}")
+    if not args.context_list or min(args.context_list) < MIN_CONTEXT:
+        p.error(
+            f"--tokens-context must be >= {MIN_CONTEXT} (a prefill of 1-8 tokens would need "
+            f"kernels this benchmark does not prepare), got {args.tokens_context!r}"
+        )
+    if args.steps < 1:
+        p.error("--steps must be >= 1")
+    if args.warmup < 0 or args.mlp_replays < 0:
+        p.error("--warmup and --mlp-replays must be >= 0")
+    if not args.l2_multiple > 0:
+        p.error("--l2-multiple must be > 0")
+    missing = [str(f) for f in args.report_from or () if not f.is_file()]
+    if missing:
+        p.error(f"--report-from: no such file {', '.join(missing)}")
+    return args
+
+
+def positions_for(contexts: Sequence[int]) -> int:
+    """max_position_embeddings (and GLM-5's index_topk) covering every static cache."""
+    longest = max(contexts) + CACHE_SLACK
+    return max(MIN_POSITIONS, -(-longest // BLOCK) * BLOCK)
+
+
+# ---- models ---------------------------------------------------------------------------------
+
+
+def tiny_config(
+    arch: str, hidden: int, dense: int, shared: int, positions: int = MIN_POSITIONS, **changes: Any
+):
+    """The transformers config of a tiny ``arch`` model with these MLP sizes."""
+    import transformers
+
+    config_cls, _, extra = ARCHS[arch]
+    extra = dict(extra)
+    if arch == "glm_moe_dsa":
+        extra["index_topk"] = positions  # every key kept: the indexer's top-k cannot flip
+    values = {
+        **TINY,
+        **extra,
+        "hidden_size": hidden,
+        "intermediate_size": dense,
+        "moe_intermediate_size": shared,
+        "max_position_embeddings": positions,
+        **changes,
+    }
+    return getattr(transformers, config_cls)(**values)
+
+
+def mlp_std(name: str, k: int) -> float:
+    """Weight std giving gate/up std ~2 and down output ~1 for unit-RMS input (the GPU test's)."""
+    return 1 / (3 * math.sqrt(k)) if name.endswith("down_proj") else 2 / math.sqrt(k)
+
+
+def build_bf16(
+    arch: str,
+    hidden: int,
+    dense: int,
+    shared: int,
+    *,
+    device: str | torch.device = DEVICE,
+    positions: int = MIN_POSITIONS,
+    seed: int = 0,
+    experts_implementation: str | None = None,
+    **changes: Any,
+) -> torch.nn.Module:
+    """A tiny ``arch`` model in bf16 on ``device``, eval, seeded; its routed MLPs' weights
+    re-drawn with mlp_std (so the MLPs matter in the residual stream)."""
+    import transformers
+
+    config = tiny_config(arch, hidden, dense, shared, positions, **changes)
+    if experts_implementation is not None:
+        config._experts_implementation = experts_implementation
+    model_cls = getattr(transformers, ARCHS[arch][1])
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = model_cls(config).to(torch.bfloat16)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    with torch.no_grad():
+        for prefix in routed_prefixes(config.num_hidden_layers, config.first_k_dense_replace):
+            for proj in PROJS:
+                w = model.get_submodule(f"{prefix}.{proj}").weight
+                w.copy_(
+                    torch.randn(w.shape, generator=gen, device=device) * mlp_std(proj, w.shape[1])
+                )
+    return model.eval()
+
+
+def to_fp8(model: torch.nn.Module) -> torch.nn.Module:
+    """Convert ``model``'s dense MLPs and shared experts to FP8Linear in place, as
+    FineGrainedFP8Config does: transformers' replace_with_fp8_linear, then its Fp8Quantize
+    on each bf16 weight (128x128 float32 weight_scale_inv)."""
+    import transformers
+    from transformers.integrations import finegrained_fp8 as tf_fp8
+
+    quant = transformers.FineGrainedFP8Config(modules_to_not_convert=NOT_CONVERTED)
+    bf16 = {n: m.weight.detach() for n, m in model.named_modules() if type(m) is torch.nn.Linear}
+    tf_fp8.replace_with_fp8_linear(
+        model, modules_to_not_convert=quant.modules_to_not_convert, quantization_config=quant
+    )
+    quantizer = tf_fp8.Fp8Quantize(types.SimpleNamespace(quantization_config=quant))
+    for name, module in model.named_modules():
+        if isinstance(module, tf_fp8.FP8Linear):
+            tensors = quantizer.convert({f"{name}.weight": bf16[name]})
+            for attr in ("weight", "weight_scale_inv"):
+                value = tensors[f"{name}.{attr}"]
+                setattr(module, attr, torch.nn.Parameter(value, requires_grad=False))
+    return model
+
+
+def fp8_linears(model: torch.nn.Module) -> list[str]:
+    """Names of the modules holding a float8_e4m3fn weight with a weight_scale_inv."""
+    return [
+        name
+        for name, m in model.named_modules()
+        if getattr(m, "weight_scale_inv", None) is not None
+        and getattr(m, "weight", None) is not None
+        and m.weight.dtype == torch.float8_e4m3fn
+    ]
+
+
+def dequantize_into(model: torch.nn.Module, fp8: torch.nn.Module) -> torch.nn.Module:
+    """Give the bf16 ``model`` ``fp8``'s FP8 weights, dequantized to bf16; returns it."""
+    from mlpjit import reference as ref
+
+    with torch.no_grad():
+        for name in fp8_linears(fp8):
+            module = fp8.get_submodule(name)
+            w = ref.dequantize_weight(module.weight, module.weight_scale_inv.float())
+            model.get_submodule(name).weight.copy_(w.to(torch.bfloat16))
+    return model
+
+
+def build_pair(
+    arch: str, hidden: int, dense: int, shared: int, **kwargs: Any
+) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(fp8 model, bf16 model with the same weights dequantized)."""
+    bf16 = build_bf16(arch, hidden, dense, shared, **kwargs)
+    fp8 = to_fp8(copy.deepcopy(bf16))
+    return fp8, dequantize_into(bf16, fp8)
+
+
+def step_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the weights one decode token reads: every parameter but the embedding (one
+    row of it), routed experts counted for top-k of them."""
+    config = model.config
+    share = config.num_experts_per_tok / config.n_routed_experts
+    total = 0.0
+    for name, p in model.named_parameters():
+        nbytes = p.numel() * p.element_size()
+        if "embed_tokens" in name:
+            nbytes = p.shape[-1] * p.element_size()
+        elif ".mlp.experts." in name:
+            nbytes *= share
+        total += nbytes
+    return int(total)
+
+
+# ---- one decode step ------------------------------------------------------------------------
+
+
+def cache_counters(cache: Any) -> list[tuple[Any, str]]:
+    """(layer, attribute) of every length counter of a transformers cache's layers (the
+    static layers' ``cumulative_length`` tensors, the DSA layers' indexer counters, ...)."""
+    found = []
+    for layer in getattr(cache, "layers", ()):
+        for attr, value in vars(layer).items():
+            if "cumulative_length" in attr and isinstance(value, (int, torch.Tensor)):
+                found.append((layer, attr))
+    return found
+
+
+class DecodeStep:
+    """One decode step of ``model`` at position ``context`` of a StaticCache.
+
+    The constructor runs the prefill (``context`` seeded random tokens). ``run(fn)`` runs one
+    step with ``fn`` (default the model; a compiled call works too) and returns its logits;
+    ``rewind()`` puts every cache counter back to ``context``, so steps can repeat; calling
+    the object does both. The inputs are fixed tensors (graph capture reads them in place).
+    """
+
+    def __init__(self, model: torch.nn.Module, context: int, *, seed: int = 0) -> None:
+        import transformers
+
+        device = next(model.parameters()).device
+        self.model = model
+        self.context = context
+        length = context + CACHE_SLACK
+        self.cache = transformers.StaticCache(config=model.config, max_cache_len=length)
+        params = inspect.signature(model.forward).parameters
+        cache_kw = "cache" if "cache" in params else "past_key_values"  # 5.24 vs 5.17
+        gen = torch.Generator().manual_seed(seed + context)
+        ids = torch.randint(0, model.config.vocab_size, (1, context + 1), generator=gen)
+        mask = torch.zeros(1, length, dtype=torch.long)
+        mask[:, : context + 1] = 1  # the prompt and the new token; the slack masked out
+        prefill_mask = mask.clone()
+        prefill_mask[:, context] = 0
+        self.prompt = ids[:, :context].to(device)
+        self.inputs = {
+            "input_ids": ids[:, context:].to(device),
+            "position_ids": torch.tensor([[context]], device=device),
+            "attention_mask": mask.to(device),
+            cache_kw: self.cache,
+            "use_cache": True,
+            "logits_to_keep": 1,
+        }
+        with torch.no_grad():
+            model(
+                input_ids=self.prompt,
+                position_ids=torch.arange(context, device=device)[None],
+                attention_mask=prefill_mask.to(device),
+                **{cache_kw: self.cache},
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        self.counters = cache_counters(self.cache)
+        if not self.counters:
+            raise RuntimeError(
+                f"no length counters found in {type(self.cache).__name__}'s layers: this "
+                "transformers' static cache cannot be rewound to repeat a step"
+            )
+
+    def rewind(self) -> None:
+        for layer, attr in self.counters:
+            value = getattr(layer, attr)
+            if isinstance(value, torch.Tensor):
+                value.fill_(self.context)
+            else:
+                setattr(layer, attr, self.context)
+
+    def run(self, fn: Callable[..., Any] | None = None) -> torch.Tensor:
+        with torch.no_grad():
+            return (fn or self.model)(**self.inputs).logits
+
+    def __call__(self, fn: Callable[..., Any] | None = None) -> torch.Tensor:
+        self.rewind()
+        return self.run(fn)
+
+
+def full_logits(step: DecodeStep) -> torch.Tensor:
+    """The logits of the step's token from one cache-free forward of prompt + token."""
+    ids = torch.cat((step.prompt, step.inputs["input_ids"]), dim=1)
+    with torch.no_grad():
+        return step.model(input_ids=ids, use_cache=False).logits[:, -1:]
+
+
+# ---- timing ---------------------------------------------------------------------------------
+
+
+def _timed(
+    call: Callable[[], object], before: Callable[[], object], steps: int, warmup: int
+) -> list[float]:
+    """Microseconds of each of ``steps`` calls, each between its own CUDA events, with
+    ``before()`` (untimed) ahead of every call; ``warmup`` untimed rounds first."""
+    for _ in range(warmup):
+        before()
+        call()
+    torch.cuda.synchronize()
+    events = []
+    for _ in range(steps):
+        before()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) * 1e3 for start, end in events]
+
+
+def capture_step(step: DecodeStep) -> tuple[Any, torch.Tensor]:
+    """(graph, its logits tensor): the step captured with torch.cuda.graph after two eager
+    runs on a side stream (lazy loads and workspaces must not happen in capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    step.rewind()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        logits = step.run()
+    return graph, logits
+
+
+def summarize(times_us: list[float]) -> dict[str, float]:
+    ordered = sorted(times_us)
+
+    def q(f: float) -> float:
+        return ordered[min(len(ordered) - 1, int(f * len(ordered)))]
+
+    return {"step_us": statistics.median(ordered), "p10_us": q(0.1), "p90_us": q(0.9)}
+
+
+def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
+    g, w = got.double().cpu(), want.double().cpu()
+    return float((g - w).norm() / w.norm().clamp_min(1e-30))
+
+
+def measure_mode(
+    step: DecodeStep, mode: str, args: argparse.Namespace
+) -> tuple[dict, torch.Tensor]:
+    """(timing summary, the step's logits) of one mode."""
+    if mode == "eager":
+        times = _timed(step.run, step.rewind, args.steps, args.warmup)
+        return summarize(times), step().float().cpu()
+    if mode == "graph":
+        graph, logits = capture_step(step)
+        try:
+            times = _timed(graph.replay, step.rewind, args.steps, args.warmup)
+            step.rewind()
+            graph.replay()
+            return summarize(times), logits.float().cpu()
+        finally:
+            del graph
+    if mode == "compiled":
+        # a fresh compile per model and context: no recompile limit reached, no stale graph
+        step.model.__dict__.pop("_compiled_call", None)
+        _reset_compiler()
+        compiled = step.model.get_compiled_call(None)
+        t0 = time.perf_counter()
+        for _ in range(3):  # cudagraph trees record on the first calls
+            step(compiled)
+        torch.cuda.synchronize()
+        log(f"  compiled in {time.perf_counter() - t0:.1f} s")
+        times = _timed(lambda: step.run(compiled), step.rewind, args.steps, args.warmup)
+        return summarize(times), step(compiled).float().cpu()
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+# ---- per-MLP chains -------------------------------------------------------------------------
+
+
+def layers_needed(hidden: int, inter: int, l2_bytes: int, multiple: float) -> int:
+    """Distinct layers in a chain so the FP8 weights total >= multiple x L2 (at least 2)."""
+    from mlpjit.testing.layers import layer_bytes
+
+    return max(2, math.ceil(multiple * l2_bytes / layer_bytes(hidden, inter)))
+
+
+def bench_mlp(shape: dict, args: argparse.Namespace, l2_bytes: int, bw: float) -> dict:
+    """DenseMlp alone at 1 token on one shape, against the bf16 module math and the floor."""
+    from mlpjit import DenseMlp
+    from mlpjit.testing.layers import TIMING_SCALE, graph_times, layer_bytes, random_fp8_layer
+
+    hidden, inter = shape["hidden"], shape["intermediate"]
+    n = layers_needed(hidden, inter, l2_bytes, args.l2_multiple)
+    gen = torch.Generator(device=DEVICE).manual_seed(args.seed)
+    row = {**shape, "tokens": 1, "layers": n, "floor_us": layer_bytes(hidden, inter) / bw * 1e6}
+    errors = row.setdefault("errors", [])
+    x = torch.randn(1, hidden, generator=gen, device=DEVICE).to(torch.bfloat16)
+
+    def fp8_chain() -> None:
+        mlps = [
+            DenseMlp(**random_fp8_layer(hidden, inter, gen, scale=TIMING_SCALE)) for _ in range(n)
+        ]
+        for mlp in mlps:
+            mlp.prepare(DECODE_TOKENS)
+        row["path"] = mlps[0].path(1)
+
+        def run() -> None:
+            for mlp in mlps:
+                mlp(x)
+
+        times = graph_times(run, args.mlp_replays, 10)
+        row["mlpjit_us"] = statistics.median(times) * 1e3 / n
+        row["floor_ratio"] = row["mlpjit_us"] / row["floor_us"]
+
+    def bf16_chain() -> None:
+        def weight(rows: int, k: int) -> torch.Tensor:
+            w = torch.randn(rows, k, generator=gen, device=DEVICE) / k**0.5
+            return w.to(torch.bfloat16)
+
+        layers = [
+            (weight(inter, hidden), weight(inter, hidden), weight(hidden, inter)) for _ in range(n)
+        ]
+        F = torch.nn.functional
+
+        def run() -> None:
+            for gate, up, down in layers:
+                F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+        times = graph_times(run, args.mlp_replays, 10)
+        row["bf16_us"] = statistics.median(times) * 1e3 / n
+
+    attempt(f"mlp {hidden}x{inter} mlpjit", errors, fp8_chain)
+    torch.cuda.empty_cache()
+    attempt(f"mlp {hidden}x{inter} bf16", errors, bf16_chain)
+    torch.cuda.empty_cache()
+    if "mlpjit_us" in row and "bf16_us" in row:
+        row["speedup_vs_bf16"] = row["bf16_us"] / row["mlpjit_us"]
+    if not errors:
+        del row["errors"]
+    return row
+
+
+# ---- one model ------------------------------------------------------------------------------
+
+
+def hf_fp8_status(model: torch.nn.Module, prefix: str) -> str | None:
+    """None where transformers' own FP8Linear runs (one call of an unpatched FP8 MLP),
+    else "not available: <reason>"."""
+    try:
+        module = model.get_submodule(prefix)
+        hidden = module.down_proj.weight.shape[0]
+        x = torch.randn(1, 1, hidden, device=DEVICE, dtype=torch.bfloat16)
+        with torch.no_grad():
+            y = module(x)
+        torch.cuda.synchronize()
+    except Exception as exc:  # ImportError (no kernels package), the Hub unreachable, ...
+        return f"not available: {describe(exc)}"
+    if not bool(torch.isfinite(y).all()):
+        return "not available: non-finite output"
+    return None
+
+
+def bench_variant(
+    name: str,
+    variant: str,
+    model: torch.nn.Module,
+    args: argparse.Namespace,
+    reference: dict[int, torch.Tensor],
+    info: dict,
+    bw: float,
+) -> list[dict]:
+    """The decode-step rows of one variant of one model, every context and mode."""
+    rows = []
+    floor_us = step_bytes(model) / bw * 1e6
+    info.setdefault("step_bytes", {})[variant] = step_bytes(model)
+    for context in args.context_list:
+        label = f"{name} ctx={context} {variant}"
+        step = attempt(
+            f"{label} prefill", info["errors"], DecodeStep, model, context, seed=args.seed
+        )
+        if step is None:
+            rows.append(_row(name, context, variant, "-", error="prefill failed"))
+            continue
+        modes = list(args.mode_list)
+        eager_logits = None
+        for mode in modes:
+            log(f"{label} {mode}")
+            try:
+                summary, logits = measure_mode(step, mode, args)
+            except Exception as exc:
+                message = describe(exc)
+                log(f"{label} {mode}: FAILED: {message}")
+                traceback.print_exc(file=sys.stderr)
+                info["errors"].append({"section": f"{label} {mode}", "error": message})
+                rows.append(_row(name, context, variant, mode, error=message))
+                _recover()
+                if mode == "graph" and "compiled" not in modes and not args.no_compile_fallback:
+                    log(f"{label}: graph capture failed, trying transformers' compile path")
+                    modes.append("compiled")
+                continue
+            row = _row(name, context, variant, mode, **summary)
+            row["floor_us"] = floor_us
+            row["floor_ratio"] = summary["step_us"] / floor_us
+            if variant == "bf16" and context not in reference:
+                reference[context] = logits  # eager's, or the first mode's that ran
+            if mode == "eager":
+                eager_logits = logits
+            elif eager_logits is not None:
+                row["logits_rel_l2_vs_eager"] = rel_l2(logits, eager_logits)
+            if variant != "bf16" and context in reference:
+                row["logits_rel_l2_vs_bf16"] = rel_l2(logits, reference[context])
+            rows.append(row)
+            log(f"{label} {mode}: {summary['step_us']:.1f} us (floor {floor_us:.1f} us)")
+        del step
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _row(name: str, context: int, variant: str, mode: str, **values: Any) -> dict:
+    return {"model": name, "context": context, "variant": variant, "mode": mode, **values}
+
+
+def _recover() -> None:
+    """After a failed capture or compile: let the device settle (errors ignored)."""
+    try:
+        torch.cuda.synchronize()
+    except Exception as exc:
+        log(f"synchronize after the failure: {describe(exc)}")
+    gc.collect()
+
+
+def bench_model(
+    name: str, args: argparse.Namespace, bw: float, results: dict, save: Callable[[], None]
+) -> None:
+    """One model's decode-step rows into ``results["steps"]`` and its info into
+    ``results["models"][name]``, saved after each variant; every section guarded."""
+    from mlpjit import ops
+    from mlpjit.integrations import transformers as mlpjit_hf
+
+    arch, hidden, dense, shared = MODELS[name]
+    info: dict[str, Any] = {
+        "arch": arch,
+        "hidden": hidden,
+        "dense": dense,
+        "shared": shared,
+        "errors": [],
+    }
+    results["models"][name] = info
+
+    def add(rows: list[dict]) -> None:
+        results["steps"] += rows
+        add_speedups(results["steps"])
+        save()
+
+    log(f"{name}: building ({arch}, hidden {hidden}, dense {dense}, shared expert {shared})")
+    pair = attempt(
+        f"{name} build",
+        info["errors"],
+        build_pair,
+        arch,
+        hidden,
+        dense,
+        shared,
+        device=DEVICE,
+        positions=positions_for(args.context_list),
+        seed=args.seed,
+        experts_implementation=args.experts_implementation,
+    )
+    if pair is None:
+        save()
+        return
+    fp8, bf16 = pair
+    info["fp8"] = "replace_with_fp8_linear + Fp8Quantize"
+    info["experts_implementation"] = getattr(bf16.config, "_experts_implementation", None)
+    info["converted"] = fp8_linears(fp8)
+    expected = routed_prefixes(bf16.config.num_hidden_layers, bf16.config.first_k_dense_replace)
+    reference: dict[int, torch.Tensor] = {}  # context -> the bf16 model's eager logits
+    try:
+        if "bf16" in args.variant_list:  # first: the others compare their logits with these
+            add(bench_variant(name, "bf16", bf16, args, reference, info, bw))
+        else:
+            for context in args.context_list:
+                label = f"{name} ctx={context} bf16 reference"
+                step = attempt(label, info["errors"], DecodeStep, bf16, context, seed=args.seed)
+                if step is not None:
+                    reference[context] = step().float().cpu()
+        if "mlpjit" in args.variant_list:
+            routed = attempt(f"{name} apply", info["errors"], mlpjit_hf.apply, fp8, DECODE_TOKENS)
+            info["routed"] = routed
+            if routed is not None and routed != expected:
+                info["errors"].append(
+                    {"section": f"{name} apply", "error": f"routed {routed}, expected {expected}"}
+                )
+            if routed:
+                info["paths"] = {
+                    n: fp8.get_submodule(n).forward.__self__.mlp.path(1) for n in routed
+                }
+                add(bench_variant(name, "mlpjit", fp8, args, reference, info, bw))
+            mlpjit_hf.remove(fp8)
+        if "hf_fp8" in args.variant_list:
+            # the same model object unpatched: no compiled call of the routed one may be reused
+            fp8.__dict__.pop("_compiled_call", None)
+            _reset_compiler()
+            log(f"{name}: probing transformers' own FP8 path (its kernel comes from the Hub)")
+            status = hf_fp8_status(fp8, expected[0])
+            info["hf_fp8"] = status or "available"
+            if status is None:
+                add(bench_variant(name, "hf_fp8", fp8, args, reference, info, bw))
+            else:
+                log(f"{name}: transformers' FP8 path {status}")
+                save()
+    finally:
+        mlpjit_hf.remove(fp8)
+        ops.clear_registry()  # it holds the routed weights
+        del fp8, bf16, pair
+        _reset_compiler()
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def _reset_compiler() -> None:
+    try:
+        torch._dynamo.reset()
+    except Exception as exc:
+        log(f"torch._dynamo.reset: {describe(exc)}")
+
+
+# ---- report ---------------------------------------------------------------------------------
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """speedup_vs_bf16 on each measured row: the bf16 row's step time (same model, context
+    and mode) / this row's."""
+    bf16 = {
+        (r["model"], r["context"], r["mode"]): r["step_us"]
+        for r in rows
+        if r["variant"] == "bf16" and "step_us" in r
+    }
+    for r in rows:
+        base = bf16.get((r["model"], r["context"], r["mode"]))
+        if base is not None and "step_us" in r and r["variant"] != "bf16":
+            r["speedup_vs_bf16"] = base / r["step_us"]
+
+
+def _fmt(value: Any, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def step_table(rows: list[dict], models: dict[str, dict], modes: Sequence[str]) -> str:
+    """One line per model, context and variant; per mode the step time and the speedup
+    against bf16 in the same mode; the floor and the logits' error against bf16."""
+    head = ["model", "context", "variant"]
+    for mode in modes:
+        head += [f"{mode} us", f"{mode} vs bf16"]
+    head += ["floor us", "best x floor", "logits rel_l2 vs bf16"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    groups: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["context"], r["variant"]), {})[r["mode"]] = r
+    for (model, context, variant), by_mode in groups.items():
+        cells = [model, str(context), variant]
+        floors, ratios, errs = [], [], []
+        for mode in modes:
+            r = by_mode.get(mode)
+            if r is None:
+                cells += ["-", "-"]
+            elif "step_us" not in r:
+                cells += ["failed", "-"]
+            else:
+                speedup = r.get("speedup_vs_bf16")
+                cells += [_fmt(r["step_us"]), "-" if speedup is None else f"{speedup:.2f}x"]
+                floors.append(r.get("floor_us"))
+                ratios.append(r.get("floor_ratio"))
+                if "logits_rel_l2_vs_bf16" in r:
+                    errs.append(r["logits_rel_l2_vs_bf16"])
+        floor = next((f for f in floors if f is not None), None)
+        best = min((x for x in ratios if x is not None), default=None)
+        cells += [_fmt(floor), _fmt(best, ".2f"), _fmt(max(errs) if errs else None, ".2e")]
+        lines.append("| " + " | ".join(cells) + " |")
+    for model, info in models.items():
+        status = info.get("hf_fp8")
+        if status and status != "available":
+            cell = "not available (see below)"
+            lines.append(f"| {model} | - | hf_fp8 | {cell} |" + " |" * (len(head) - 4))
+    return "\n".join(lines)
+
+
+def mlp_table(rows: list[dict]) -> str:
+    head = [
+        "model", "module", "hidden", "intermediate", "per step", "path",
+        "mlpjit us", "bf16 us", "vs bf16", "floor us", "x floor",
+    ]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        speedup = r.get("speedup_vs_bf16")
+        cells = [
+            r["model"], r["module"], str(r["hidden"]), str(r["intermediate"]), str(r["count"]),
+            r.get("path", "-"), _fmt(r.get("mlpjit_us"), ".2f"), _fmt(r.get("bf16_us"), ".2f"),
+            "-" if speedup is None else f"{speedup:.2f}x", _fmt(r.get("floor_us"), ".2f"),
+            _fmt(r.get("floor_ratio"), ".2f"),
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def mlp_sums(mlps: list[dict]) -> dict[str, dict[str, float]]:
+    """Per model, the routed MLPs' time per step (count x per-MLP time) for mlpjit and bf16,
+    where both shapes were measured."""
+    sums: dict[str, dict[str, float]] = {}
+    for model in dict.fromkeys(r["model"] for r in mlps):
+        mine = [r for r in mlps if r["model"] == model]
+        for key in ("mlpjit_us", "bf16_us"):
+            if all(key in r for r in mine):
+                sums.setdefault(model, {})[key] = sum(r["count"] * r[key] for r in mine)
+    return sums
+
+
+def markdown_report(results: dict) -> str:
+    """The step table, the per-MLP table and the notes (hf_fp8 status, failures)."""
+    meta = results.get("meta", {})
+    modes = meta.get("modes") or list(dict.fromkeys(r["mode"] for r in results["steps"]))
+    if any(r["mode"] == "compiled" for r in results["steps"]) and "compiled" not in modes:
+        modes = [*modes, "compiled"]
+    parts = [
+        "### Decode step (1 new token, static cache)",
+        "",
+        step_table(results["steps"], results.get("models", {}), modes),
+    ]
+    if results.get("mlps"):
+        parts += ["", "### Per MLP (DenseMlp alone, 1 token)", "", mlp_table(results["mlps"])]
+    notes = []
+    if "copy_bandwidth_gbs" in meta:
+        notes.append(f"copy bandwidth (floors): {meta['copy_bandwidth_gbs'] / 1e3:.2f} TB/s")
+    for model, sums in mlp_sums(results.get("mlps", [])).items():
+        if "mlpjit_us" in sums and "bf16_us" in sums:
+            notes.append(
+                f"{model}: routed MLPs per step {sums['mlpjit_us']:.1f} us (mlpjit) vs "
+                f"{sums['bf16_us']:.1f} us (bf16), from the per-MLP table"
+            )
+    for model, info in results.get("models", {}).items():
+        if info.get("hf_fp8"):
+            notes.append(f"{model}: transformers' FP8 path (hf_fp8): {info['hf_fp8']}")
+        if info.get("experts_implementation"):
+            notes.append(f"{model}: experts implementation {info['experts_implementation']}")
+        for e in info.get("errors", []):
+            notes.append(f"{model}: {e['section']}: {e['error']}")
+    for r in results.get("mlps", []):
+        for e in r.get("errors", []):
+            notes.append(f"{r['model']}: {e['section']}: {e['error']}")
+    for e in results.get("errors", []):
+        notes.append(f"{e['section']}: {e['error']}")
+    if notes:
+        parts += ["", *(f"- {n}" for n in notes)]
+    return "\n".join(parts)
+
+
+def merge_results(parts: Sequence[dict]) -> dict:
+    """Several runs' results as one (the first run's meta, the union of their modes)."""
+    merged: dict[str, Any] = {"meta": {}, "steps": [], "mlps": [], "models": {}, "errors": []}
+    modes: list[str] = []
+    for part in parts:
+        merged["meta"] = merged["meta"] or dict(part.get("meta", {}))
+        modes += part.get("meta", {}).get("modes", [])
+        for key in ("steps", "mlps", "errors"):
+            merged[key] += part.get(key, [])
+        merged["models"].update(part.get("models", {}))
+    merged["meta"]["modes"] = list(dict.fromkeys(modes))
+    add_speedups(merged["steps"])
+    return merged
+
+
+def write_json(results: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+
+
+def _meta(args: argparse.Namespace, argv: Sequence[str]) -> dict:
+    import transformers
+
+    import mlpjit
+
+    meta = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "mlpjit": mlpjit.__version__,
+        "python": platform.python_version(),
+        "models": args.model_list,
+        "contexts": args.context_list,
+        "modes": args.mode_list,
+        "variants": args.variant_list,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python3 scripts/bench_transformers.py " + " ".join(argv),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        meta["gpu"] = props.name
+        meta["l2_bytes"] = int(getattr(props, "L2_cache_size", 0) or L2_BYTES_H200)
+    return meta
+
+
+def dry_run(args: argparse.Namespace) -> int:
+    from mlpjit.dense_mlp import kernel_supported
+
+    print("dry run: nothing measured")
+    for name in args.model_list:
+        arch = MODELS[name][0]
+        shapes = ", ".join(
+            f"{s['module']} {s['hidden']}x{s['intermediate']} x{s['count']} "
+            f"({'kernel' if kernel_supported(s['hidden'], s['intermediate'], 1) else 'stock'})"
+            for s in mlp_shapes(name)
+        )
+        print(f"{name}: {arch}; {shapes}")
+    print(
+        f"contexts {args.context_list} (static cache +{CACHE_SLACK}, max_position_embeddings "
+        f"{positions_for(args.context_list)}); variants {args.variant_list}; modes "
+        f"{args.mode_list}; {args.steps} steps after {args.warmup} warm-up"
+    )
+    print(f"kernels needed: {len(kernel_requests('sm_90a', args.model_list))}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.report_from:
+        parts = [json.loads(path.read_text()) for path in args.report_from]
+        print(markdown_report(merge_results(parts)))
+        return 0
+    if args.dry_run:
+        return dry_run(args)
+    if not torch.cuda.is_available():
+        print("error: no CUDA device (use --dry-run to check arguments)", file=sys.stderr)
+        return 2
+    from mlpjit.testing.layers import copy_bandwidth
+
+    results: dict[str, Any] = {
+        "meta": _meta(args, argv),
+        "steps": [],
+        "mlps": [],
+        "models": {},
+        "errors": [],
+    }
+    meta = results["meta"]
+    log(f"{meta['gpu']}, torch {meta['torch']}, transformers {meta['transformers']}")
+    bw = attempt("copy bandwidth", results["errors"], copy_bandwidth)
+    if bw is None:
+        print(markdown_report(results))
+        return 1
+    results["meta"]["copy_bandwidth_gbs"] = bw / 1e9
+    log(f"copy bandwidth {bw / 1e12:.2f} TB/s")
+    l2_bytes = results["meta"]["l2_bytes"]
+
+    def save() -> None:
+        if args.json is not None:
+            attempt("write json", results["errors"], write_json, results, args.json)
+
+    for name in args.model_list:
+        attempt(name, results["errors"], bench_model, name, args, bw, results, save)
+        if args.mlp_replays:  # the per-MLP chains of this model's shapes
+            for shape in mlp_shapes(name):
+                log(f"{name}: {shape['module']} {shape['hidden']}x{shape['intermediate']} alone")
+                label = f"{name} {shape['module']}"
+                row = attempt(label, results["errors"], bench_mlp, shape, args, l2_bytes, bw)
+                if row is not None:
+                    results["mlps"].append({"model": name, **row})
+        save()
+    print(markdown_report(results))
+    if args.json is not None:
+        print(f"\njson: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
