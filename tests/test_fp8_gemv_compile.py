@@ -452,6 +452,12 @@ def test_deterministic_across_processes() -> None:
         ({"rows": 144, "cluster": 2}, "cluster must divide the grid of 9 CTAs"),
         ({"sms": 0}, "sms must be an int"),
         ({"cluster": 2.0}, "cluster must be one of"),
+        ({"slice_k": 384}, "slice_k must be one of"),
+        ({"slice_k": 256, "in_regs": 5}, "in_regs must be"),  # 4 steps per 256-K slice
+        ({"slice_k": 256, "cluster": 2}, "cluster must be 1 with slice_k=256"),
+        ({"splits": 9}, "splits must be"),
+        ({"splits": 5}, r"k must be a multiple of splits \* slice_k = 2560"),
+        ({"splits": 2, "cluster": 2}, "cluster must be 1 with splits > 1"),
     ],
 )
 def test_bad_params(changes, match) -> None:

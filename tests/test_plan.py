@@ -430,3 +430,31 @@ def test_family_layers_take_the_kernels(shard) -> None:
     declined = (hidden, inter, False) in NOT_ON_THE_KERNELS
     for m in range(1, 9):
         assert kernel_supported(hidden, inter, m) is not declined, m
+
+
+def test_k_split_geometry() -> None:
+    """A K split's CTA covers k/splits: its slices, x scales and shared memory follow; the
+    grid is one CTA per (row tile, split) in clusters of the splits, or a persistent grid of
+    whole clusters."""
+    p = gemv_params.GemvParams(
+        rows=512, k=7168, tokens=3, tiles=1, in_regs=1, ctas_per_sm=2, swiglu=True,
+        limit=None, ue8m0=True, slice_k=256, splits=4,
+    )  # fmt: skip
+    assert (p.kc, p.slices, p.steps, p.slice_groups, p.cta_groups) == (1792, 7, 4, 2, 14)
+    assert (p.ctas, p.cluster_ctas, p.persistent, p.threads) == (128, 4, False, 7 * 32)
+    # staged weights | x [3, 1792] | x scales [3, 14] (16-byte aligned) | 3 other splits' sums
+    staged = 7 * (4 - 1) * 1024
+    assert p.smem_reduce_offset == staged + 3 * 1792 + 176
+    assert p.smem_bytes == p.smem_reduce_offset + 3 * 512
+    # persistent: DeepSeek-V3 TP 1 down split in two, 66 clusters take 448 row tiles in turn
+    q = gemv_params.GemvParams(
+        rows=7168, k=18432, tokens=1, tiles=1, in_regs=1, ctas_per_sm=1, swiglu=False,
+        limit=None, ue8m0=True, slice_k=128, splits=2, slices_per_warp=9,
+    )  # fmt: skip
+    assert (q.ctas, q.persistent, q.row_tiles) == (132, True, 448)
+    # clusters of 4 or 8 fill only 10/11 of the slots: a persistent grid is resident
+    r = gemv_params.GemvParams(
+        rows=7168, k=18432, tokens=1, tiles=1, in_regs=1, ctas_per_sm=1, swiglu=False,
+        limit=None, ue8m0=True, slice_k=128, splits=4, slices_per_warp=9,
+    )  # fmt: skip
+    assert r.ctas == hopper.resident_ctas(hopper.SMS, 4) == 120

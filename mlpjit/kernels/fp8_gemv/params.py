@@ -41,7 +41,7 @@ SPLITS_MAX = 8
 MAX_TOKENS = 8  # the mma's N
 MAX_WARPS = hopper.THREADS_PER_CTA // 32
 # cp.async groups one thread may have in flight: ptxas 13.0 encodes the wait count in 6 bits
-# (DEPBAR.LE SB0, 0x3f), so slices_per_warp * (STEPS - in_regs) must stay within it.
+# (DEPBAR.LE SB0, 0x3f), so slices_per_warp * (steps - in_regs) must stay within it.
 MAX_PENDING_GROUPS = 63
 # CTAs per thread block cluster that share one quantization of x (1: none); at most 8, the
 # portable cluster size.
