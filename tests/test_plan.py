@@ -458,3 +458,21 @@ def test_k_split_geometry() -> None:
         limit=None, ue8m0=True, slice_k=128, splits=4, slices_per_warp=9,
     )  # fmt: skip
     assert r.ctas == hopper.resident_ctas(hopper.SMS, 4) == 120
+
+
+def test_slice_and_split_are_in_the_cache_key() -> None:
+    """slice_k and splits change the compiled code: each value is its own key (defaults
+    left out of the request, as for every parameter)."""
+    from mlpjit.jit.key import request_key
+
+    kwargs = {"swiglu": False, "limit": None, "ue8m0": True, "arch": ARCH}
+    base = GemvConfig(4, 3, 1, slices_per_warp=3, slice_k=256)  # DeepSeek-V3 TP 8 down
+    configs = [
+        base,
+        replace(base, in_regs=1, slices_per_warp=6, slice_k=128),
+        replace(base, splits=3, slices_per_warp=1),
+    ]
+    requests = [fp8_plan.gemv_request(7168, 2304, 1, **kwargs, config=c) for c in configs]
+    assert "splits" not in requests[0].params and requests[2].params["splits"] == 3
+    assert requests[0].params["slice_k"] == 256 and requests[1].params["slice_k"] == 128
+    assert len({request_key(r) for r in requests}) == 3
