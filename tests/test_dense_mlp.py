@@ -487,7 +487,8 @@ def test_kernel_requests_match_the_cli_plan() -> None:
     assert kernel_supported(6144, 1536, 8)
     assert not kernel_supported(6144, 1536, 9)
     assert kernel_supported(7168, 2304, 1)  # 2304 % 512 != 0, a multiple of 128
-    assert not kernel_supported(5120, 17408, 1)  # Qwen3-14B TP1: stock path
+    assert kernel_supported(5120, 17408, 1)  # Qwen3-14B TP1: in 5 waves
+    assert not kernel_supported(1024, 196608, 1)  # more waves than that: stock path
 
 
 # ---- bad checkpoints: scale values, empty weights ------------------------------------------------

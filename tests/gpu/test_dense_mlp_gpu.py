@@ -66,6 +66,7 @@ FAMILY_SHAPES = {
     "qwen3-8b-tp2": (4096, 6144),
     "qwen3-8b-tp4": (4096, 3072),
     "qwen3-8b-tp8": (4096, 1536),
+    "qwen3-14b-tp1": (5120, 17408),
     "qwen3-14b-tp2": (5120, 8704),
     "qwen3-14b-tp4": (5120, 4352),
     "qwen3-14b-tp8": (5120, 2176),
@@ -75,9 +76,9 @@ FAMILY_SHAPES = {
     "qwen3-32b-tp8": (5120, 3200),
 }
 SHAPES.update(FAMILY_SHAPES)
-# Qwen3-14B's TP-1 down projection (k 17408 = 17 x 1024) fits no decomposition of the
-# kernel's register budget: that shard runs the stock path (test_fallback_shape_...).
-STOCK_SHAPE = (5120, 17408)
+# A shard the kernels decline at every token count (k 196608 would take more than 8 waves of
+# CTAs): it runs the stock path (test_fallback_shape_the_kernels_decline).
+STOCK_SHAPE = (1024, 196608)
 
 # (shape, tokens, ue8m0, limit): every shape x every token count with vLLM's Hopper default
 # (ue8m0, no clamp); the other scale rule and the clamp on GLM-5 TP8 for every token count
@@ -306,7 +307,7 @@ def test_fallback_more_than_8_tokens(m: int) -> None:
 @pytest.mark.parametrize("m", [1, 4, 8])
 @pytest.mark.parametrize("ue8m0,limit", [(True, None), (False, LIMIT)])
 def test_fallback_shape_the_kernels_decline(m: int, ue8m0: bool, limit: float | None) -> None:
-    """Qwen3-14B's TP-1 shard (hidden 5120, intermediate 17408) runs the stock path."""
+    """A shard the kernels decline (hidden 1024, intermediate 196608) runs the stock path."""
     hidden, inter = STOCK_SHAPE
     assert not kernel_supported(hidden, inter, m)
     if "stock" not in _layers:
@@ -325,7 +326,7 @@ def test_fallback_shape_the_kernels_decline(m: int, ue8m0: bool, limit: float | 
     want_out = ref.gemv_reference(act, w["w2"], w["w2_scale"], swiglu=False, ue8m0=ue8m0)
     err_act, err_out = rel_l2(act, want_act), rel_l2(out, want_out)
     print(
-        f"[fallback] qwen3-14b-tp1 m={m} ue8m0={ue8m0} limit={limit}: "
+        f"[fallback] 1024x196608 m={m} ue8m0={ue8m0} limit={limit}: "
         f"act_rel_l2={err_act:.2e} out_rel_l2={err_out:.2e}"
     )
     assert torch.isfinite(out).all() and torch.isfinite(act).all()

@@ -242,8 +242,6 @@ def config_fits(rows: int, k: int, tokens: int, config: GemvConfig, sms: int = h
     if grid % cluster:
         return False
     slots = sms * config.ctas_per_sm
-    if splits > 1 and grid > _resident(slots, cluster):
-        return False  # a K-split grid must be one resident wave
     if cluster > MAX_PERSISTENT_CLUSTER and slots >= grid > _resident(slots, cluster):
         return False  # meant as one wave, but not resident at once
     fit = max_in_regs(k, tokens, config.tiles, config.ctas_per_sm, spw, **geometry)
@@ -330,6 +328,10 @@ SPREAD_GAIN = 0.9
 # of many row tiles per CTA, one-wave grids that fill the SMs).
 SPREAD_BELOW_BALANCE = 0.85
 SPREAD_MAX_CTAS_PER_SM = 4
+# Where no one-wave decomposition fits (more weights than one wave's shared memory and
+# registers hold, and no persistent form: Qwen3-14B's TP-1 down projection, 5 waves), at
+# most this many waves of one CTA per (tile, split); larger shapes run the stock path.
+SPREAD_MAX_WAVES = 8
 # _spread_regs' bases: BASE_REGS and WIDE_BASE_REGS less the weight scales of the 512-K
 # slices they were measured with (8 per slice, 2-3 slices per warp for the latter).
 # The K splits' extra (their reduction, and the split's offsets) from the spills of
@@ -375,16 +377,29 @@ def _spread(rows: int, k: int, tokens: int, sms: int) -> tuple[float, GemvConfig
     """(modeled cost, config) of the best decomposition over tiles per CTA, K splits (1-8
     CTAs of a cluster), slice size, slices per warp and launch bound that fits the register,
     shared-memory and residency budgets: one CTA per (tile, split) in one resident wave, or
-    a persistent grid of one wave; None if nothing fits."""
+    a persistent grid of one wave (several waves only where neither fits); None if nothing
+    fits."""
     ranked = _spread_ranked(rows, k, tokens, sms)
-    return (ranked[0][0][0], ranked[0][1]) if ranked else None
+    return (ranked[0][0][1], ranked[0][1]) if ranked else None
 
 
 @functools.lru_cache(maxsize=4096)
 def _spread_ranked(
     rows: int, k: int, tokens: int, sms: int
 ) -> tuple[tuple[tuple, GemvConfig], ...]:
-    """Every _spread decomposition that fits, as (rank, config), best first."""
+    """Every _spread decomposition that fits, as (rank, config), best first: those of one
+    wave, or where there are none (more weights than one wave's shared memory and registers
+    hold, and no persistent form fits: Qwen3-14B's TP-1 down projection), those of several
+    waves of one CTA per (tile, split), fewest waves first."""
+    ranked = _spread_candidates(rows, k, tokens, sms, waves_ok=False)
+    if not ranked:
+        ranked = _spread_candidates(rows, k, tokens, sms, waves_ok=True)
+    return tuple(sorted(ranked, key=lambda item: item[0]))
+
+
+def _spread_candidates(
+    rows: int, k: int, tokens: int, sms: int, waves_ok: bool
+) -> list[tuple[tuple, GemvConfig]]:
     ranked = []
     row_tiles = rows // 16
     for splits in _divisors(k // GROUP, SPLITS_MAX):
@@ -400,20 +415,21 @@ def _spread_ranked(
                         continue
                     for cps in range(1, SPREAD_MAX_CTAS_PER_SM + 1):
                         found = _spread_config(
-                            rows, k, tokens, tiles, spw, cps, slice_k, splits, sms
+                            rows, k, tokens, tiles, spw, cps, slice_k, splits, sms, waves_ok
                         )
                         if found is None:
                             continue
                         config, ctas = found
+                        waves = math.ceil(ctas / _resident(sms * cps, splits))
                         cost = _modeled_cost(rows, k, tokens, tiles, ctas, splits, warps, sms)
                         # Then: fewer splits, longer slices, fewer warps, lighter launch bound.
-                        ranked.append(((cost, splits, -slice_k, warps, cps), config))
-    return tuple(sorted(ranked, key=lambda item: item[0]))
+                        ranked.append(((waves, cost, splits, -slice_k, warps, cps), config))
+    return ranked
 
 
 def _spread_config(
     rows: int, k: int, tokens: int, tiles: int, spw: int, cps: int, slice_k: int, splits: int,
-    sms: int,
+    sms: int, waves_ok: bool = False,
 ) -> tuple[GemvConfig, int] | None:  # fmt: skip
     """The config (and its grid) of one _spread decomposition, with the fewest register
     steps that fit (at most HEURISTIC_MAX_IN_REGS where shared memory allows), or None."""
@@ -423,7 +439,7 @@ def _spread_config(
         return None
     cap = min(fit, HEURISTIC_MAX_IN_REGS)
     for in_regs in [*range(cap, -1, -1), *range(cap + 1, fit + 1)]:
-        ctas = _spread_grid(rows, k, tokens, tiles, spw, cps, in_regs, geometry, sms)
+        ctas = _spread_grid(rows, k, tokens, tiles, spw, cps, in_regs, geometry, sms, waves_ok)
         if ctas is not None:
             break
     else:
@@ -434,7 +450,7 @@ def _spread_config(
 
 def _spread_grid(
     rows: int, k: int, tokens: int, tiles: int, spw: int, cps: int, in_regs: int,
-    geometry: dict, sms: int,
+    geometry: dict, sms: int, waves_ok: bool = False,
 ) -> int | None:  # fmt: skip
     """The grid of a _spread decomposition with ``in_regs`` register steps, or None where
     it does not fit shared memory, the cp.async groups, or the persistent kernel's
@@ -448,8 +464,9 @@ def _spread_grid(
     persistent = ctas < rows // (16 * tiles) * splits
     if persistent and tiles > 1:
         return None  # persistent grids were only measured with one tile per CTA
-    if not persistent and ctas > _resident(sms * cps, splits):
-        return None  # more than one wave
+    waves = math.ceil(ctas / _resident(sms * cps, splits))
+    if not persistent and waves > (SPREAD_MAX_WAVES if waves_ok else 1):
+        return None
     threads = 32 * tiles * (k // splits // slice_k) // spw
     if _spread_regs(spw, in_regs, slice_k, splits, persistent) > hopper.reg_budget(threads, cps):
         return None
