@@ -489,11 +489,14 @@ def _spread_regs(spw: int, in_regs: int, slice_k: int, splits: int, persistent: 
 def choose_config(
     rows: int, k: int, tokens: int, swiglu: bool, sms: int = hopper.SMS
 ) -> GemvConfig:
-    """Default config for a shape: the H200-measured best for the GLM shapes (TUNED_H200);
-    elsewhere a persistent grid with several slices per warp for many rows and large k
-    (_wide_persistent), else about one wave of resident CTAs over all SMs, at most
-    HEURISTIC_MAX_IN_REGS steps in registers, no register spills; in clusters of 2 from
-    HEURISTIC_CLUSTER_MIN_TOKENS tokens on.
+    """Default config for a shape: the H200-measured best where TUNED_H200 has one (GLM,
+    DeepSeek-V3 TP 8 and its shared expert, Qwen3-32B TP 8); elsewhere the whole-K
+    heuristics (for k a multiple of 512: a persistent grid with several slices per warp for
+    many rows and large k, _wide_persistent, else about one wave of resident CTAs over all
+    SMs; at most HEURISTIC_MAX_IN_REGS steps in registers, in clusters of 2 from
+    HEURISTIC_CLUSTER_MIN_TOKENS tokens on), unless they leave SMs unevenly loaded and
+    _spread's search over tiles, K splits and slice sizes models faster, or they do not
+    apply (k not a multiple of 512); no register spills either way.
 
     ``swiglu`` takes the same tiling (a CTA's 16-row tile is 8 gate + 8 up rows). ``sms``:
     the target GPU's SM count; TUNED_H200 only applies at hopper.SMS (132).
