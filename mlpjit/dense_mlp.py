@@ -60,11 +60,14 @@ __all__ = ["DenseMlp", "MAX_TOKENS", "kernel_requests", "kernel_supported"]
 _KERNEL_PARAMS = [(name, "ptr") for name in KERNEL_ARGS]
 
 
-def kernel_supported(hidden: int, intermediate: int, m: int) -> bool:
-    """True when both fp8_gemv kernels of a layer take m tokens (else: the stock path)."""
+def kernel_supported(hidden: int, intermediate: int, m: int, sms: int = SMS) -> bool:
+    """True when both fp8_gemv kernels of a layer take m tokens on a GPU of ``sms`` SMs
+    (else: the stock path)."""
     if not 1 <= m <= MAX_TOKENS:
         return False
-    return kernel_supports(2 * intermediate, hidden, m) and kernel_supports(hidden, intermediate, m)
+    return kernel_supports(2 * intermediate, hidden, m, sms) and kernel_supports(
+        hidden, intermediate, m, sms
+    )
 
 
 def kernel_requests(
@@ -360,7 +363,7 @@ class DenseMlp:
         return found
 
     def _choose_path(self, m: int) -> str:
-        if self.arch is not None and kernel_supported(self.hidden, self.intermediate, m):
+        if self.arch is not None and kernel_supported(self.hidden, self.intermediate, m, self.sms):
             return "kernel"
         return self._fallback.path
 

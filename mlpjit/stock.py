@@ -20,7 +20,6 @@ from torch import Tensor
 
 from mlpjit.reference import (
     GROUP,
-    dense_mlp_reference,
     expand_block_rows,
     gemv_reference,
     quantize_activation,
@@ -113,16 +112,9 @@ def dense_mlp(
     limit: float | None = None,
     ue8m0: bool = False,
 ) -> Tensor:
-    """The stock path x [m, hidden] -> BF16 [m, hidden] with float32 block scales.
-
-    torch's block-scaled _scaled_mm where available (``forward``), else the reference.
-    """
-    if not gemm_supported(x.device):
-        return dense_mlp_reference(x, w13, w13_scale, w2, w2_scale, limit=limit, ue8m0=ue8m0)
-    hidden, inter = w2.shape
-    w13_b = weight_scale_operand(w13_scale, 2 * inter, hidden)
-    w2_b = weight_scale_operand(w2_scale, hidden, inter)
-    return forward(x, w13, w2, w13_b, w2_b, limit=limit, ue8m0=ue8m0)[1]
+    """The stock path x [m, hidden] -> BF16 [m, hidden] with float32 block scales: torch's
+    block-scaled _scaled_mm where available, else the reference (a one-call StockLayer)."""
+    return StockLayer(w13, w13_scale, w2, w2_scale)(x, limit=limit, ue8m0=ue8m0)[1]
 
 
 class StockLayer:

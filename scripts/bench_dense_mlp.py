@@ -27,7 +27,6 @@ import argparse
 import datetime as dt
 import functools
 import json
-import math
 import platform
 import statistics
 import sys
@@ -43,6 +42,7 @@ from mlpjit.testing.layers import (
     copy_bandwidth,
     graph_times,
     layer_bytes,
+    layers_needed,
     random_fp8_layer,
 )
 
@@ -65,11 +65,6 @@ SHAPES = {
 DEFAULT_TOKENS = (1, 2, 4, 8)
 L2_BYTES_H200 = 60 * 1024 * 1024  # used when the device does not report its L2 size
 METHODS = ("mlpjit", "mlpjit_nopdl", "stock", "scaled_mm", "bf16")
-
-
-def layers_needed(hidden: int, inter: int, l2_bytes: int, multiple: float) -> int:
-    """Distinct layers in a chain so the FP8 weights total >= multiple x L2 (at least 2)."""
-    return max(2, math.ceil(multiple * l2_bytes / layer_bytes(hidden, inter)))
 
 
 def kernel_requests(arch: str = "sm_90a", shapes: Sequence[str] = tuple(SHAPES)) -> list:

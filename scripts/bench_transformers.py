@@ -66,14 +66,21 @@ import statistics
 import sys
 import time
 import traceback
-import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mlpjit.testing.tiny_models import ARCHS, MODELS, NOT_CONVERTED, TINY
+from mlpjit.testing.layers import layers_needed, rel_l2
+from mlpjit.testing.tiny_models import (
+    ARCHS,
+    MODELS,
+    TINY,
+    dequantize_into,
+    fp8_linears,
+    to_fp8,
+)
 
 PROJS = ("gate_proj", "up_proj", "down_proj")
 VARIANTS = ("mlpjit", "bf16", "hf_fp8")
@@ -306,51 +313,6 @@ def build_bf16(
     return model.eval()
 
 
-def to_fp8(model: torch.nn.Module) -> torch.nn.Module:
-    """Convert ``model``'s dense MLPs and shared experts to FP8Linear in place, as
-    FineGrainedFP8Config does: transformers' replace_with_fp8_linear, then its Fp8Quantize
-    on each bf16 weight (128x128 float32 weight_scale_inv)."""
-    import transformers
-    from transformers.integrations import finegrained_fp8 as tf_fp8
-
-    quant = transformers.FineGrainedFP8Config(modules_to_not_convert=NOT_CONVERTED)
-    bf16 = {n: m.weight.detach() for n, m in model.named_modules() if type(m) is torch.nn.Linear}
-    tf_fp8.replace_with_fp8_linear(
-        model, modules_to_not_convert=quant.modules_to_not_convert, quantization_config=quant
-    )
-    quantizer = tf_fp8.Fp8Quantize(types.SimpleNamespace(quantization_config=quant))
-    for name, module in model.named_modules():
-        if isinstance(module, tf_fp8.FP8Linear):
-            tensors = quantizer.convert({f"{name}.weight": bf16[name]})
-            for attr in ("weight", "weight_scale_inv"):
-                value = tensors[f"{name}.{attr}"]
-                setattr(module, attr, torch.nn.Parameter(value, requires_grad=False))
-    return model
-
-
-def fp8_linears(model: torch.nn.Module) -> list[str]:
-    """Names of the modules holding a float8_e4m3fn weight with a weight_scale_inv."""
-    return [
-        name
-        for name, m in model.named_modules()
-        if getattr(m, "weight_scale_inv", None) is not None
-        and getattr(m, "weight", None) is not None
-        and m.weight.dtype == torch.float8_e4m3fn
-    ]
-
-
-def dequantize_into(model: torch.nn.Module, fp8: torch.nn.Module) -> torch.nn.Module:
-    """Give the bf16 ``model`` ``fp8``'s FP8 weights, dequantized to bf16; returns it."""
-    from mlpjit import reference as ref
-
-    with torch.no_grad():
-        for name in fp8_linears(fp8):
-            module = fp8.get_submodule(name)
-            w = ref.dequantize_weight(module.weight, module.weight_scale_inv.float())
-            model.get_submodule(name).weight.copy_(w.to(torch.bfloat16))
-    return model
-
-
 def build_pair(
     arch: str, hidden: int, dense: int, shared: int, **kwargs: Any
 ) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -514,11 +476,6 @@ def summarize(times_us: list[float]) -> dict[str, float]:
     return {"step_us": statistics.median(ordered), "p10_us": q(0.1), "p90_us": q(0.9)}
 
 
-def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
-    g, w = got.double().cpu(), want.double().cpu()
-    return float((g - w).norm() / w.norm().clamp_min(1e-30))
-
-
 def measure_mode(
     step: DecodeStep, mode: str, args: argparse.Namespace
 ) -> tuple[dict, torch.Tensor]:
@@ -551,13 +508,6 @@ def measure_mode(
 
 
 # ---- per-MLP chains -------------------------------------------------------------------------
-
-
-def layers_needed(hidden: int, inter: int, l2_bytes: int, multiple: float) -> int:
-    """Distinct layers in a chain so the FP8 weights total >= multiple x L2 (at least 2)."""
-    from mlpjit.testing.layers import layer_bytes
-
-    return max(2, math.ceil(multiple * l2_bytes / layer_bytes(hidden, inter)))
 
 
 def bench_mlp(shape: dict, args: argparse.Namespace, l2_bytes: int, bw: float) -> dict:

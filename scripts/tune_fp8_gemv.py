@@ -31,7 +31,6 @@ import argparse
 import dataclasses
 import itertools
 import json
-import math
 import statistics
 import sys
 from collections.abc import Callable, Sequence
@@ -46,9 +45,10 @@ from mlpjit.testing.layers import (
     DENSE_SHAPES,
     GEMV_SHAPES,
     TIMING_SCALE,
+    chain_length,
     copy_bandwidth,
     graph_times,
-    layer_bytes,
+    layers_needed,
     random_fp8_weight,
     weight_bytes,
 )
@@ -430,11 +430,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # ---- GPU timing ------------------------------------------------------------------------------
 
 
-def _chain_length(nbytes: int, l2_bytes: int, multiple: float) -> int:
-    """Distinct weight sets in a chain so their bytes total >= multiple x L2 (at least 2)."""
-    return max(2, math.ceil(multiple * l2_bytes / nbytes))
-
-
 def _load(request: KernelRequest, device: Any) -> Any:
     """The request's kernel from the cache, loaded (before capture: a load cannot be captured)."""
     from mlpjit.jit.launcher import load_kernel
@@ -453,7 +448,7 @@ def time_kernels(name: str, args: argparse.Namespace, gpu: dict) -> list[dict]:
 
     rows, k, swiglu = KERNEL_SHAPES[name]
     nbytes = weight_bytes(rows, k)
-    count = _chain_length(nbytes, gpu["l2_bytes"], args.l2_multiple)
+    count = chain_length(nbytes, gpu["l2_bytes"], args.l2_multiple)
     floor_us = nbytes / gpu["copy_bytes_per_s"] * 1e6
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     weights = [random_fp8_weight(rows, k, gen, scale=TIMING_SCALE) for _ in range(count)]
@@ -505,7 +500,7 @@ def time_layers(name: str, args: argparse.Namespace, gpu: dict) -> list[dict]:
     import torch
 
     hidden, inter = LAYER_SHAPES[name]
-    count = _chain_length(layer_bytes(hidden, inter), gpu["l2_bytes"], args.l2_multiple)
+    count = layers_needed(hidden, inter, gpu["l2_bytes"], args.l2_multiple)
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     layers = [
         (

@@ -470,3 +470,17 @@ def test_slice_and_split_are_in_the_cache_key() -> None:
     assert "splits" not in requests[0].params and requests[2].params["splits"] == 3
     assert requests[0].params["slice_k"] == 256 and requests[1].params["slice_k"] == 128
     assert len({request_key(r) for r in requests}) == 3
+
+
+def test_support_follows_the_sm_count() -> None:
+    """Whether a shape takes the kernels depends on the GPU: Qwen3-14B TP 1 down needs 5
+    waves on 132 SMs, more than SPREAD_MAX_WAVES on an H20's 78, so there it runs the stock
+    path, and planning a layer for 78 SMs skips it instead of failing."""
+    from mlpjit.dense_mlp import kernel_supported
+
+    assert kernel_supported(5120, 17408, 1) and kernel_supported(5120, 17408, 1, sms=114)
+    assert not kernel_supported(5120, 17408, 1, sms=78)
+    assert fp8_plan.dense_mlp_requests(5120, 17408, 1, [1, 8], ARCH, sms=78) == []
+    assert len(fp8_plan.dense_mlp_requests(5120, 17408, 1, [1, 8], ARCH, sms=114)) == 4
+    with pytest.raises(ValueError, match="fp8_gemv cannot take"):
+        tuning.choose_config(5120, 17408, 1, False, sms=78)

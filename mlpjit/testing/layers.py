@@ -43,7 +43,9 @@ __all__ = [
     "dense_shard",
     "gemv_shapes",
     "graph_times",
+    "chain_length",
     "layer_bytes",
+    "layers_needed",
     "ms",
     "output_digest",
     "random_fp8_layer",
@@ -195,6 +197,17 @@ def weight_bytes(rows: int, k: int) -> int:
 def layer_bytes(hidden: int, inter: int) -> int:
     """weight_bytes of one dense layer (gate_up and down)."""
     return weight_bytes(2 * inter, hidden) + weight_bytes(hidden, inter)
+
+
+def chain_length(nbytes: int, l2_bytes: int, multiple: float) -> int:
+    """Distinct weight sets of ``nbytes`` each in a chain so their bytes total >= multiple x
+    L2 (at least 2): timed chains stream their weights from HBM, not from the L2."""
+    return max(2, math.ceil(multiple * l2_bytes / nbytes))
+
+
+def layers_needed(hidden: int, inter: int, l2_bytes: int, multiple: float) -> int:
+    """chain_length of a dense-MLP layer's weights."""
+    return chain_length(layer_bytes(hidden, inter), l2_bytes, multiple)
 
 
 # ---- GPU timing (benchmarks) -------------------------------------------------------------

@@ -2,12 +2,29 @@
 one TP shard: what tests/gpu/test_transformers_gpu.py and scripts/bench_transformers.py
 build (a few layers, small attention and vocab, random weights).
 
-Test and tooling support only: plain data, no transformers or torch import here.
+Also the FP8 conversion both use (transformers' own pieces, as FineGrainedFP8Config does at
+load) and its dequantized-bf16 counterpart. Test and tooling support only; torch and
+transformers are imported inside the functions, so the configs cost nothing to import.
 """
 
 from __future__ import annotations
 
-__all__ = ["ARCHS", "MODELS", "NOT_CONVERTED", "ROUTED", "TINY"]
+import types
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "ARCHS",
+    "MODELS",
+    "NOT_CONVERTED",
+    "ROUTED",
+    "TINY",
+    "dequantize_into",
+    "fp8_linears",
+    "to_fp8",
+]
 
 # name -> (architecture, hidden, dense intermediate, shared-expert intermediate): one TP
 # shard at TP 8 and TP 1 (GLM-5: 6144, 12288, 2048; DeepSeek-V3: 7168, 18432, 2048).
@@ -55,3 +72,53 @@ ROUTED = [
     "model.layers.1.mlp.shared_experts",
     "model.layers.2.mlp.shared_experts",
 ]
+
+
+def to_fp8(model: torch.nn.Module) -> torch.nn.Module:
+    """Convert ``model``'s dense MLPs and shared experts to FP8Linear in place, as
+    FineGrainedFP8Config does: transformers' replace_with_fp8_linear, then its Fp8Quantize
+    on each bf16 weight (128x128 float32 weight_scale_inv)."""
+    import torch
+    import transformers
+    from transformers.integrations import finegrained_fp8 as tf_fp8
+
+    quant = transformers.FineGrainedFP8Config(modules_to_not_convert=NOT_CONVERTED)
+    bf16 = {n: m.weight.detach() for n, m in model.named_modules() if type(m) is torch.nn.Linear}
+    tf_fp8.replace_with_fp8_linear(
+        model, modules_to_not_convert=quant.modules_to_not_convert, quantization_config=quant
+    )
+    quantizer = tf_fp8.Fp8Quantize(types.SimpleNamespace(quantization_config=quant))
+    for name, module in model.named_modules():
+        if isinstance(module, tf_fp8.FP8Linear):
+            tensors = quantizer.convert({f"{name}.weight": bf16[name]})
+            for attr in ("weight", "weight_scale_inv"):
+                value = tensors[f"{name}.{attr}"]
+                setattr(module, attr, torch.nn.Parameter(value, requires_grad=False))
+    return model
+
+
+def fp8_linears(model: torch.nn.Module) -> list[str]:
+    """Names of the modules holding a float8_e4m3fn weight with a weight_scale_inv."""
+    import torch
+
+    return [
+        name
+        for name, m in model.named_modules()
+        if getattr(m, "weight_scale_inv", None) is not None
+        and getattr(m, "weight", None) is not None
+        and m.weight.dtype == torch.float8_e4m3fn
+    ]
+
+
+def dequantize_into(model: torch.nn.Module, fp8: torch.nn.Module) -> torch.nn.Module:
+    """Give the bf16 ``model`` ``fp8``'s FP8 weights, dequantized to bf16; returns it."""
+    import torch
+
+    from mlpjit import reference as ref
+
+    with torch.no_grad():
+        for name in fp8_linears(fp8):
+            module = fp8.get_submodule(name)
+            w = ref.dequantize_weight(module.weight, module.weight_scale_inv.float())
+            model.get_submodule(name).weight.copy_(w.to(torch.bfloat16))
+    return model

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -34,7 +33,15 @@ import pytest
 import torch
 
 from mlpjit import reference as ref
-from mlpjit.testing.tiny_models import ARCHS, MODELS, NOT_CONVERTED, ROUTED, TINY
+from mlpjit.testing.tiny_models import (
+    ARCHS,
+    MODELS,
+    NOT_CONVERTED,
+    ROUTED,
+    TINY,
+    dequantize_into,
+    to_fp8,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -131,28 +138,16 @@ def load_fp8(path) -> tuple[torch.nn.Module, str]:
     ):
         return model.eval(), "FineGrainedFP8Config"
     # not converted (e.g. transformers chose to dequantize): convert by hand
-    quant = transformers.FineGrainedFP8Config(modules_to_not_convert=NOT_CONVERTED)
-    return convert_by_hand(path, quant), "replace_with_fp8_linear + Fp8Quantize"
+    return convert_by_hand(path), "replace_with_fp8_linear + Fp8Quantize"
 
 
-def convert_by_hand(path, quant) -> torch.nn.Module:
+def convert_by_hand(path) -> torch.nn.Module:
     """The bf16 model with its MLP linears swapped for FP8Linear and quantized by
-    transformers' Fp8Quantize (FineGrainedFP8Config's own pieces)."""
+    transformers' Fp8Quantize (FineGrainedFP8Config's own pieces: tiny_models.to_fp8)."""
     import transformers
-    from transformers.integrations import finegrained_fp8 as tf_fp8
 
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
-    model = model.to("cuda")
-    bf16 = {n: m.weight.detach() for n, m in model.named_modules() if type(m) is torch.nn.Linear}
-    tf_fp8.replace_with_fp8_linear(model, quant.modules_to_not_convert, quant)
-    quantizer = tf_fp8.Fp8Quantize(types.SimpleNamespace(quantization_config=quant))
-    for name, module in model.named_modules():
-        if isinstance(module, tf_fp8.FP8Linear):
-            tensors = quantizer.convert({f"{name}.weight": bf16[name]})
-            for attr in ("weight", "weight_scale_inv"):
-                value = tensors[f"{name}.{attr}"]
-                setattr(module, attr, torch.nn.Parameter(value, requires_grad=False))
-    return model.eval()
+    return to_fp8(model.to("cuda")).eval()
 
 
 def load_exact(path, fp8: torch.nn.Module) -> torch.nn.Module:
@@ -160,14 +155,7 @@ def load_exact(path, fp8: torch.nn.Module) -> torch.nn.Module:
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
-    model = model.to("cuda").eval()
-    with torch.no_grad():
-        for name, module in fp8.named_modules():
-            scale = getattr(module, "weight_scale_inv", None)
-            if scale is not None and module.weight.dtype == torch.float8_e4m3fn:
-                w = ref.dequantize_weight(module.weight, scale.float()).to(torch.bfloat16)
-                model.get_submodule(name).weight.copy_(w)
-    return model
+    return dequantize_into(model.to("cuda").eval(), fp8)
 
 
 def fp8_linear_reference(input, weight, weight_scale_inv, *_, **__):

@@ -68,7 +68,9 @@ def dense_mlp_requests(
     inter = intermediate // tp
     requests = []
     for m in counts:
-        if not (kernel_supports(2 * inter, hidden, m) and kernel_supports(hidden, inter, m)):
+        if not (
+            kernel_supports(2 * inter, hidden, m, sms) and kernel_supports(hidden, inter, m, sms)
+        ):
             continue
         for rows, k, swiglu in ((2 * inter, hidden, True), (hidden, inter, False)):
             requests.append(

@@ -22,6 +22,7 @@ from mlpjit.kernels.fp8_gemv.params import (
     SPLITS_MAX,
     STEP,
     GemvConfig,
+    GemvParams,
     grid_ctas,
     smem_bytes,
 )
@@ -242,7 +243,7 @@ def config_fits(rows: int, k: int, tokens: int, config: GemvConfig, sms: int = h
     if grid % cluster:
         return False
     slots = sms * config.ctas_per_sm
-    if cluster > MAX_PERSISTENT_CLUSTER and slots >= grid > _resident(slots, cluster):
+    if cluster > MAX_PERSISTENT_CLUSTER and slots >= grid > hopper.resident_ctas(slots, cluster):
         return False  # meant as one wave, but not resident at once
     fit = max_in_regs(k, tokens, config.tiles, config.ctas_per_sm, spw, **geometry)
     return (
@@ -251,10 +252,6 @@ def config_fits(rows: int, k: int, tokens: int, config: GemvConfig, sms: int = h
         and smem_bytes(k, tokens, config.tiles, config.in_regs, spw, **geometry)
         <= hopper.smem_budget(config.ctas_per_sm)
     )
-
-
-def _resident(slots: int, cluster: int) -> int:
-    return hopper.resident_ctas(slots, cluster)
 
 
 def _tuned(rows: int, k: int, tokens: int, swiglu: bool, sms: int) -> GemvConfig | None:
@@ -299,14 +296,16 @@ def one_wave_candidates(
     return found
 
 
-def kernel_supports(rows: int, k: int, tokens: int) -> bool:
-    """True when fp8_gemv can run this shape; otherwise callers use the stock path."""
+def kernel_supports(rows: int, k: int, tokens: int, sms: int = hopper.SMS) -> bool:
+    """True when fp8_gemv can run this shape on a GPU of ``sms`` SMs; otherwise callers use
+    the stock path."""
     _check_shape(rows, k, tokens)
+    hopper.check_sms(sms)
     if tokens > MAX_TOKENS or k % GROUP or rows % 16:
         return False
-    if k % SLICE == 0 and one_wave_candidates(rows, k, tokens):
+    if k % SLICE == 0 and one_wave_candidates(rows, k, tokens, sms):
         return True
-    return _spread(rows, k, tokens, hopper.SMS) is not None
+    return _spread(rows, k, tokens, sms) is not None
 
 
 # The model _spread ranks decompositions with: the busiest SM's bytes, where a CTA costs its
@@ -420,7 +419,7 @@ def _spread_candidates(
                         if found is None:
                             continue
                         config, ctas = found
-                        waves = math.ceil(ctas / _resident(sms * cps, splits))
+                        waves = math.ceil(ctas / hopper.resident_ctas(sms * cps, splits))
                         cost = _modeled_cost(rows, k, tokens, tiles, ctas, splits, warps, sms)
                         # Then: fewer splits, longer slices, fewer warps, lighter launch bound.
                         ranked.append(((waves, cost, splits, -slice_k, warps, cps), config))
@@ -464,7 +463,7 @@ def _spread_grid(
     persistent = ctas < rows // (16 * tiles) * splits
     if persistent and tiles > 1:
         return None  # persistent grids were only measured with one tile per CTA
-    waves = math.ceil(ctas / _resident(sms * cps, splits))
+    waves = math.ceil(ctas / hopper.resident_ctas(sms * cps, splits))
     if not persistent and waves > (SPREAD_MAX_WAVES if waves_ok else 1):
         return None
     threads = 32 * tiles * (k // splits // slice_k) // spw
@@ -507,7 +506,7 @@ def choose_config(
         raise ValueError(f"swiglu must be a bool, got {swiglu!r}")
     if swiglu and rows % 2:
         raise ValueError(f"rows must be even with swiglu, got {rows}")
-    if not kernel_supports(rows, k, tokens):
+    if not kernel_supports(rows, k, tokens, sms):
         raise ValueError(
             f"fp8_gemv cannot take rows={rows}, k={k}, tokens={tokens}: needs k % {GROUP} == 0, "
             f"rows % 16 == 0 and 1 <= tokens <= {MAX_TOKENS}, within the shared-memory and "
@@ -521,15 +520,13 @@ def choose_config(
     if pick is None and spread is None:
         raise ValueError(
             f"fp8_gemv has no decomposition of rows={rows}, k={k}, tokens={tokens} that fits "
-            f"one wave of a {sms}-SM GPU"
+            f"a {sms}-SM GPU"
         )
-    if spread is not None and (
-        pick is None
-        or (
-            _balance(rows, k, pick, sms) < SPREAD_BELOW_BALANCE
-            and spread[0] < SPREAD_GAIN * _config_cost(rows, k, tokens, pick, sms)
-        )
-    ):
+    if pick is None:
+        return spread[1]
+    launch = _launch(rows, k, tokens, pick, sms)
+    uneven = _balance(launch) < SPREAD_BELOW_BALANCE
+    if spread is not None and uneven and spread[0] < SPREAD_GAIN * _launch_cost(launch):
         return spread[1]
     if tokens >= HEURISTIC_CLUSTER_MIN_TOKENS:
         clustered = replace(pick, cluster=2)
@@ -553,25 +550,21 @@ def _whole_k_pick(rows: int, k: int, tokens: int, sms: int) -> GemvConfig | None
     return GemvConfig(best.tiles, min(best.in_regs, HEURISTIC_MAX_IN_REGS), best.ctas_per_sm)
 
 
-def _balance(rows: int, k: int, config: GemvConfig, sms: int) -> float:
-    """Mean weight bytes per SM over the busiest SM's, for a config's launch (1: even)."""
-    ctas = grid_ctas(
-        rows, k, config.tiles, config.in_regs, config.ctas_per_sm, config.slices_per_warp, sms,
-        slice_k=config.slice_k, splits=config.splits,
-    )  # fmt: skip
-    units = rows // (16 * config.tiles) * config.splits
-    busiest = math.ceil(ctas / sms) * math.ceil(units / ctas)
-    return units / sms / busiest
+def _launch(rows: int, k: int, tokens: int, config: GemvConfig, sms: int) -> GemvParams:
+    """The launch geometry of a config (the epilogue does not change it: plain kernel)."""
+    return GemvParams.of(rows, k, tokens, config, swiglu=False, limit=None, ue8m0=False, sms=sms)
 
 
-def _config_cost(rows: int, k: int, tokens: int, config: GemvConfig, sms: int) -> float:
-    """_modeled_cost of a config's launch (persistent grids included)."""
-    ctas = grid_ctas(
-        rows, k, config.tiles, config.in_regs, config.ctas_per_sm, config.slices_per_warp, sms,
-        slice_k=config.slice_k, splits=config.splits,
-    )  # fmt: skip
-    warps = config.tiles * (k // config.splits // config.slice_k) // config.slices_per_warp
-    return _modeled_cost(rows, k, tokens, config.tiles, ctas, config.splits, warps, sms)
+def _balance(p: GemvParams) -> float:
+    """Mean weight bytes per SM over the busiest SM's, for a launch (1: even)."""
+    units = p.row_tiles * p.splits
+    busiest = math.ceil(p.ctas / p.sms) * math.ceil(units / p.ctas)
+    return units / p.sms / busiest
+
+
+def _launch_cost(p: GemvParams) -> float:
+    """_modeled_cost of a launch (persistent grids included)."""
+    return _modeled_cost(p.rows, p.k, p.tokens, p.tiles, p.ctas, p.splits, p.warps, p.sms)
 
 
 # Heuristic for shapes with at least two waves of 16-row tiles and k >= WIDE_MIN_K: the
