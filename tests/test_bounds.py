@@ -1,0 +1,39 @@
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mlpjit.jit.bounds import bounded, clamped
+
+
+@pytest.mark.parametrize(
+    "value", ["1e308", "inf", "nan", "9" * 5000, 10**400, float("inf"), True, None, "", "x", [1]]
+)
+def test_bounded_refuses_with_the_name(value):
+    with pytest.raises(ValueError, match=r"^MLPJIT_X must be a number in \[0, 100\]"):
+        bounded(value, "MLPJIT_X", 0, 100)
+
+
+def test_bounded_integer_accepts_integral_floats_only():
+    assert bounded("1e3", "n", 0, 10**4, integer=True) == 1000
+    assert bounded(7.0, "n", 0, 10, integer=True) == 7
+    with pytest.raises(ValueError, match="n must be an integer"):
+        bounded(7.5, "n", 0, 10, integer=True)
+
+
+def test_clamped_falls_back_and_clamps():
+    assert clamped(10**400, 0, 5, default=1) == 1
+    assert clamped(1e300, 0, 5, default=1) == 5
+    assert clamped("-3", 0, 5, default=1) == 0
+    assert clamped("bogus", 0, 5, default=1) == 1
+
+
+@given(st.one_of(st.integers(), st.floats(), st.text(max_size=80), st.none(), st.booleans()))
+def test_bounded_never_crashes_otherwise(value):
+    try:
+        number = bounded(value, "v", -1e6, 1e6)
+    except ValueError as err:
+        assert str(err).startswith("v must be") and "\n" not in str(err)
+    else:
+        assert math.isfinite(number) and -1e6 <= number <= 1e6
