@@ -772,6 +772,34 @@ def test_pull_exits_1_on_a_rejected_or_missing_entry(
         assert run.returncode == 1 and f"{unmatched}: missing" in run.stdout, run.stdout
 
 
+BAD_REMOTE_URLS = {  # case -> an MLPJIT_REMOTE_CACHE that cannot be used
+    "tls-option-without-tls": "redis://127.0.0.1:6379/0?ssl_ca_certs=/etc/ca.pem",
+    "unknown-option": "redis://127.0.0.1:6379/0?no_such_option=1",
+    "100-kB-host": "redis://" + "a" * 100_000 + ":6379/0",
+    "bidi-control": "redis://cache\u202e.internal:6379/0",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_REMOTE_URLS))
+def test_a_bad_remote_url_is_a_warning_for_warm_and_an_error_for_fleet_commands(
+    tmp_path: Path, case: str
+) -> None:
+    """Where the fleet is optional (warm) a bad URL is one warning and the local cache
+    only; the fleet commands fail with one line naming the variable."""
+    env = {"MLPJIT_REMOTE_CACHE": BAD_REMOTE_URLS[case]}
+    cache = tmp_path / "cache"
+    warm = mlpjit(cache, "warm", *SMOKE[:3], "n=1024", *SMOKE[4:], env=env)
+    assert warm.returncode == 0, warm.stderr[-2000:]
+    warned = [line for line in warm.stderr.splitlines() if "MLPJIT_REMOTE_CACHE" in line]
+    assert len(warned) == 1 and "local cache only" in warned[0], warm.stderr[-2000:]
+    assert "Traceback" not in warm.stderr and len(warned[0]) < 600
+    for command in (["cache", "push"], ["cache", "pull"], ["cache", "stats"]):
+        run = mlpjit(cache, *command, env=env)
+        assert run.returncode == 1, (command, run.stdout, run.stderr[-2000:])
+        assert run.stderr.startswith("mlpjit: error: MLPJIT_REMOTE_CACHE"), run.stderr[-2000:]
+        assert len(run.stderr.splitlines()) == 1 and len(run.stderr) < 600
+
+
 @pytest.mark.parametrize("case", ["unset", "unreachable", "wrong-password", "bad-ttl"])
 def test_push_and_pull_without_a_usable_remote_are_one_line_errors(
     cache_copy: Path, redis_server: RedisServer, case: str
@@ -786,7 +814,7 @@ def test_push_and_pull_without_a_usable_remote_are_one_line_errors(
         "unset": "MLPJIT_REMOTE_CACHE is not set",
         "unreachable": "is not usable: ConnectionError",
         "wrong-password": "check the user and password in MLPJIT_REMOTE_CACHE",
-        "bad-ttl": "MLPJIT_REMOTE_TTL must be a positive number of seconds",
+        "bad-ttl": "MLPJIT_REMOTE_TTL must be a number",
     }[case]
     for command in ("push", "pull"):
         run = mlpjit(cache_copy, "cache", command, env=env)

@@ -116,12 +116,76 @@ def test_remote_settings_are_typed(monkeypatch):
         ("MLPJIT_REMOTE_TTL", "nan", config.remote_ttl),
         ("MLPJIT_REMOTE_TIMEOUT", "0.0001", config.remote_timeout),
         ("MLPJIT_REMOTE_TIMEOUT", "soon", config.remote_timeout),
+        ("MLPJIT_REMOTE_TTL", "1e308", config.remote_ttl),
+        ("MLPJIT_REMOTE_TTL", "1e12", config.remote_ttl),
+        ("MLPJIT_REMOTE_TTL", "9" * 5000, config.remote_ttl),
+        ("MLPJIT_REMOTE_TIMEOUT", "1e308", config.remote_timeout),
+        ("MLPJIT_REMOTE_TIMEOUT", "1e12", config.remote_timeout),
+        ("MLPJIT_REMOTE_TIMEOUT", "9" * 5000, config.remote_timeout),
     ],
+    ids=lambda v: v[:24] if isinstance(v, str) else getattr(v, "__name__", None),
 )
 def test_a_bad_remote_setting_names_its_variable(monkeypatch, name, value, reader):
     monkeypatch.setenv(name, value)
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(ValueError, match=name) as info:
         reader()
+    assert len(str(info.value)) < 300
+
+
+def test_remote_ttl_and_timeout_take_their_documented_ranges(monkeypatch):
+    """The ranges the README's table states are the ones the readers take."""
+    for name, reader, (lo, hi) in (
+        ("MLPJIT_REMOTE_TTL", config.remote_ttl, config.REMOTE_TTL_RANGE),
+        ("MLPJIT_REMOTE_TIMEOUT", config.remote_timeout, config.REMOTE_TIMEOUT_RANGE),
+    ):
+        assert f"{lo:g} to {hi:g}" in config.ENV_VARS[name].doc
+        for good in (lo, hi):
+            monkeypatch.setenv(name, repr(good))
+            assert reader() == good
+        for bad in (lo / 2, hi * 2):
+            monkeypatch.setenv(name, repr(bad))
+            with pytest.raises(ValueError, match=f"{name} must be a number in"):
+                reader()
+
+
+BAD_URLS = {  # case -> (MLPJIT_REMOTE_CACHE, a word its one-line error must hold)
+    "tls-option-without-tls": ("redis://cache:6379/0?ssl_ca_certs=/etc/ca.pem", "ssl_ca_certs"),
+    "unknown-option": ("rediss://cache:6379/0?no_such_option=1", "allowed options"),
+    "timeout-option": ("rediss://cache:6379/0?socket_timeout=1e308", "allowed options"),
+    "db-option": ("redis://cache:6379/0?db=x", "allowed options"),  # the database is the path
+    "100-kB-host": ("redis://" + "a" * 100_000 + ":6379/0", "253"),
+    "bidi-control": ("redis://cache\u202e.internal:6379/0", "bidirectional"),
+    "label-over-63": ("redis://" + "a" * 64 + ".internal:6379/0", "host"),
+    "control-character": ("redis://ca\x01che:6379/0", "host"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_URLS))
+def test_a_remote_url_is_checked_when_it_is_read(monkeypatch, case):
+    """Options redis-py would refuse at the first call (a TypeError) and hosts the resolver
+    would refuse (an idna error naming nothing) are one line naming the variable."""
+    url, word = BAD_URLS[case]
+    monkeypatch.setenv("MLPJIT_REMOTE_CACHE", url)
+    with pytest.raises(ValueError) as info:
+        config.remote_cache_url()
+    message = str(info.value)
+    assert message.startswith("MLPJIT_REMOTE_CACHE") and word in message, message[:500]
+    assert "\n" not in message and len(message) < 400, message[:500]
+    assert "\u202e" not in message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://cache.internal:6379/0",
+        "redis://[::1]:6379/0",
+        "redis://b\u00fccher.example:6379/0",  # IDNA
+        "rediss://u:pw@cache:6380/2?ssl_ca_certs=/ca.pem&ssl_certfile=/c.pem&ssl_keyfile=/k.pem",
+        "rediss://cache:6380/0?ssl_cert_reqs=required&ssl_check_hostname=true",
+    ],
+)
+def test_good_remote_urls_pass(url):
+    assert config.check_remote_url(url) == url
 
 
 def test_a_bad_remote_url_never_shows_its_password(monkeypatch):

@@ -24,3 +24,13 @@ def test_every_env_var_in_the_code_is_registered_and_documented():
     )
     assert set(ENV_VARS) <= readme, f"not documented in README: {set(ENV_VARS) - readme}"
     assert readme <= set(ENV_VARS), f"README documents unknown variables: {readme - set(ENV_VARS)}"
+
+
+def test_the_readme_env_table_is_config_env_vars():
+    """The README's table rows are ENV_VARS' name, default and doc, in order."""
+    rows = re.findall(r"^\| `(MLPJIT_[A-Z_]+)` \| (.*?) \| (.*) \|$", _readme(), re.M)
+    assert rows == [(v.name, v.default, v.doc) for v in ENV_VARS.values()]
+
+
+def _readme() -> str:
+    return (ROOT / "README.md").read_text()

@@ -43,6 +43,7 @@ from mlpjit.jit.remote import (
     remote_from_env,
     remote_report,
 )
+from mlpjit.jit.remote import client as clientmod
 from mlpjit.jit.remote import layer as layermod
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.jit.store import MAX_MANIFEST_BYTES, CacheStore, Entry
@@ -64,6 +65,8 @@ def no_remote_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in (*REMOTE_VARS, "MLPJIT_REMOTE_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(layermod, "_UNSIGNED_WARNED", True)
+    monkeypatch.setattr(layermod, "_WAIT_BUDGET", layermod.WaitBudget())
+    monkeypatch.setattr(clientmod, "_TAKEOVER_WARNED", False)
 
 
 @pytest.fixture
@@ -557,6 +560,45 @@ def test_fleet_counters_add_up_over_every_process(redis_server, tmp_path):
     assert remote_a.fleet_counters()["hits"] == 0
 
 
+def _sent_bytes(server: RedisServer) -> int:
+    """Bytes the server has sent to all its clients so far."""
+    return int(server.client().info("stats")["total_net_output_bytes"])
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["9" * 5000, "-" + "9" * 30, "1e3", "12abc", "x" * 4_000_000],
+    ids=["5000-digits", "negative", "float", "junk", "4-MB"],
+)
+def test_counters_that_are_not_counts_read_as_0_without_crossing_the_network(redis_server, value):
+    """A counter anyone can write must not break `cache stats` or doctor: a 5000-digit
+    number (int() refuses it), junk or a 4 MB string is read as 0, and what is not a count
+    never leaves the server."""
+    remote = RemoteCache(redis_server.url())
+    raw = redis_server.client()
+    raw.set(remote.counter_name("hits"), value)
+    raw.hset(remote.counter_name("rejected"), "a", "1")  # another type
+    raw.set(remote.counter_name("uploads"), "7")
+    before = _sent_bytes(redis_server)
+    assert remote.fleet_counters() == {"hits": 0, "rejected": 0, "uploads": 7}
+    assert remote_report(remote)["fleet"] == {"hits": 0, "rejected": 0, "uploads": 7}
+    assert _sent_bytes(redis_server) - before < 64_000
+    assert remote.available and remote.stats.errors == 0
+
+
+def test_a_huge_alias_is_refused_on_the_server(redis_server, tmp_path):
+    """An alias is a key and a signature: a bigger value is refused before it is read, so a
+    planted 4 MB (or 300 MB) alias costs this process nothing."""
+    entry = publish(node(tmp_path, "a"), 0)
+    remote = RemoteCache(redis_server.url())
+    spec_key = entry.manifest["spec_key"]
+    redis_server.client().set(remote.alias_name(spec_key), entry.key.encode() + b"0" * 4_000_000)
+    before = _sent_bytes(redis_server)
+    assert remote.alias_target(spec_key) is None
+    assert _sent_bytes(redis_server) - before < 64_000
+    assert remote.available and remote.stats.errors == 0
+
+
 # ------------------------------------------------------------------ locks
 
 _LOCK_CHILD = """
@@ -722,6 +764,59 @@ def test_single_flight_waiter_compiles_after_its_timeout(redis_server, tmp_path,
     assert 0.5 <= time.monotonic() - t0 < 5
     assert any("compiling it here" in w for w in warnings_of(caplog))
     holder.release()
+
+
+# Lock values no mlpjit node writes: (how to plant it, the name of the case). A live holder's
+# value is a 32-hex-digit token with an expiry of at most the lock TTL, renewed while held.
+PLANTED_LOCKS = {
+    "token-without-expiry": lambda raw, name: raw.set(name, "0123456789abcdef" * 2),
+    "foreign-value": lambda raw, name: raw.set(name, "held by me", px=600_000),
+    "huge-value": lambda raw, name: raw.set(name, b"x" * 4_000_000),
+    "a-hash": lambda raw, name: raw.hset(name, "token", "0123456789abcdef" * 2),
+    "expiry-of-a-year": lambda raw, name: raw.set(name, "0123456789abcdef" * 2, ex=31_536_000),
+}
+
+
+@pytest.mark.parametrize("planted", sorted(PLANTED_LOCKS))
+def test_a_planted_lock_is_taken_over_without_waiting(redis_server, tmp_path, planted, caplog):
+    """Whoever can write Redis cannot stall every node with locks nobody holds: a value that
+    is not a live holder's is taken over at once, for each kernel, and released after."""
+    remote = RemoteCache(redis_server.url())
+    raw, layer = redis_server.client(), RemoteLayer(node(tmp_path, "b"), remote)
+    keys = [cache_key(components(i)) for i in range(4)]
+    for key in keys:
+        PLANTED_LOCKS[planted](raw, remote.lock_name(key))
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        for key in keys:
+            with layer.single_flight(key, wait=2.0) as flight:
+                assert flight == Flight()  # this process compiles it, holding the lock
+                value, ttl = raw.get(remote.lock_name(key)), raw.pttl(remote.lock_name(key))
+                assert len(value) == 32 and 0 < ttl <= remote.lock_ttl_ms
+            assert raw.exists(remote.lock_name(key)) == 0  # released
+    assert time.monotonic() - t0 < 1.5
+    assert remote.stats.lock_waits == 0 and remote.available and remote.stats.errors == 0
+    assert sum("taken over" in w for w in warnings_of(caplog)) == 1  # once per process
+
+
+def test_waits_for_other_nodes_share_one_budget_per_process(redis_server, tmp_path, caplog):
+    """Live holders that never upload cost a process one wait in all, not one per kernel:
+    after the budget (the per-kernel wait) is spent, the other kernels compile at once."""
+    keys = [cache_key(components(i)) for i in range(4)]
+    holders = [RemoteCache(redis_server.url()).lock(key) for key in keys]
+    assert all(holder.try_acquire() for holder in holders)
+    layer = RemoteLayer(node(tmp_path, "b"), RemoteCache(redis_server.url()))
+    t0 = time.monotonic()
+    try:
+        with caplog.at_level(logging.WARNING):
+            for key in keys:
+                with layer.single_flight(key, wait=1.0) as flight:
+                    assert flight == Flight()
+    finally:
+        for holder in holders:
+            holder.release()
+    assert 0.9 <= time.monotonic() - t0 < 2.5
+    assert any("compiling the rest here" in w for w in warnings_of(caplog))
 
 
 # ------------------------------------------------------------------ an unusable remote
@@ -1011,6 +1106,40 @@ def test_remote_from_env_names_a_bad_variable(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=name):
         remote_from_env()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6379/0?ssl_ca_certs=/etc/ca.pem",
+        "redis://" + "a" * 100_000 + ":6379/0",
+        "redis://cache\u202e.internal:6379/0",
+    ],
+    ids=["tls-option-without-tls", "100-kB-host", "bidi-control"],
+)
+def test_a_bad_remote_url_leaves_a_serving_process_on_its_local_cache(
+    monkeypatch, tmp_path, caplog, url
+):
+    """prepare() and warm build their manager through remote_layer: the fleet is optional
+    there, so a bad URL is one warning naming the variable, and kernels still come."""
+    monkeypatch.setenv("MLPJIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("MLPJIT_REMOTE_CACHE", url)
+    monkeypatch.setattr(managermod, "_DEFAULT", None)
+    with caplog.at_level(logging.WARNING):
+        manager = managermod.default_manager()
+        assert manager.remote is None
+        assert managermod.default_manager() is manager  # not rebuilt, not warned again
+        assert manager.get(smoke(0)).persisted
+    warned = warnings_of(caplog)
+    assert len(warned) == 1 and warned[0].startswith("mlpjit: MLPJIT_REMOTE_CACHE"), warned
+    assert "local cache only" in warned[0] and len(warned[0]) < 600
+
+
+@pytest.mark.parametrize("setting", ["ttl", "timeout", "lock_ttl", "retry_after"])
+@pytest.mark.parametrize("value", [1e308, 1e12, float("inf"), float("nan"), -1.0, 0.0])
+def test_remote_cache_settings_out_of_range_are_one_line_errors(setting, value):
+    with pytest.raises(ValueError, match=f"remote cache {setting} must be a number in"):
+        RemoteCache("redis://127.0.0.1:6379/0", **{setting: value})
 
 
 def test_redact_url_hides_passwords():

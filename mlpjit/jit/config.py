@@ -15,6 +15,7 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlpjit.jit.bounds import bounded
 from mlpjit.jit.spec import check_arch
 
 __all__ = [
@@ -22,6 +23,9 @@ __all__ = [
     "DEFAULT_REMOTE_PREFIX",
     "DEFAULT_REMOTE_TIMEOUT",
     "ENV_VARS",
+    "REMOTE_TIMEOUT_RANGE",
+    "REMOTE_TTL_RANGE",
+    "REMOTE_URL_OPTIONS",
     "MAX_REMOTE_SECRET_BYTES",
     "MIN_REMOTE_SECRET_BYTES",
     "EnvVar",
@@ -47,7 +51,12 @@ DEFAULT_REMOTE_TIMEOUT = 2.0  # seconds, for connecting to Redis and for every r
 MIN_REMOTE_SECRET_BYTES = 32  # the fleet key: as many bytes as the HMAC-SHA256 output
 MAX_REMOTE_SECRET_BYTES = 4096  # a bigger file is not a key (and is not read whole)
 _REMOTE_SCHEMES = ("redis", "rediss")
-_MIN_SECONDS = 0.001  # Redis expiries are whole milliseconds
+# Seconds an uploaded entry may live (MLPJIT_REMOTE_TTL): a second at least, about three
+# years at most (Redis refuses an expiry past the end of its clock; a longer one means
+# "no expiry", which is the default).
+REMOTE_TTL_RANGE = (1.0, 1e8)
+# Seconds for a Redis connect and each reply (MLPJIT_REMOTE_TIMEOUT): 10 ms to 5 minutes.
+REMOTE_TIMEOUT_RANGE = (0.01, 300.0)
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,8 @@ ENV_VARS: dict[str, EnvVar] = {
             "MLPJIT_LOCK_TIMEOUT",
             str(int(DEFAULT_LOCK_TIMEOUT)),
             "Seconds a process waits for another one compiling the same kernel before it "
-            "compiles and publishes the kernel itself (float > 0).",
+            "compiles and publishes the kernel itself (float > 0). With the fleet cache, a "
+            "process's waits for other nodes add up to this at most, over all its kernels.",
         ),
         EnvVar(
             "MLPJIT_ARCH",
@@ -108,12 +118,14 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar(
             "MLPJIT_REMOTE_TTL",
             "(no expiry)",
-            "Seconds an uploaded entry lives in Redis after its upload (float > 0).",
+            "Seconds an uploaded entry lives in Redis after its upload (a number from "
+            f"{REMOTE_TTL_RANGE[0]:g} to {REMOTE_TTL_RANGE[1]:g}, about 3 years).",
         ),
         EnvVar(
             "MLPJIT_REMOTE_TIMEOUT",
             "2",
-            "Seconds for connecting to Redis and for each reply (float > 0). After a failure "
+            "Seconds for connecting to Redis and for each reply (a number from "
+            f"{REMOTE_TIMEOUT_RANGE[0]:g} to {REMOTE_TIMEOUT_RANGE[1]:g}). After a failure "
             "the remote is skipped for 30 s, with one warning.",
         ),
         EnvVar(
@@ -227,44 +239,107 @@ def redact_url(url: str) -> str:
         return "<unparsable URL>"
 
 
-def check_remote_url(url: str, what: str = "remote cache URL") -> str:
-    """Return ``url`` if it is redis:// or rediss:// with a host and a numeric database (if
-    any); ValueError naming ``what`` (password redacted) otherwise.
+# The URL query options mlpjit passes on to redis-py, by scheme. Any other option would
+# either fail at the first Redis call (redis-py hands it to a connection class that does not
+# take it: a TypeError) or override a setting mlpjit makes (socket_timeout over
+# MLPJIT_REMOTE_TIMEOUT, db over the URL's path).
+REMOTE_URL_OPTIONS = {
+    "redis": (),
+    "rediss": (
+        "ssl_ca_certs",
+        "ssl_ca_path",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "ssl_password",
+        "ssl_cert_reqs",
+        "ssl_check_hostname",
+    ),
+}
+MAX_HOST_CHARS = 253  # the longest DNS name
+# Bidirectional controls (U+061C, U+200E-U+200F, U+202A-U+202E, U+2066-U+2069): a host shown
+# in a message must read as it resolves.
+_BIDI_RE = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
+
+def _host_problem(host: str) -> str | None:
+    """Why ``host`` cannot be a Redis host name, or None."""
+    if len(host) > MAX_HOST_CHARS:
+        return f"its host is {len(host)} characters long, over {MAX_HOST_CHARS}"
+    if _BIDI_RE.search(host):
+        return "its host holds a bidirectional control character"
+    if not host.isprintable() or " " in host:
+        return "its host holds a control character or a space"
+    if host.isascii() and ":" in host:
+        return None  # an IPv6 address, which is no DNS name
+    try:
+        encoded = host.encode("idna")
+    except UnicodeError:
+        return (
+            "its host is not a valid host name (a label is empty, over 63 characters, or not IDNA)"
+        )
+    if len(encoded) > MAX_HOST_CHARS:
+        return f"its host is over {MAX_HOST_CHARS} characters once IDNA-encoded"
+    return None
+
+
+def check_remote_url(url: str, what: str = "remote cache URL") -> str:
+    """Return ``url`` if it is redis:// or rediss:// with a valid host (at most 253
+    characters, printable, IDNA-encodable, no bidirectional controls), a numeric database
+    (if any) and only the query options of REMOTE_URL_OPTIONS for its scheme; ValueError
+    naming ``what`` (one line, password redacted) otherwise.
+
+    Checked when the URL is read, so a bad value is one line naming the variable rather
+    than a TypeError or an idna error from deep inside redis-py at the first call; and
     redis-py silently uses database 0 for a path like "/cache": a typo must not make two
     fleets share a database.
     """
     if not isinstance(url, str):
         raise ValueError(f"{what} must be a str, got {type(url).__name__}")
+    shown = _shown_url(url)
     try:
         parts = urllib.parse.urlsplit(url)
         parts.port  # noqa: B018  (raises ValueError for a port that is not a number)
+        options = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     except ValueError as err:
-        raise ValueError(f"{what} {redact_url(url)!r} is malformed ({err})") from None
+        raise ValueError(f"{what} {shown} is malformed ({_shown(str(err))})") from None
     if parts.scheme not in _REMOTE_SCHEMES or not parts.hostname:
         raise ValueError(
-            f"{what} must be redis://[user:pass@]host:port/db or rediss://..., "
-            f"got {redact_url(url)!r}"
+            f"{what} must be redis://[user:pass@]host:port/db or rediss://..., got {shown}"
         )
+    problem = _host_problem(parts.hostname)
+    if problem is not None:
+        raise ValueError(f"{what} {shown}: {problem}")
     if not re.fullmatch(r"/?|/[0-9]+/?", parts.path):
-        raise ValueError(
-            f"{what} {redact_url(url)!r}: the database must be a number, e.g. redis://host:6379/0"
-        )
+        raise ValueError(f"{what} {shown}: the database must be a number, e.g. redis://host:6379/0")
+    allowed = REMOTE_URL_OPTIONS[parts.scheme]
+    for name, _ in options:
+        if name not in allowed:
+            listed = ", ".join(allowed) if allowed else "none (TLS options need rediss://)"
+            raise ValueError(
+                f"{what} {shown}: option {_shown(name)} does not apply; allowed options for "
+                f"{parts.scheme}:// are {listed}"
+            )
     return url
 
 
-def _seconds(name: str, default: float | None) -> float | None:
-    """A number of seconds (at least 1 ms) from variable ``name``, or ``default`` if unset."""
+def _shown(text: str, limit: int = 80) -> str:
+    """``text`` for a one-line message: repr'd (controls and bidi escaped), cut short."""
+    text = ascii(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _shown_url(url: str) -> str:
+    """A URL for a one-line message: password redacted, escaped, cut short."""
+    return _shown(redact_url(url), 120)
+
+
+def _seconds(name: str, default: float | None, bounds: tuple[float, float]) -> float | None:
+    """A number of seconds in ``bounds`` from variable ``name``, or ``default`` if unset;
+    ValueError naming the variable and the range otherwise."""
     value = _get(name)
     if value is None:
         return default
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds < _MIN_SECONDS:
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    return seconds
+    return float(bounded(value, name, *bounds))
 
 
 def remote_cache_url() -> str | None:
@@ -291,12 +366,12 @@ def remote_prefix() -> str:
 
 def remote_ttl() -> float | None:
     """Seconds an uploaded entry lives in Redis (MLPJIT_REMOTE_TTL), or None: no expiry."""
-    return _seconds("MLPJIT_REMOTE_TTL", None)
+    return _seconds("MLPJIT_REMOTE_TTL", None, REMOTE_TTL_RANGE)
 
 
 def remote_timeout() -> float:
     """Seconds for a Redis connect and for each reply (MLPJIT_REMOTE_TIMEOUT, default 2)."""
-    seconds = _seconds("MLPJIT_REMOTE_TIMEOUT", DEFAULT_REMOTE_TIMEOUT)
+    seconds = _seconds("MLPJIT_REMOTE_TIMEOUT", DEFAULT_REMOTE_TIMEOUT, REMOTE_TIMEOUT_RANGE)
     assert seconds is not None
     return seconds
 

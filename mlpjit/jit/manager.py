@@ -486,17 +486,22 @@ _MISSING_REDIS_WARNED = False
 def remote_layer(store: CacheStore) -> RemoteLayer | None:
     """The fleet cache MLPJIT_REMOTE_CACHE configures in front of ``store``, or None.
 
-    The remote package (and redis-py) is imported only when the variable is set. Without
-    redis-py a serving process logs one WARNING and keeps to its local cache; a malformed
-    MLPJIT_REMOTE_* value raises ValueError naming the variable.
+    The fleet is optional for a serving process (prepare, warm): without redis-py, or with a
+    malformed MLPJIT_REMOTE_* value (a bad URL, TTL, timeout or key file), it logs one
+    WARNING naming the variable and keeps to its local cache. The remote package (and
+    redis-py) is imported only when the variable is set. The explicit fleet commands (cache
+    push, pull, stats) build their RemoteCache themselves and fail on the same values.
     """
     global _MISSING_REDIS_WARNED
-    if config.remote_cache_url() is None:
-        return None
-    from mlpjit.jit.remote import RemoteLayer, remote_from_env
-
     try:
+        if config.remote_cache_url() is None:
+            return None
+        from mlpjit.jit.remote import RemoteLayer, remote_from_env
+
         remote = remote_from_env()
+    except ValueError as err:
+        log.warning("mlpjit: %s; using the local cache only", err)
+        return None
     except ImportError:
         if not _MISSING_REDIS_WARNED:
             _MISSING_REDIS_WARNED = True
@@ -509,8 +514,13 @@ def remote_layer(store: CacheStore) -> RemoteLayer | None:
 
 
 def _remote_settings() -> tuple[Any, ...] | None:
-    """The MLPJIT_REMOTE_* values a default manager was built from (None: no remote)."""
-    url = config.remote_cache_url()
+    """The MLPJIT_REMOTE_* values a default manager was built from (None: no remote; the
+    error's text for a malformed value, so that fixing it rebuilds the manager)."""
+    try:
+        url = config.remote_cache_url()
+        settings = (config.remote_prefix(), config.remote_ttl(), config.remote_timeout())
+    except ValueError as err:
+        return ("malformed", str(err))
     if url is None:
         return None
     # The key file as its path and mtime: a rotated key rebuilds the layer (the bytes stay
@@ -522,7 +532,6 @@ def _remote_settings() -> tuple[Any, ...] | None:
             key_stamp = (key_file, os.stat(key_file).st_mtime_ns)
         except OSError:
             key_stamp = (key_file, None)
-    settings = (config.remote_prefix(), config.remote_ttl(), config.remote_timeout())
     return (url, *settings, key_stamp)
 
 

@@ -16,8 +16,13 @@ Layout under a key prefix (default "mlpjit:"):
                                 HMAC (when signed)}, optional TTL
     <prefix>alias:<spec_key>    the full key of the latest upload of a toolchain-less spec,
                                 then ":<hex HMAC>" when signed
-    <prefix>lock:<key>          the compile lock of <key>: a random token, PX expiry
+    <prefix>lock:<key>          the compile lock of <key>: a random token, PX expiry (any
+                                other value, or one without expiry, is taken over)
     <prefix>stats:<counter>     the fleet's hits, rejected and uploads (INCR, best effort)
+
+Every value is size-checked on the server before it is read (lua.py), so whoever can write
+Redis cannot make a node read a huge value; waits for other nodes' locks share one budget
+per process (layer.WaitBudget).
 
 Remote bytes are checked like every local load (store.verify_manifest: components that hash
 to the key, cubin size and sha256, launch_sha256 over every launch field, size caps); a

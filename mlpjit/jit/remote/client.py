@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import math
 import re
 import threading
 import time
@@ -27,6 +26,7 @@ from typing import Any, TypeVar
 
 from mlpjit.errors import CorruptEntryError
 from mlpjit.jit import config
+from mlpjit.jit.bounds import bounded, clamped
 from mlpjit.jit.key import short_key
 from mlpjit.jit.remote import lua
 from mlpjit.jit.remote.lock import RemoteLock
@@ -62,21 +62,33 @@ RawEntry = tuple[bytes, bytes, bytes | None]  # (manifest, cubin, signature) as 
 DEFAULT_PREFIX = config.DEFAULT_REMOTE_PREFIX
 DEFAULT_TIMEOUT = config.DEFAULT_REMOTE_TIMEOUT
 DEFAULT_LOCK_TTL = 30.0  # seconds a dead holder's lock outlives it; renewed every third
+# The longest lock TTL: a lock with a longer expiry (or none) is no holder's, and is taken
+# over rather than waited for.
+MAX_LOCK_TTL = 300.0
 DEFAULT_RETRY_AFTER = 30.0  # seconds the remote is skipped after a failure
+MAX_RETRY_AFTER = 3600.0
 # Fleet-wide counters, each the Redis key <prefix>stats:<name>, INCRed as things happen.
 COUNTERS = ("hits", "rejected", "uploads")
+# A remote cubin is read only up to this size: real kernels' cubins are tens of KiB, and
+# anyone who can write Redis could otherwise make every node read the store's whole cap.
+MAX_REMOTE_CUBIN_BYTES = min(MAX_CUBIN_BYTES, 32 << 20)
+MAX_COUNT = 2**63 - 1  # what INCR counts up to
+MAX_COUNTER_BYTES = 20  # the digits of MAX_COUNT, and a sign
+# An alias' value: a key (64 hex digits), then ":" and a signature of at most
+# MAX_SIGNATURE_BYTES; a longer value is refused on the server, unread.
+MAX_ALIAS_BYTES = 64 + 1 + MAX_SIGNATURE_BYTES
+
+_TAKEOVER_WARNED = False  # this process logged a lock taken over (RemoteCache.set_lock)
+_TAKEOVER_MUTEX = threading.Lock()
 
 # An alias' value: the key it names, then ":" and its signature when a fleet secret signed it.
 _ALIAS_RE = re.compile(rb"([0-9a-f]{64})(?::([0-9a-f]{1,128}))?")  # fullmatch
 
 
-def _milliseconds(seconds: float, what: str) -> int:
-    """``seconds`` as a positive whole number of milliseconds; ValueError naming ``what``."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise ValueError(f"{what} must be a number of seconds, got {seconds!r}")
-    if not math.isfinite(seconds) or seconds < 0.001:
-        raise ValueError(f"{what} must be a positive number of seconds, got {seconds!r}")
-    return int(seconds * 1000)
+def _milliseconds(seconds: float, what: str, bounds: tuple[float, float]) -> int:
+    """``seconds`` (within ``bounds``) as a whole number of milliseconds; ValueError naming
+    ``what`` and the range otherwise (1e308 s would overflow, a NaN would pass a compare)."""
+    return int(bounded(seconds, what, *bounds) * 1000)
 
 
 def _sha1(data: bytes) -> str:
@@ -94,10 +106,11 @@ def _glob_escape(text: str) -> str:
 
 
 def _counter_value(raw: object) -> int:
-    """A counter's stored value as an int (0 when absent or not a decimal number)."""
-    if isinstance(raw, bytes) and raw.isdigit():
-        return int(raw)
-    return 0
+    """A counter's stored value as an int: 0 when absent, not decimal digits, or longer
+    than a count; at most MAX_COUNT (anyone who can write Redis can set it)."""
+    if not isinstance(raw, bytes) or len(raw) > MAX_COUNTER_BYTES or not raw.isdigit():
+        return 0
+    return int(clamped(raw.decode("ascii", "replace"), 0, MAX_COUNT, 0, integer=True))
 
 
 @dataclass
@@ -158,10 +171,12 @@ class RemoteCache:
             raise ValueError(f"remote cache prefix must be a str, got {prefix!r}")
         self.url = config.redact_url(url)
         self.prefix = prefix
-        self.ttl_ms = None if ttl is None else _milliseconds(ttl, "remote cache TTL")
-        self.timeout = _milliseconds(timeout, "remote cache timeout") / 1000
-        self.lock_ttl_ms = _milliseconds(lock_ttl, "remote lock TTL")
-        self.retry_after = _milliseconds(retry_after, "remote retry_after") / 1000
+        ttl_range, timeout_range = config.REMOTE_TTL_RANGE, config.REMOTE_TIMEOUT_RANGE
+        self.ttl_ms = None if ttl is None else _milliseconds(ttl, "remote cache ttl", ttl_range)
+        self.timeout = _milliseconds(timeout, "remote cache timeout", timeout_range) / 1000
+        self.lock_ttl_ms = _milliseconds(lock_ttl, "remote cache lock_ttl", (0.01, MAX_LOCK_TTL))
+        retry_ms = _milliseconds(retry_after, "remote cache retry_after", (0.01, MAX_RETRY_AFTER))
+        self.retry_after = retry_ms / 1000
         self._signer = None if secret is None else FleetSigner(secret)
         # No client-side retries: one failure is one timeout at most, then the layer is off.
         self._client = redis.Redis.from_url(
@@ -175,7 +190,16 @@ class RemoteCache:
         self._acl_errors = (redis.exceptions.NoPermissionError,)
         self._scripts = {
             name: self._client.register_script(getattr(lua, name.upper()))
-            for name in ("fetch", "discard", "alias", "incr", "renew", "release")
+            for name in (
+                "fetch",
+                "discard",
+                "alias",
+                "counters",
+                "incr",
+                "acquire",
+                "renew",
+                "release",
+            )
         }
         self._mutex = threading.Lock()
         self._stats = RemoteStats()
@@ -297,7 +321,7 @@ class RemoteCache:
         """The entry's (manifest, cubin, signature or None), the reason it is refused, or
         None (absent, or the remote is off)."""
         name = self.entry_name(key)
-        caps = [MAX_MANIFEST_BYTES, MAX_CUBIN_BYTES, MAX_SIGNATURE_BYTES]
+        caps = [MAX_MANIFEST_BYTES, MAX_REMOTE_CUBIN_BYTES, MAX_SIGNATURE_BYTES]
         ok, reply = self._run("fetch", lambda: self._scripts["fetch"](keys=[name], args=caps))
         if not ok or reply is None:
             if ok:
@@ -386,6 +410,11 @@ class RemoteCache:
         """
         try:
             parsed = verify_manifest(key, manifest, cubin)
+            if len(cubin) > MAX_REMOTE_CUBIN_BYTES:
+                raise CorruptEntryError(
+                    f"its cubin is {len(cubin)} bytes, over the fleet cache's cap of "
+                    f"{MAX_REMOTE_CUBIN_BYTES}"
+                )
         except CorruptEntryError as err:
             log.warning("mlpjit: not uploading cache entry %s: %s", short_key(key), err)
             return False
@@ -430,7 +459,11 @@ class RemoteCache:
         remote is off, or, with a fleet secret, its signature does not verify: rejected).
         Even a signed alias may be an old one: verify what it names with ``spec_key``."""
         name = self.alias_name(spec_key)
-        ok, value = self._run("alias", lambda: self._scripts["alias"](keys=[name]))
+        cap = [MAX_ALIAS_BYTES]
+        ok, value = self._run("alias", lambda: self._scripts["alias"](keys=[name], args=cap))
+        if ok and isinstance(value, list) and len(value) == 2 and value[0] == b"bad":
+            self._reject(spec_key, bytes(value[1]).decode("ascii", "replace"), what="alias")
+            return None
         match = _ALIAS_RE.fullmatch(value) if ok and isinstance(value, bytes) else None
         if match is None:
             return None
@@ -471,10 +504,16 @@ class RemoteCache:
     def fleet_counters(self) -> dict[str, int] | None:
         """The fleet-wide counters ({"hits", "rejected", "uploads"}), or None when the
         remote is unavailable."""
+        ok, counters = self._run("read counters", self._read_counters)
+        return counters if ok else None
+
+    def _read_counters(self) -> dict[str, int]:
+        """The fleet-wide counters, each read only if it can be a count (raises redis-py's
+        errors; see fleet_counters)."""
         names = [self.counter_name(c) for c in COUNTERS]
-        ok, values = self._run("read counters", lambda: self._client.mget(names))
-        if not ok or not isinstance(values, list) or len(values) != len(COUNTERS):
-            return None
+        values = self._scripts["counters"](keys=names, args=[MAX_COUNTER_BYTES])
+        if not isinstance(values, list) or len(values) != len(COUNTERS):
+            values = [None] * len(COUNTERS)
         return {c: _counter_value(v) for c, v in zip(COUNTERS, values, strict=True)}
 
     # ----------------------------------------------------------------- locks
@@ -484,11 +523,29 @@ class RemoteCache:
         return RemoteLock(self, key)
 
     def set_lock(self, name: str, token: str) -> tuple[bool, bool]:
-        """(reachable, taken) for SET name token NX PX lock_ttl (for RemoteLock)."""
-        ok, taken = self._run(
-            "lock", lambda: self._client.set(name, token, nx=True, px=self.lock_ttl_ms)
+        """(reachable, taken) for taking the lock ``name`` with ``token`` (for RemoteLock).
+
+        A value under ``name`` that no live holder wrote (no expiry or a longer one than
+        MAX_LOCK_TTL, not a token, another type) is taken over: anyone who can write Redis
+        could otherwise make every node wait out its timeout on every kernel.
+        """
+        args = [token, self.lock_ttl_ms, int(MAX_LOCK_TTL * 1000)]
+        ok, status = self._run("lock", lambda: self._scripts["acquire"](keys=[name], args=args))
+        if ok and status == 2:
+            self._took_over(name)
+        return ok, ok and status in (1, 2)
+
+    def _took_over(self, name: str) -> None:
+        """Log that a lock nobody holds was taken over: WARNING once per process."""
+        global _TAKEOVER_WARNED
+        with _TAKEOVER_MUTEX:
+            first, _TAKEOVER_WARNED = not _TAKEOVER_WARNED, True
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "mlpjit: the remote compile lock %s held a value no mlpjit node writes (no expiry, "
+            "or not a lock token); taken over (later ones are logged at DEBUG)",
+            short_key(name[-64:]),
         )
-        return ok, bool(taken)
 
     def renew_lock(self, name: str, token: str) -> tuple[bool, bool]:
         """(reachable, still ours) after extending the lock's expiry if it is ours."""
@@ -537,8 +594,7 @@ class RemoteCache:
             out["reachable"] = out["auth_ok"] = True
             out["entries"] = count = len(self._scan_entries(scan_cap))
             out["entries_capped"] = count >= scan_cap
-            values = self._client.mget([self.counter_name(c) for c in COUNTERS])
-            out["fleet"] = {c: _counter_value(v) for c, v in zip(COUNTERS, values, strict=True)}
+            out["fleet"] = self._read_counters()
         except self._auth_errors as err:
             out["reachable"], out["auth_ok"] = True, False
             out["error"] = _one_line(err) + self.hint(err)
@@ -562,7 +618,7 @@ def _raw_entry(reply: object) -> RawEntry | str:
         return "malformed reply"
     if not (sig is None or isinstance(sig, bytes)):
         return "malformed reply"
-    if len(manifest) > MAX_MANIFEST_BYTES or len(cubin) > MAX_CUBIN_BYTES:
+    if len(manifest) > MAX_MANIFEST_BYTES or len(cubin) > MAX_REMOTE_CUBIN_BYTES:
         return "over the size cap"
     if sig is not None and len(sig) > MAX_SIGNATURE_BYTES:
         return "the signature field is over its size cap"

@@ -27,12 +27,51 @@ from mlpjit.jit.remote.client import RemoteCache, Verified
 from mlpjit.jit.remote.lock import RemoteLock, poll_delay
 from mlpjit.jit.store import CacheStore, Entry
 
-__all__ = ["DEFAULT_WAIT", "Flight", "RemoteLayer"]
+__all__ = ["DEFAULT_WAIT", "Flight", "RemoteLayer", "WaitBudget"]
 
 log = logging.getLogger("mlpjit.jit.remote")
 
 DEFAULT_WAIT = DEFAULT_LOCK_TIMEOUT  # seconds a waiter waits for another node
 
+
+class WaitBudget:
+    """The seconds this process has spent waiting for other nodes' compiles, all kernels
+    together, so that the waits of a whole warm add up to one per-kernel wait at most.
+
+    A holder that never uploads (a node stuck in a compile, or a lock planted by anyone who
+    can write Redis, renewed by hand) would otherwise cost every kernel the full wait in
+    turn: hours for a warm of 32 kernels at the default MLPJIT_LOCK_TIMEOUT. Once spent,
+    the process compiles the rest itself, which costs no more than waiting would.
+    """
+
+    def __init__(self) -> None:
+        self._spent = 0.0
+        self._warned = False
+        self._mutex = threading.Lock()
+
+    def take(self, wait: float) -> float:
+        """Reserve up to ``wait`` seconds (what is left of a budget of ``wait``: a process
+        whose waits add up to ``wait`` waits no more); the seconds granted, 0 when spent."""
+        with self._mutex:
+            granted = max(min(wait, wait - self._spent), 0.0)
+            self._spent += granted
+            warn = granted <= 0 < wait and not self._warned
+            self._warned = self._warned or warn
+        if warn:
+            log.warning(
+                "mlpjit: this process has waited %.1f s in all for other nodes' compiles "
+                "(MLPJIT_LOCK_TIMEOUT); compiling the rest here without waiting",
+                wait,
+            )
+        return granted
+
+    def give_back(self, seconds: float) -> None:
+        """Return the unused part of a reservation."""
+        with self._mutex:
+            self._spent = max(self._spent - max(seconds, 0.0), 0.0)
+
+
+_WAIT_BUDGET = WaitBudget()  # one per process: see WaitBudget
 _UNSIGNED_WARNED = False  # this process was told that its fleet cache is not authenticated
 _UNSIGNED_MUTEX = threading.Lock()
 
@@ -62,7 +101,8 @@ class Flight:
     entry set: another node's entry, verified and published locally: use it.
     busy: the wait was 0 and another node holds the key's lock: come back later.
     neither: compile, publish, and call after_compile before leaving the with block (this
-    process holds the remote lock, Redis is unavailable, or the wait timed out).
+    process holds the remote lock, Redis is unavailable, or the wait timed out or was
+    skipped because the process's waits used up their budget: WaitBudget).
     """
 
     entry: Entry | None = None
@@ -125,8 +165,10 @@ class RemoteLayer:
         """Fetch ``key``, else take its cluster-wide lock for one compile (see Flight).
 
         ``wait``: seconds to wait for another node's compile (polling the entry and the
-        lock); 0: do not wait (Flight.busy if another node holds the lock). The lock is
-        released on leaving the block, so the upload must happen inside it.
+        lock); 0: do not wait (Flight.busy if another node holds the lock). The waits of all
+        calls in a process add up to ``wait`` at most (WaitBudget); after that a key whose
+        lock another node holds is compiled here at once. The lock is released on leaving
+        the block, so the upload must happen inside it.
         """
         found = self._fetch(key)
         if isinstance(found, Entry):
@@ -151,6 +193,18 @@ class RemoteLayer:
             return Flight(entry=None if rejected else self.lookup(key))
         if wait <= 0:
             return Flight(busy=True)
+        budget = _WAIT_BUDGET
+        granted = budget.take(wait)
+        if granted <= 0:
+            return Flight()  # the process has waited enough: compile here
+        t0 = time.monotonic()
+        try:
+            return self._wait(lock, key, granted, rejected)
+        finally:
+            budget.give_back(granted - (time.monotonic() - t0))
+
+    def _wait(self, lock: RemoteLock, key: str, wait: float, rejected: bool) -> Flight:
+        """Wait at most ``wait`` seconds for ``lock`` or for the entry (see _contend)."""
         deadline = time.monotonic() + wait
         attempt = 0
         while True:

@@ -8,7 +8,7 @@ under a key must not switch the whole remote off (as a WRONGTYPE error would).
 
 from __future__ import annotations
 
-__all__ = ["ALIAS", "DISCARD", "FETCH", "INCR", "RELEASE", "RENEW"]
+__all__ = ["ACQUIRE", "ALIAS", "COUNTERS", "DISCARD", "FETCH", "INCR", "RELEASE", "RENEW"]
 
 # Reads the fields of an entry hash (manifest, cubin and the optional signature), refusing
 # a wrong type, a missing field or one over its cap on the server, so an oversized value
@@ -46,11 +46,28 @@ end
 return 0
 """
 
-# The value of a string key (an alias), or nothing for an absent key or one of another type.
-# KEYS[1] alias.
+# The value of a string key (an alias), or nothing for an absent key or one of another
+# type; {'bad', why} for a value over the cap, which is never read.
+# KEYS[1] alias; ARGV[1] the longest alias in bytes.
 ALIAS = """
 if redis.call('TYPE', KEYS[1]).ok ~= 'string' then return false end
+local n = redis.call('STRLEN', KEYS[1])
+if n > tonumber(ARGV[1]) then return {'bad', 'its value is ' .. n .. ' bytes, over the cap'} end
 return redis.call('GET', KEYS[1])
+"""
+
+# The values of counters (string keys), each nothing when absent, of another type or longer
+# than the cap: only what can be a count crosses the network.
+# KEYS counters; ARGV[1] the longest count in bytes.
+COUNTERS = """
+local out = {}
+for i, name in ipairs(KEYS) do
+  out[i] = false
+  if redis.call('TYPE', name).ok == 'string' then
+    if redis.call('STRLEN', name) <= tonumber(ARGV[1]) then out[i] = redis.call('GET', name) end
+  end
+end
+return out
 """
 
 # INCR that answers 0 instead of failing when the counter holds something that is not an
@@ -61,16 +78,55 @@ if type(n) == 'table' then return 0 end
 return n
 """
 
+# Takes a compile lock. A live holder's value is a token like ours (as long, lowercase hex)
+# with an expiry no longer than the longest lock TTL; anything else under the key (no expiry,
+# another value, another type, a year's expiry) was not written by a holder that renews it,
+# so waiting for it to go away could take forever: it is replaced. The token is checked by
+# length before it is read, so a huge value never leaves the server.
+# KEYS[1] lock; ARGV[1] token, ARGV[2] expiry in milliseconds, ARGV[3] longest live expiry.
+# Returns 1 (taken), 0 (a live holder has it) or 2 (taken over from a value nobody holds).
+ACQUIRE = """
+local t = redis.call('TYPE', KEYS[1]).ok
+if t == 'none' then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if t == 'string' and redis.call('STRLEN', KEYS[1]) == #ARGV[1] then
+  local ttl = redis.call('PTTL', KEYS[1])
+  local value = redis.call('GET', KEYS[1])
+  if ttl > 0 and ttl <= tonumber(ARGV[3]) and string.match(value, '^[0-9a-f]+$') then
+    return 0
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 2
+"""
+
+# True if the lock holds our token. A value of another type or length is not read.
+_OURS = """
+local function ours()
+  return redis.call('TYPE', KEYS[1]).ok == 'string'
+    and redis.call('STRLEN', KEYS[1]) == #ARGV[1]
+    and redis.call('GET', KEYS[1]) == ARGV[1]
+end
+"""
+
 # Extends the lock's expiry if it still holds our token. KEYS[1] lock; ARGV[1] token,
 # ARGV[2] expiry in milliseconds.
-RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+RENEW = (
+    _OURS
+    + """
+if ours() then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
 """
+)
 
 # Deletes the lock if it still holds our token (never another owner's). KEYS[1] lock;
 # ARGV[1] token.
-RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+RELEASE = (
+    _OURS
+    + """
+if ours() then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+)
