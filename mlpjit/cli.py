@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
 
 from mlpjit.errors import MlpjitError
+from mlpjit.jit.bounds import bounded
 from mlpjit.models import LAYERS, PRESET_NAMES, PRESETS, get_preset
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ __all__ = [
 # Largest token count `warm --tokens` takes. The kernels take 1-8 tokens and larger counts
 # run the stock path (no kernel to warm), so this only bounds typos such as 1-99999999.
 MAX_WARM_TOKENS = 1024
+MAX_SIZE = 1 << 60  # --max-size: 1 EiB, far above any disk
 # Largest `warm --from` file read: a request line is ~300 bytes, so this is ~200k lines.
 MAX_REQUESTS_BYTES = 64 << 20
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -62,13 +64,21 @@ _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 # --------------------------------------------------------------------- value parsers
 
 
-def parse_size(text: str) -> int:
-    """'500M', '2G', '1.5GiB', '4096' -> bytes (binary multiples); ValueError otherwise."""
+def parse_size(text: str, what: str = "--max-size") -> int:
+    """'500M', '2G', '1.5GiB', '4096' -> bytes (binary multiples) in [0, MAX_SIZE];
+    ValueError naming ``what`` and the allowed range otherwise."""
     match = _SIZE_RE.match(text)
     if not match:
-        raise ValueError(f"size must look like 4096, 500K, 500M, 2G or 1T, got {text!r}")
-    number, unit = float(match.group(1)), match.group(2).lower()
-    return int(number * 1024 ** " kmgt".index(unit or " "))
+        raise ValueError(f"{what} must look like 4096, 500K, 500M, 2G or 1T, got {text!r}")
+    scale = 1024 ** " kmgt".index(match.group(2).lower() or " ")
+    try:
+        number = bounded(match.group(1), what, 0, MAX_SIZE / scale)
+    except ValueError:
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise ValueError(
+            f"{what} must be a size from 0 to {MAX_SIZE >> 40}T, got {shown!r}"
+        ) from None
+    return min(int(number * scale), MAX_SIZE)
 
 
 def parse_age(text: str) -> float:
@@ -367,7 +377,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     data = verify_cache(_cache_store())
 
     def lines() -> list[str]:
-        out = [f"{b['key'][:12]}: BAD, {b['action']}: {b['reason']}" for b in data["bad"]]
+        out = [
+            f"{b.get('path') or b['key'][:12]}: BAD, {b['action']}: {b['reason']}"
+            for b in data["bad"]
+        ]
         out.append(f"verified {data['checked']} entries: {data['ok']} ok, {len(data['bad'])} bad")
         return out
 
@@ -419,7 +432,8 @@ def _cmd_clear(args: argparse.Namespace) -> int:
 
     def lines() -> list[str]:
         busy = f", {len(data['busy'])} busy (being compiled, left alone)" if data["busy"] else ""
-        return [
+        repaired = [f"repaired {path} (removed: not a safe directory)" for path in data["repaired"]]
+        return repaired + [
             f"removed {len(data['removed'])} entries and {data['quarantine_removed']} "
             f"quarantined{busy}; " + _leftovers_text(data["leftovers"])
         ]

@@ -270,7 +270,7 @@ def _check_cache_dir() -> Check:
 
 def _check_layers() -> list[Check]:
     from mlpjit.jit import config
-    from mlpjit.jit.store import unsafe_dir_reason
+    from mlpjit.jit.store import tier_problem
 
     checks = []
     for layer in config.cache_path():
@@ -279,10 +279,16 @@ def _check_layers() -> list[Check]:
         if not layer.exists():
             checks.append(Check(name, WARN, "missing: skipped", {"path": str(layer)}))
             continue
-        reason = unsafe_dir_reason(Path(os.path.realpath(layer)))  # resolved, as the store does
-        if reason and "owned by" not in reason:  # layers may belong to another user
+        reason = tier_problem(Path(os.path.realpath(layer)))  # resolved, as the store does
+        if reason:
             checks.append(
-                Check(name, WARN, f"skipped by the store: {reason}", hint=f"chmod go-w {layer}")
+                Check(
+                    name,
+                    WARN,
+                    f"skipped by the store: {reason}",
+                    hint="a layer must be owned by you or root, and neither it nor a directory "
+                    "above it writable by other users (chmod go-w, or chmod +t above)",
+                )
             )
             continue
         entries_dir = layer / "v1" / "entries"

@@ -14,6 +14,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from entries import child_env, limit_memory
 
 from mlpjit.jit import archive as archive_module
 from mlpjit.jit.archive import ARCHIVE_VERSION, INDEX_NAME, export_archive, import_archive
@@ -414,9 +415,9 @@ def test_reads_past_the_cap_fail(tmp_path: Path) -> None:
             reader.read(50)
 
 
-def test_fifo_archive_is_refused_without_blocking(tmp_path: Path) -> None:
-    fifo = tmp_path / "a.tar"
-    os.mkfifo(fifo, 0o600)
+def _import_in_child(path: Path, target: Path) -> subprocess.CompletedProcess:
+    """import_archive in a child with a timeout and 1 GiB of address space; prints the
+    one-line ValueError, if any."""
     code = (
         "import sys\n"
         "from mlpjit.jit.archive import import_archive\n"
@@ -426,11 +427,83 @@ def test_fifo_archive_is_refused_without_blocking(tmp_path: Path) -> None:
         "except ValueError as err:\n"
         "    print(err)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(fifo), str(tmp_path / "target")],
+    return subprocess.run(
+        [sys.executable, "-c", code, str(path), str(target)],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=20,
+        preexec_fn=lambda: limit_memory(1 << 30),
+        env=child_env(),
     )
+
+
+def test_fifo_archive_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "a.tar"
+    os.mkfifo(fifo, 0o600)
+    proc = _import_in_child(fifo, tmp_path / "target")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "not a regular file" in proc.stdout and proc.stdout.count("\n") == 1
+
+
+@pytest.mark.parametrize("kind", ["fifo", "chardev", "directory"])
+def test_export_refuses_a_destination_that_is_not_a_regular_file(
+    source: CacheStore, tmp_path: Path, kind: str
+) -> None:
+    """`export /dev/null` as root must not replace the device: only a regular file (or a
+    symlink, replaced itself) may be overwritten."""
+    dest = tmp_path / "dest"
+    if kind == "fifo":
+        os.mkfifo(dest)
+    elif kind == "chardev":
+        os.mknod(dest, 0o666 | stat.S_IFCHR, os.stat("/dev/null").st_rdev)
+    else:
+        dest.mkdir()
+    before = os.lstat(dest)
+    with pytest.raises(ValueError, match="not a regular file") as err:
+        export_archive(source, dest)
+    assert "\n" not in str(err.value) and str(dest) in str(err.value)
+    after = os.lstat(dest)
+    assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["dest"]  # no temp file left
+
+
+def _raw_header(name: str, size: int, kind: bytes) -> bytes:
+    """One 512-byte tar header claiming ``size`` bytes of content."""
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.type = kind
+    return info.tobuf(format=tarfile.GNU_FORMAT)
+
+
+@pytest.mark.parametrize("kind", [tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME])
+def test_a_huge_extended_header_is_refused_before_it_is_read(tmp_path: Path, kind: bytes) -> None:
+    """A 1 GiB PAX or long-name header is refused from its size field, in constant memory."""
+    path = tmp_path / "a.tar"
+    size = 1 << 30
+    with open(path, "wb") as out:
+        out.write(_raw_header("././@hdr", size, kind))
+        out.truncate(512 + size + 1024)  # sparse: no disk used
+    proc = _import_in_child(path, tmp_path / "target")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "header" in proc.stdout and "byte limit" in proc.stdout, proc.stdout
+    assert not (tmp_path / "target").exists()
+
+
+def test_too_many_members_are_refused_before_they_are_parsed(tmp_path: Path) -> None:
+    path = tmp_path / "a.tar"
+    with open(path, "wb") as out:
+        for i in range(archive_module.MAX_MEMBERS + 1):
+            out.write(_raw_header(f"entries/{i:064x}.json", 0, tarfile.REGTYPE))
+        out.write(b"\0" * 1024)
+    proc = _import_in_child(path, tmp_path / "target")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"more than {archive_module.MAX_MEMBERS} members" in proc.stdout, proc.stdout
+
+
+def test_a_member_over_its_cap_is_refused_from_its_header(tmp_path: Path) -> None:
+    path = tmp_path / "a.tar"
+    with open(path, "wb") as out:
+        out.write(_raw_header("entries/" + "a" * 64 + ".json", 1 << 30, tarfile.REGTYPE))
+        out.truncate(512 + (1 << 30) + 1024)
+    proc = _import_in_child(path, tmp_path / "target")
+    assert "byte limit" in proc.stdout and "Traceback" not in proc.stderr, proc.stderr

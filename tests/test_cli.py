@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from entries import child_env
 from redis_server import PASSWORD, RedisServer, free_port, start_redis, write_key_file
 
 from mlpjit import cli
@@ -106,6 +107,21 @@ def test_value_parsers() -> None:
     for bad in (f"1-{MAX_WARM_TOKENS + 1}", "1-99999999999", "8,99999999999999999999"):
         with pytest.raises(ValueError, match=f"--tokens must be within 1-{MAX_WARM_TOKENS}"):
             parse_tokens(bad)
+
+
+@pytest.mark.parametrize(
+    "size", ["1" + "0" * 400 + "T", "1e400", "9" * 41, "99999999999999999999T"]
+)
+def test_huge_max_size_is_a_one_line_error(tmp_path: Path, size: str) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "mlpjit", "cache", "prune", "--max-size", size],
+        capture_output=True,
+        text=True,
+        env=child_env(MLPJIT_CACHE_DIR=str(tmp_path / "cache")),
+        timeout=60,
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "--max-size must" in run.stderr and len(run.stderr.strip().splitlines()) == 1
 
 
 # ------------------------------------------------------------------ warm and inspect

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,8 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+from entries import paths, publish, run_cli, sentinel, sentinel_intact
 
 from mlpjit.jit import scratch
+from mlpjit.jit.key import spec_key
+from mlpjit.jit.maintenance import prune_cache
 from mlpjit.jit.manager import CompileManager
 from mlpjit.jit.store import CacheStore
 
@@ -295,3 +299,92 @@ def test_pid_alive():
     assert not scratch.pid_alive(proc.pid)
     with pytest.raises(ValueError, match="scratch kind"):
         scratch.scratch_prefix("nope")
+
+
+# --------------------------------------------------------------------- hostile cache states
+
+
+@pytest.mark.parametrize("area", ["quarantine", "aliases", "tmp", "locks", "entries", "shard"])
+def test_clear_never_follows_a_symlinked_area_and_repairs_it(cache_dir, tmp_path, area):
+    key, _, _ = publish(cache_dir)
+    outside = sentinel(tmp_path)
+    CacheStore().quarantine(key, "test")  # something in quarantine
+    publish(cache_dir, 1)
+    path = cache_dir / "v1" / area if area != "shard" else cache_dir / "v1" / "entries" / "ab"
+    if path.exists():
+        shutil.rmtree(path)
+    path.symlink_to(outside)
+    run = run_cli(cache_dir, "cache", "clear")
+    assert run.returncode == 0, run.stderr
+    assert sentinel_intact(outside) and not path.is_symlink()
+    assert run_cli(cache_dir, "cache", "verify").returncode == 0
+
+
+def test_prune_sizes_come_from_the_files(cache_dir):
+    """A manifest's unchecked cubin_bytes never decides what prune deletes."""
+    keys = [publish(cache_dir, i)[0] for i in range(4)]
+    bad = publish(cache_dir, 9)[0]
+    mpath = paths(cache_dir, bad)[0]
+    manifest = json.loads(mpath.read_text())
+    manifest["cubin_bytes"] = 10**400
+    mpath.write_text(json.dumps(manifest))
+    report = prune_cache(CacheStore(), max_bytes=1 << 40)
+    assert report["removed"] == [] and report["remaining_entries"] == 5
+    assert report["remaining_bytes"] == sum(
+        paths(cache_dir, k)[1].stat().st_size for k in [*keys, bad]
+    )
+    assert all(CacheStore().lookup(k) is not None for k in keys)
+
+
+@pytest.mark.parametrize("where", ["aliases", "quarantine", "tmp", "shard"])
+@pytest.mark.parametrize("command", ["clear", "prune"])
+def test_a_fifo_in_the_cache_hangs_nothing(cache_dir, where, command):
+    key, components, _ = publish(cache_dir)
+    if where == "aliases":
+        fifo = cache_dir / "v1" / "aliases" / spec_key(components)
+        fifo.unlink()
+    elif where == "shard":
+        fifo = paths(cache_dir, key)[1].with_name("f" * 64 + ".json")
+    else:
+        (cache_dir / "v1" / where).mkdir(exist_ok=True)
+        fifo = cache_dir / "v1" / where / "fifo"
+    os.mkfifo(fifo)
+    args = ["cache", command] + (["--max-size", "1T"] if command == "prune" else [])
+    run = run_cli(cache_dir, *args)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    if command == "clear" and where in ("aliases", "quarantine"):
+        assert not os.path.lexists(fifo)
+
+
+def test_huge_manifest_numbers_break_no_command(cache_dir):
+    """created/last_used/cubin_bytes are outside the checksum: ls, stats, prune and info read
+    them clamped (sizes from the files), whatever a manifest holds."""
+    key = publish(cache_dir)[0]
+    mpath = paths(cache_dir, key)[0]
+    manifest = json.loads(mpath.read_text())
+    manifest.update(created=1e300, last_used=1e300, cubin_bytes=10**400)
+    mpath.write_text(json.dumps(manifest))
+    for args in (
+        ["ls"],
+        ["ls", "--json"],
+        ["stats"],
+        ["info", key[:8]],
+        ["prune", "--max-size", "1T"],
+    ):
+        run = run_cli(cache_dir, "cache", *args)
+        assert run.returncode == 0 and "Traceback" not in run.stderr, (args, run.stderr)
+
+
+def test_verify_sees_a_symlinked_shard_and_clear_repairs_it(cache_dir, tmp_path):
+    key = publish(cache_dir)[0]
+    shard = paths(cache_dir, key)[0].parent
+    elsewhere = tmp_path / "elsewhere"
+    shard.rename(elsewhere)
+    shard.symlink_to(elsewhere)
+    run = run_cli(cache_dir, "cache", "verify", "--json")
+    assert run.returncode != 0, run.stdout
+    assert str(shard) in run.stdout and "symlink" in run.stdout
+    assert run_cli(cache_dir, "cache", "clear").returncode == 0
+    assert not shard.is_symlink() and (elsewhere / f"{key}.json").exists()
+    assert run_cli(cache_dir, "cache", "verify").returncode == 0
+    publish(cache_dir)  # and the cache works again

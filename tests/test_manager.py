@@ -6,12 +6,14 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
 
 import pytest
+from entries import hostile_file, run_python
 
 from mlpjit.errors import CaptureError, CompilerUnavailableError, MlpjitError
 from mlpjit.jit import key as keymod
@@ -370,3 +372,41 @@ def test_a_remote_layer_must_be_over_the_managers_store(tmp_path):
         CompileManager(CacheStore(root=tmp_path / "b", layers=()), remote=layer)
     stats = CompileManager(remote=layer).stats
     assert (stats.remote_hits, stats.remote_rejects, stats.uploads) == (0, 0, 0)
+
+
+_GET_SMOKE = """
+import mlpjit.testing.smoke
+from mlpjit.jit.manager import CompileManager
+from mlpjit.jit.spec import KernelRequest
+CompileManager().get(KernelRequest("smoke", {"n": 1024, "scale": 2.0, "block": 128}, "sm_90a"))
+"""
+
+
+@pytest.mark.parametrize("how", ["symlink", "other-owner", "fifo", "group-writable"])
+def test_record_file_is_never_followed_or_shared(cache_dir, tmp_path, how):
+    """MLPJIT_RECORD is appended to only if it is our own regular file (or made by us): never
+    through another user's symlink, never to a FIFO (no hang)."""
+    record = tmp_path / "needed.jsonl"
+    victim = tmp_path / "root-only"
+    victim.write_text("secret\n")
+    os.chmod(victim, 0o600)
+    hostile_file(record, how, victim)  # a symlink: another user's link to a file only we write
+    run = run_python(
+        _GET_SMOKE, timeout=120, MLPJIT_CACHE_DIR=str(cache_dir), MLPJIT_RECORD=str(record)
+    )
+    assert run.returncode == 0, run.stderr
+    assert "MLPJIT_RECORD" in run.stderr and "Traceback" not in run.stderr
+    assert victim.read_text() == "secret\n"
+    if how in ("other-owner", "group-writable"):
+        assert record.read_text() == ""
+
+
+def test_record_file_is_created_private(cache_dir, smoke_request, monkeypatch, tmp_path):
+    record = tmp_path / "needed.jsonl"
+    monkeypatch.setenv("MLPJIT_RECORD", str(record))
+    old = os.umask(0)
+    try:
+        CompileManager().get(smoke_request(0))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600 and record.read_text().count("\n") == 1

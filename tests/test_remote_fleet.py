@@ -208,3 +208,20 @@ def test_a_process_with_an_unusable_remote_warns_once_and_compiles_locally(
     assert len(lines) == 1 and "continuing with the local cache only" in lines[0], err
     assert PASSWORD not in err and "wrong-pass" not in err
     verify_node(CacheStore(tmp_path / "node0", layers=()), set(smoke_keys().values()))
+
+
+def test_push_uploads_nothing_from_an_untrusted_layer(redis_server, tmp_path):
+    """A read-only layer another user owns is not trusted, so push never spreads its
+    entries to the fleet; our own entries still go."""
+    from entries import OTHER_UID, publish
+
+    from mlpjit.jit.remote import RemoteCache, push
+
+    layer = tmp_path / "layer"
+    planted = publish(layer, 1)[0]
+    for path in [layer, *layer.rglob("*")]:
+        os.chown(path, OTHER_UID, OTHER_UID)
+    ours = publish(tmp_path / "root", 2)[0]
+    store = CacheStore(root=tmp_path / "root", layers=[layer])
+    report = push(store, RemoteCache(redis_server.url()))
+    assert report["pushed"] == [ours] and planted not in report["missing"]

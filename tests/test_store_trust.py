@@ -1,7 +1,7 @@
 """The store's trust rules (docs/SERVER.md, Security model) against hostile files and dirs.
 
 No mocks: real symlinks, FIFOs, /dev/zero, chown to another uid (the tests run as root, so
-"another user" is uid 12345 and permission denial cannot be used), and child processes with
+"another user" is uid nobody and permission denial cannot be used), and child processes with
 a timeout and a memory limit wherever a regression would hang or eat memory.
 """
 
@@ -10,59 +10,27 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from entries import OTHER_UID, as_other_user, limit_memory, made, paths, publish, world_dir
 
 from mlpjit.errors import CacheDirError
-from mlpjit.jit.binary import KernelBinary, KernelParam
-from mlpjit.jit.key import cache_key, canonical_json, key_components, spec_key
+from mlpjit.jit.binary import KernelBinary
+from mlpjit.jit.key import canonical_json, spec_key
 from mlpjit.jit.store import MAX_CUBIN_BYTES, CacheStore
-from mlpjit.testing.smoke import SPEC as SMOKE
 
-OTHER_UID = 12345
 CHILD_TIMEOUT = 30
 
-
-def _made(i: int = 0) -> tuple[str, dict, KernelBinary]:
-    """A hand-made entry (no compile) that uses every launch field, cluster included."""
-    components = key_components(SMOKE, {"n": 1024 + i, "scale": 2.0, "block": 128}, "sm_90a")
-    binary = KernelBinary(
-        cubin=b"\x7fELF" + bytes([i % 256]) * 64 + os.urandom(8),
-        symbol=f"kernel_{i}",
-        grid=(8, 2, 1),
-        block=(128, 1, 1),
-        smem_bytes=4096,
-        pdl=True,
-        params=(KernelParam("out", "ptr"), KernelParam("n", "i32"), KernelParam("s", "f32")),
-        cluster=(2, 1, 1),
-    )
-    return cache_key(components), components, binary
-
-
-def _publish(root: Path, i: int = 0) -> tuple[str, dict, KernelBinary]:
-    made = _made(i)
-    assert CacheStore(root=root, layers=()).publish(*made, 0.1).persisted
-    return made
-
-
-def _paths(root: Path, key: str) -> tuple[Path, Path]:
-    shard = root / "v1" / "entries" / key[:2]
-    return shard / f"{key}.json", shard / f"{key}.cubin"
+_made, _publish, _paths, _limit_memory = made, publish, paths, limit_memory
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-
-
-def _limit_memory() -> None:
-    """In the child: at most 2 GiB of address space, so reading /dev/zero fails fast."""
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 
 
 _CHILD = """
@@ -146,17 +114,79 @@ def test_unsafe_aliases_dir_of_a_layer_is_not_used(tmp_path, cache_dir, how):
     assert store.lookup(key) is not None  # the entry itself is still fine
 
 
-def test_layer_owned_by_its_builder_is_served(tmp_path, cache_dir):
-    """Directories and files owned by the layer root's owner (or root) are trusted."""
+def test_layer_owned_by_root_is_served_one_owned_by_another_user_is_not(tmp_path, cache_dir):
+    """A layer is trusted by the writable root's rule: owned by us or root, nobody else."""
     layer = tmp_path / "layer"
     key, components, binary = _publish(layer)
+    os.chown(_paths(layer, key)[1], 0, 0)  # root-owned files are trusted
+    entry = CacheStore(layers=[layer]).lookup(key)
+    assert entry is not None and entry.origin == layer and entry.binary() == binary
     for path in [layer, *layer.rglob("*")]:
         os.chown(path, OTHER_UID, OTHER_UID)
-    os.chown(_paths(layer, key)[1], 0, 0)  # root-owned files are trusted as well
     store = CacheStore(layers=[layer])
-    entry = store.lookup(key)
-    assert entry is not None and entry.origin == layer and entry.binary() == binary
-    assert store.lookup_alias(spec_key(components)).key == key
+    assert store.lookup(key) is None and store.lookup_alias(spec_key(components)) is None
+    assert dict(store.iter_manifests()) == {}
+
+
+@pytest.mark.parametrize(
+    "mode, owner", [(0o777, 0), (0o770, 0), (0o757, 0), (0o1777, OTHER_UID)], ids=str
+)
+def test_layer_inside_a_dir_others_can_write_is_skipped(tmp_path, cache_dir, caplog, mode, owner):
+    """Whoever can write a directory above a layer can rename it away and put theirs there."""
+    shared = tmp_path / "shared"
+    layer = shared / "deep" / "layer"
+    key, _, _ = _publish(layer)
+    os.chmod(shared, mode)
+    os.chown(shared, owner, owner)
+    store = CacheStore(layers=[layer])
+    with caplog.at_level(logging.WARNING, logger="mlpjit"):
+        assert store.lookup(key) is None and dict(store.iter_manifests()) == {}
+    assert len(_warnings(caplog)) == 1 and str(shared) in _warnings(caplog)[0]
+
+
+def test_layer_inside_a_sticky_dir_of_root_is_served(tmp_path, cache_dir):
+    sticky = tmp_path / "sticky"
+    layer = sticky / "layer"
+    key, _, binary = _publish(layer)
+    os.chmod(sticky, 0o1777)
+    assert CacheStore(layers=[layer]).lookup(key).binary() == binary
+
+
+_PLANT = """
+import sys
+from pathlib import Path
+from entries import publish
+become_other_user()
+print(publish(Path(sys.argv[1]))[0])
+"""
+
+
+def test_missing_layer_filled_by_another_user_later_is_never_trusted(cache_dir):
+    """A layer path that is missing when the store starts is skipped for good: another user
+    who creates it later with self-consistent entries gets none of them served."""
+    shared = world_dir("layer")
+    try:
+        layer = shared / "layer"
+        store = CacheStore(layers=[layer])
+        assert store.lookup(made(0)[0]) is None
+        planted = as_other_user(_PLANT, str(layer))
+        assert planted.returncode == 0, planted.stderr
+        key = planted.stdout.strip()
+        assert os.stat(layer).st_uid == OTHER_UID
+        assert store.lookup(key) is None and dict(store.iter_manifests()) == {}
+        assert store.lookup_alias(spec_key(made(0)[1])) is None
+        assert CacheStore(layers=[layer]).lookup(key) is None  # another user's: never
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_missing_layer_is_not_trusted_later_even_if_ours(tmp_path, cache_dir):
+    layer = tmp_path / "layer"
+    store = CacheStore(layers=[layer])
+    assert store.lookup(made(0)[0]) is None
+    key, _, binary = _publish(layer)
+    assert store.lookup(key) is None  # what was checked (nothing) is what is used
+    assert CacheStore(layers=[layer]).lookup(key).binary() == binary
 
 
 @pytest.mark.parametrize("name", ["cubin", "manifest"])

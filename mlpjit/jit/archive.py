@@ -27,13 +27,14 @@ archive is checked for integrity, not authenticity: whoever imports it trusts it
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
 import re
+import stat
 import tarfile
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ from typing import Any
 
 from mlpjit.errors import CorruptEntryError
 from mlpjit.jit.key import canonical_json, short_key
+from mlpjit.jit.safe_fs import create_exclusive_at, lstat_at, open_dir, replace_at
 from mlpjit.jit.safe_read import loads_json, open_regular
 from mlpjit.jit.store import (
     MAX_CUBIN_BYTES,
@@ -54,6 +56,9 @@ from mlpjit.jit.store import (
 
 __all__ = [
     "ARCHIVE_VERSION",
+    "MAX_ENTRIES",
+    "MAX_HEADER_BYTES",
+    "MAX_MEMBERS",
     "ExportReport",
     "ImportReport",
     "export_archive",
@@ -71,6 +76,21 @@ ARCHIVE_MODE = 0o644  # of an exported archive, whatever the umask
 # index, and the bytes read from the whole archive.
 MAX_JSON_BYTES = 16 << 20
 MAX_ARCHIVE_BYTES = 4 << 30
+# Far above any real cache (hundreds of kernels per model), and small enough that reading
+# the headers of a hostile archive stays a matter of seconds.
+MAX_ENTRIES = 8192
+MAX_MEMBERS = 2 * MAX_ENTRIES + 1  # a cubin and a manifest per entry, and the index
+# Extended headers (PAX, GNU long names) an archive may hold: export writes none (its names
+# fit a plain header), a real one needs a path of ~80 bytes and a few fields.
+MAX_HEADER_BYTES = 4096
+_EXTENDED_TYPES = {
+    tarfile.XHDTYPE: "PAX",
+    tarfile.XGLTYPE: "PAX global",
+    tarfile.SOLARIS_XHDTYPE: "Solaris extended",
+    tarfile.GNUTYPE_LONGNAME: "GNU long name",
+    tarfile.GNUTYPE_LONGLINK: "GNU long link",
+}
+_BLOCK = tarfile.BLOCKSIZE
 # Leading bytes of the compressed formats tarfile would otherwise unpack ("r:*").
 _COMPRESSED_MAGIC = (
     (b"\x1f\x8b", "gzip"),
@@ -171,6 +191,11 @@ def export_archive(
         missing = sorted(wanted - {e["key"] for e in index})
         if missing:
             raise ValueError(f"keys not in the cache: {', '.join(short_key(k) for k in missing)}")
+    if len(index) > MAX_ENTRIES:
+        raise ValueError(
+            f"the cache holds {len(index)} entries, more than an archive may hold "
+            f"({MAX_ENTRIES}); prune it first"
+        )
     header = {"format": ARCHIVE_FORMAT, "version": ARCHIVE_VERSION, "entries": index}
     members.insert(0, (INDEX_NAME, json.dumps(header, sort_keys=True, indent=1).encode()))
     report.entries = len(index)
@@ -181,25 +206,38 @@ def export_archive(
 def _write_archive(path: Path, members: list[tuple[str, bytes]]) -> int:
     """Write ``members`` as a tar at ``path`` atomically, mode 0644; returns its size.
 
-    mkstemp creates the temp file with O_EXCL and a random name, so a file or symlink that
-    someone planted in the destination directory is never written through; os.replace
-    then swaps the finished archive in (replacing a symlink at ``path``, not its target).
+    Everything happens through an fd of the destination's directory: a destination that
+    exists and is neither a regular file nor a symlink (a device, FIFO, socket or
+    directory: `export /dev/null` as root) is refused with a one-line ValueError; the temp
+    file is created exclusively with a random name (never through a planted file or
+    symlink), then renamed over ``path`` (a symlink there is replaced, not its target).
     """
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(name)
+    dir_fd = open_dir(path.parent if str(path.parent) else Path("."), follow_symlinks=True)
     try:
-        with os.fdopen(fd, "wb") as out:
-            os.fchmod(out.fileno(), ARCHIVE_MODE)
-            with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for member, data in members:
-                    _add(tar, member, data)
-            out.flush()
-            os.fsync(out.fileno())
-            size = out.tell()
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        st = lstat_at(dir_fd, path.name)
+        if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            raise ValueError(
+                f"export destination {path} exists and is not a regular file "
+                f"({stat.filemode(st.st_mode)}); name a new or regular file"
+            )
+        fd, tmp = create_exclusive_at(dir_fd, f".{path.name}.", ".tmp", ARCHIVE_MODE)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                    for member, data in members:
+                        _add(tar, member, data)
+                out.flush()
+                os.fsync(out.fileno())
+                size = out.tell()
+            replace_at(dir_fd, tmp, path.name)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+        with contextlib.suppress(OSError):
+            os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
     return size
 
 
@@ -315,6 +353,8 @@ def import_archive(store: CacheStore, path: Path) -> ImportReport:
     """
     path = Path(path)
     with _open_archive(path) as raw:
+        _scan_headers(raw, path)
+        raw.seek(0)
         try:
             with tarfile.open(fileobj=raw, mode="r:") as tar:
                 return _import(store, tar, path)
@@ -322,6 +362,49 @@ def import_archive(store: CacheStore, path: Path) -> ImportReport:
             raise ValueError(
                 f"{path} is not a readable tar archive ({_one_line(err)}); {_EXPORT_HINT}"
             ) from None
+
+
+def _scan_headers(raw: io.RawIOBase, path: Path) -> None:
+    """Check every tar header's size field before tarfile reads anything behind it.
+
+    tarfile reads an extended header (PAX, GNU long name) into memory whole and parses each
+    member's header before anything can be checked, so a 1 GiB PAX header or 300,000 empty
+    members would cost gigabytes or minutes. This walk reads only the 512-byte headers:
+    ValueError (one line) for an extended header over MAX_HEADER_BYTES, a member over the
+    largest member cap, or more than MAX_MEMBERS members. A header it cannot parse ends the
+    walk: tarfile then reports the damage itself.
+    """
+    offset = members = 0
+    while True:
+        raw.seek(offset)
+        block = raw.read(_BLOCK)
+        if block is None or len(block) < _BLOCK or block == bytes(_BLOCK):
+            return
+        try:
+            info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+        except tarfile.HeaderError:
+            return
+        if info.size < 0:
+            raise ValueError(f"archive {path} rejected: a header has a negative size")
+        kind = _EXTENDED_TYPES.get(info.type)
+        if kind is not None and info.size > MAX_HEADER_BYTES:
+            raise ValueError(
+                f"archive {path} rejected: a {kind} header of {info.size} bytes, over the "
+                f"{MAX_HEADER_BYTES} byte limit"
+            )
+        if kind is None:
+            members += 1
+            if members > MAX_MEMBERS:
+                raise ValueError(
+                    f"archive {path} rejected: more than {MAX_MEMBERS} members (an archive holds "
+                    f"at most {MAX_ENTRIES} entries)"
+                )
+            if info.size > MAX_CUBIN_BYTES:
+                raise ValueError(
+                    f"archive {path} rejected: member {info.name!r} is {info.size} bytes, over "
+                    f"the {MAX_CUBIN_BYTES} byte limit"
+                )
+        offset += _BLOCK + -(-info.size // _BLOCK) * _BLOCK
 
 
 class _CappedReader(io.RawIOBase):

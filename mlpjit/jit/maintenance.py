@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlpjit.errors import CacheDirError
+from mlpjit.jit.safe_fs import opened_dir, remove_at
+from mlpjit.jit.safe_read import read_regular
 from mlpjit.jit.scratch import pid_alive, remove_dead_scratch
-from mlpjit.jit.store import CacheStore, is_key, same_file
+from mlpjit.jit.store import MAX_ALIAS_BYTES, CacheStore, is_key, same_file, tier_problem
 
 if TYPE_CHECKING:
     from mlpjit.jit.remote import RemoteCache
@@ -37,6 +39,7 @@ __all__ = [
     "find_entry",
     "prune_cache",
     "remove_leftovers",
+    "repair_layout",
     "verify_cache",
 ]
 
@@ -47,9 +50,6 @@ LIVE_TEMP_MAX_AGE = 600.0
 # the key lock publishes without holding it (manager._miss), so the lock alone cannot prove
 # that a cubin without a manifest is abandoned: it must also be older than this.
 ORPHAN_MIN_AGE = 60.0
-# Alias files hold a key and a newline; read no more than this of one.
-_ALIAS_MAX_BYTES = 256
-
 # CacheStore._write_temp names start with the writer's pid and a dot ("<pid>.<random>").
 _TEMP_PID_RE = re.compile(r"^(\d{1,10})\.")
 
@@ -138,8 +138,19 @@ def verify_cache(store: CacheStore) -> dict[str, Any]:
 
     A bad entry in a read-only layer cannot be moved: it is reported (and skipped by every
     lookup). Verification goes through CacheStore.lookup, the same check every load does.
+    Directories every access refuses (the root's layout, CacheStore.layout_problems, and
+    layers failing the tier rule) are reported too, each as {"path", "action", "reason"}.
     """
     checked, bad = 0, []
+    for path, reason in store.layout_problems():
+        action = "refused by every access (`mlpjit cache clear` repairs it)"
+        bad.append({"key": "", "path": str(path), "action": action, "reason": reason})
+    for layer in store.layers:
+        problem = tier_problem(layer)
+        if problem not in (None, "missing"):
+            action = "skipped (read-only layer)"
+            bad.append({"key": "", "path": str(layer), "action": action, "reason": problem})
+    dirs = len(bad)
     for key, manifest in list(store.iter_manifests()):
         checked += 1
         origin = manifest.get("origin")
@@ -156,7 +167,7 @@ def verify_cache(store: CacheStore) -> dict[str, Any]:
                 "reason": manifest.get("error", "failed verification (sha256, size or key)"),
             }
         )
-    return {"checked": checked, "ok": checked - len(bad), "bad": bad}
+    return {"checked": checked, "ok": checked - (len(bad) - dirs), "bad": bad}
 
 
 def _root_entries(store: CacheStore) -> Iterator[tuple[str, float, int]]:
@@ -216,26 +227,60 @@ def prune_cache(
 
 
 def clear_cache(store: CacheStore, scratch_base: Path | None = None) -> dict[str, Any]:
-    """Remove every root entry (busy ones are left and reported), the quarantine and the
-    leftovers of killed processes (see remove_leftovers)."""
+    """Repair the root's layout (repair_layout), then remove every root entry (busy ones
+    are left and reported), the quarantine and the leftovers of killed processes (see
+    remove_leftovers)."""
+    repaired = repair_layout(store)
     removed, busy = [], []
     for key, _used, _size in list(_root_entries(store)):
         (removed if store.remove(key) else busy).append(key)
-    quarantine = store.area("quarantine")
-    dropped = 0
-    try:
-        held = list(quarantine.iterdir())
-    except OSError:
-        held = []
-    for item in held:  # keep the directory itself: the store checked it once already
-        shutil.rmtree(item, ignore_errors=True)
-        dropped += not item.exists()
     return {
+        "repaired": repaired,
         "removed": removed,
         "busy": busy,
-        "quarantine_removed": dropped,
+        "quarantine_removed": _empty_quarantine(store),
         "leftovers": remove_leftovers(store, scratch_base=scratch_base),
     }
+
+
+def _under_root(store: CacheStore, path: Path) -> tuple[str, ...]:
+    return path.relative_to(store.root).parts
+
+
+def repair_layout(store: CacheStore) -> list[str]:
+    """Remove each directory of the root's layout that every access refuses (a symlink is
+    unlinked itself, never followed; a directory of another owner or open to group/other
+    writes goes with its contents), so the store recreates it safely; returns their paths.
+
+    The parents are opened without following links, so nothing outside the root is touched.
+    """
+    repaired = []
+    for path, _reason in store.layout_problems():
+        try:
+            with opened_dir(store.root, *_under_root(store, path.parent)) as parent:
+                remove_at(parent, path.name)
+        except OSError:
+            continue
+        repaired.append(str(path))
+    return repaired
+
+
+def _empty_quarantine(store: CacheStore) -> int:
+    """Remove everything in v1/quarantine (kept itself) through dir fds; the count removed.
+
+    No link in it is followed and no FIFO or device is opened.
+    """
+    dropped = 0
+    try:
+        with opened_dir(store.root, "v1", "quarantine") as quarantine:
+            for name in os.listdir(quarantine):
+                try:
+                    dropped += remove_at(quarantine, name)
+                except OSError:
+                    continue
+    except OSError:
+        return 0
+    return dropped
 
 
 # --------------------------------------------------------------------- leftovers
@@ -257,6 +302,15 @@ def remove_leftovers(
         "stale_aliases": _remove_stale_aliases(store),
         "scratch_dirs": remove_dead_scratch(scratch_base, now),
     }
+
+
+def _usable(store: CacheStore, *parts: str) -> bool:
+    """Whether the root's v1/<parts> exists and passes the store's checks (one that does
+    not is left for `mlpjit cache clear` to repair)."""
+    try:
+        return store._root_dirs(*parts)
+    except CacheDirError:
+        return False
 
 
 def _listdir(path: Path) -> list[Path]:
@@ -289,7 +343,7 @@ def _temp_in_use(name: str, st: os.stat_result, now: float) -> bool:
 def _remove_temp_files(store: CacheStore, now: float) -> dict[str, int]:
     """Remove v1/tmp files no publish in flight can own (see _temp_in_use)."""
     removed = kept = 0
-    if not store._root_dirs("tmp"):
+    if not _usable(store, "tmp"):
         return {"removed": 0, "kept": 0}
     for path in _listdir(store.area("tmp")):
         try:
@@ -307,10 +361,10 @@ def _remove_temp_files(store: CacheStore, now: float) -> dict[str, int]:
 
 def _shards(store: CacheStore) -> Iterator[Path]:
     """The root's checked v1/entries/<xx> dirs."""
-    if not store._root_dirs("entries"):
+    if not _usable(store, "entries"):
         return
     for shard in _listdir(store.area("entries")):
-        if shard.is_dir() and store._root_dirs("entries", shard.name):
+        if _usable(store, "entries", shard.name):
             yield shard
 
 
@@ -348,10 +402,8 @@ def _remove_orphan_cubins(store: CacheStore, now: float) -> dict[str, int]:
 def _alias_target(path: Path) -> str | None:
     """The key an alias file names, or None if it names none (unreadable, not a key)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(_ALIAS_MAX_BYTES)
-        key = raw.decode("ascii").strip()
-    except (OSError, UnicodeDecodeError):
+        key = read_regular(path, MAX_ALIAS_BYTES)[0].decode("ascii").strip()
+    except (OSError, ValueError):  # a FIFO, device or link is refused unopened
         return None
     return key if is_key(key) else None
 
@@ -377,7 +429,7 @@ def _remove_stale_aliases(store: CacheStore) -> dict[str, int]:
     held is kept; an alias replaced since it was read is kept too (_unlink_if_same).
     """
     removed = kept = 0
-    if not store._root_dirs("aliases"):
+    if not _usable(store, "aliases"):
         return {"removed": 0, "kept": 0}
     for path in _listdir(store.area("aliases")):
         try:

@@ -41,6 +41,7 @@ from mlpjit.jit import config
 from mlpjit.jit.binary import KernelBinary
 from mlpjit.jit.capture import current_stream_capturing as _capturing
 from mlpjit.jit.key import cache_key, key_components, short_key, spec_key, toolchain
+from mlpjit.jit.safe_fs import open_append
 from mlpjit.jit.spec import KernelRequest, KernelSpec
 from mlpjit.jit.store import CacheStore, Entry
 
@@ -458,7 +459,11 @@ class CompileManager:
         )
 
     def _record(self, r: _KeyedRequest) -> None:
-        """Append the request to MLPJIT_RECORD once per process (O_APPEND: one line, atomic)."""
+        """Append the request to MLPJIT_RECORD once per process (O_APPEND: one line, atomic).
+
+        The file is created 0600; an existing one is used only if it is our own regular file
+        (never through a symlink, never a FIFO), else one warning and no record.
+        """
         path = config.record_file()
         if path is None:
             return
@@ -468,7 +473,7 @@ class CompileManager:
             self._recorded.add(r.key)
         line = r.request.to_json_line()
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = open_append(path)
             try:
                 os.write(fd, (line + "\n").encode())
             finally:

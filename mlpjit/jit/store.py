@@ -13,11 +13,12 @@ A cubin is code that will run in the caller's process (trust rules: docs/SERVER.
 
 - Every load re-verifies the key, the cubin's sha256 and the manifest's launch_sha256 (over
   symbol, grid, block, shared memory, PDL, parameters, cluster), for the root and layers alike.
-- Paths are resolved once, at construction; the root must be ours and not writable by
-  others, and no directory above it may let other users rename it away (group/other
-  writable without the sticky bit). Every directory from a root down to an entry is
-  checked: the writable root's must be ours, a layer's ours, root's or the layer owner's,
-  none writable by group/other, none a symlink.
+- Paths are resolved once, at construction. One rule for every tier (the writable root and
+  each read-only layer): the tier and every directory from it down to an entry is a real
+  directory (no symlink) owned by us or root and not writable by group/other, and no
+  directory above it lets another user rename it away (each is owned by us or root and is
+  not group/other writable unless sticky). A layer missing at construction is skipped for
+  the store's lifetime: whoever creates it later is not trusted by this process.
 - Entry files are read only if they are regular files (no symlink, FIFO or device) under a
   size cap, owned by a trusted user and not writable by group/other. A bad entry is
   quarantined in the writable root and skipped (with one warning) in a read-only layer.
@@ -35,7 +36,6 @@ import math
 import os
 import re
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -46,13 +46,16 @@ from typing import Any
 from mlpjit.errors import CacheDirError, CorruptEntryError
 from mlpjit.jit import config
 from mlpjit.jit.binary import KernelBinary, binary_from_fields, launch_fields, launch_sha256
+from mlpjit.jit.bounds import clamped
 from mlpjit.jit.key import FORMAT_VERSION, cache_key, canonical_json, short_key, spec_key
+from mlpjit.jit.safe_fs import create_exclusive_at, opened_dir
 from mlpjit.jit.safe_read import loads_json, read_regular
 
 __all__ = [
     "compile_seconds_of",
     "is_key",
     "same_file",
+    "tier_problem",
     "unsafe_dir_reason",
     "MAX_ALIAS_BYTES",
     "MAX_CUBIN_BYTES",
@@ -72,7 +75,11 @@ MAX_ALIAS_BYTES = 4096
 
 _KEY_RE = re.compile(r"[0-9a-f]{64}")
 _SHARD_RE = re.compile(r"[0-9a-f]{2}")
+_AREAS = ("entries", "aliases", "locks", "quarantine", "tmp")
 _UNSAFE_BITS = stat.S_IWGRP | stat.S_IWOTH
+# Manifest times outside the checksum are clamped to this (year ~4100): time.localtime and
+# datetime cannot show 1e300.
+MAX_TIMESTAMP = float(1 << 36)
 
 
 def is_key(text: object) -> bool:
@@ -157,15 +164,9 @@ def verify_manifest(key: str, raw: bytes, cubin: bytes) -> dict[str, Any]:
     return manifest
 
 
-def _number(value: object) -> float:
-    """``value`` if it is a finite JSON number, else 0.0 (manifest fields are untrusted)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return 0.0
-    try:
-        number = float(value)
-    except OverflowError:  # an int too large for a float
-        return 0.0
-    return number if math.isfinite(number) else 0.0
+def _timestamp(value: object) -> float:
+    """A manifest time (not under the checksum) as seconds in [0, MAX_TIMESTAMP], else 0.0."""
+    return clamped(value, 0.0, MAX_TIMESTAMP, 0.0)
 
 
 def _dir_problem(st: os.stat_result, owners: frozenset[int]) -> str:
@@ -187,13 +188,9 @@ def compile_seconds_of(manifest: Mapping[str, Any]) -> float:
     (JSON has no inf), and float() of a 400-digit int overflows.
     """
     value = manifest.get("compile_seconds")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return 0.0
-    try:
-        seconds = float(value)
-    except OverflowError:
-        return 0.0
-    return seconds if math.isfinite(seconds) and seconds >= 0 else 0.0
+    if clamped(value, 0.0, math.inf, -1.0) < 0:
+        return 0.0  # negative, or not a finite number
+    return clamped(value, 0.0, math.inf, 0.0)
 
 
 def unsafe_dir_reason(path: Path) -> str | None:
@@ -203,8 +200,56 @@ def unsafe_dir_reason(path: Path) -> str | None:
         st = os.lstat(path)
     except OSError as err:
         return f"{path} cannot be read ({err})"
-    problem = _dir_problem(st, frozenset({os.geteuid()}))
+    problem = _dir_problem(st, _trusted_owners())
     return f"{path} is {problem}" if problem else None
+
+
+def _trusted_owners() -> frozenset[int]:
+    """Who may own a cache directory or file: this user and root."""
+    return frozenset({os.geteuid(), 0})
+
+
+def _ancestor_problem(path: Path) -> tuple[Path, str] | None:
+    """Why a directory above the tier ``path`` (resolved) lets another user swap the tier
+    (None if none does): it became a symlink, is owned by someone else, or is writable by
+    group/other without being sticky and ours or root's (like /tmp)."""
+    owners = _trusted_owners()
+    for parent in path.parents:
+        try:
+            st = os.lstat(parent)
+        except OSError:
+            continue  # not there yet: the writable root creates it
+        if stat.S_ISLNK(st.st_mode):
+            return parent, "became a symlink after the path was resolved"
+        if not stat.S_ISDIR(st.st_mode):
+            continue  # nothing can be created below it: the tier is missing
+        if st.st_uid not in owners:
+            return parent, f"is owned by uid {st.st_uid}, who could rename what is inside"
+        if st.st_mode & _UNSAFE_BITS and not st.st_mode & stat.S_ISVTX:
+            mode = stat.filemode(st.st_mode)
+            return (
+                parent,
+                f"is writable by group or other users (mode {mode}) without the sticky bit",
+            )
+    return None
+
+
+def tier_problem(path: Path) -> str | None:
+    """Why the cache tier at ``path`` (resolved; the writable root or a read-only layer) is
+    not trusted, None if it is; "missing" if there is nothing there.
+
+    The one rule for every tier: a real directory owned by this user or root, not writable
+    by group/other, below directories that no other user can rename it out of.
+    """
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return "missing"
+    problem = _dir_problem(st, _trusted_owners())
+    if problem:
+        return f"{path} is {problem}"
+    above = _ancestor_problem(path)
+    return None if above is None else f"{above[0]} (above {path}) {above[1]}"
 
 
 def _file_problem(st: os.stat_result, owners: frozenset[int]) -> str:
@@ -230,6 +275,15 @@ def _read_trusted(path: Path, max_bytes: int, owners: frozenset[int]) -> bytes:
     if problem:
         raise CorruptEntryError(f"{path.name} is {problem}")
     return data
+
+
+def _regular_size(path: Path) -> int:
+    """The size of ``path`` if it is a regular file (not a symlink), else 0."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
 
 def _is_real_dir(path: Path) -> bool:
@@ -278,9 +332,14 @@ class CacheStore:
         self.layers = tuple(Path(os.path.realpath(p)) for p in self.configured_layers)
         self._mutex = threading.Lock()
         self._euid = os.geteuid()
+        self._trusted = _trusted_owners()
+        # Each layer is judged once: a missing one stays skipped even if someone creates it
+        # later, and a checked one is not re-resolved.
+        self._layer_verdicts: dict[Path, bool] = {
+            layer: False for layer in self.layers if not os.path.lexists(layer)
+        }
         self._safe_dirs: set[Path] = set()  # checked dirs of the writable root
         self._safe_layer_dirs: set[Path] = set()  # checked dirs below each layer's root
-        self._layer_owners: dict[Path, frozenset[int]] = {}
         self._warned: set[object] = set()
         self._touched: set[str] = set()
         self._write_warned = False
@@ -295,7 +354,7 @@ class CacheStore:
     def area(self, name: str) -> Path:
         """The writable root's v1/<name> directory (entries, aliases, locks, quarantine, tmp);
         not created or checked here."""
-        if name not in ("entries", "aliases", "locks", "quarantine", "tmp"):
+        if name not in _AREAS:
             raise ValueError(f"no cache area {name!r}")
         return self._v1(self.root) / name
 
@@ -333,32 +392,17 @@ class CacheStore:
         log.log(logging.WARNING if first else logging.DEBUG, message, *args)
 
     def _check_parents(self) -> None:
-        """Refuse a root that another user could rename away and replace with their own.
-
-        No directory above the (resolved) root may be writable by group/other unless it has
-        the sticky bit (like /tmp), which keeps other users from renaming what is ours; none
-        may have become a symlink since the path was resolved.
-        """
-        for parent in self.root.parents:
-            try:
-                st = os.lstat(parent)
-            except OSError:
-                continue  # not there yet: _make_root creates it
-            if stat.S_ISLNK(st.st_mode):
-                raise CacheDirError(
-                    f"mlpjit cache dir {self.root}: {parent} became a symlink after the path "
-                    f"was resolved; refusing to follow it"
-                )
-            if not stat.S_ISDIR(st.st_mode):
-                continue  # creating the root fails (ENOTDIR): served from memory, with a warning
-            if st.st_mode & _UNSAFE_BITS and not st.st_mode & stat.S_ISVTX:
-                raise CacheDirError(
-                    f"mlpjit cache dir {self.root} is inside {parent}, which group or other "
-                    f"users can write (mode {stat.filemode(st.st_mode)}) without the sticky bit: "
-                    f"they could rename the cache away and plant their own cubins. Fix: "
-                    f"chmod go-w {parent} (or chmod +t {parent}), or set MLPJIT_CACHE_DIR to "
-                    f"a private directory"
-                )
+        """Refuse a root that another user could rename away and replace with their own
+        (the directories above it: see tier_problem)."""
+        above = _ancestor_problem(self.root)
+        if above:
+            parent, problem = above
+            raise CacheDirError(
+                f"mlpjit cache dir {self.root} is inside {parent}, which {problem}: another user "
+                f"could rename the cache away and plant their own cubins. Fix: chmod go-w "
+                f"{parent} (or chmod +t {parent}, if it is yours or root's), or set "
+                f"MLPJIT_CACHE_DIR to a private directory"
+            )
 
     def _check_root(self) -> bool:
         """True if the root exists and is safe (parents included), False if missing; else raise."""
@@ -377,10 +421,11 @@ class CacheStore:
             st = os.lstat(path)
         except OSError:
             return False
+        repair = "; `mlpjit cache clear` repairs it" if path != self.root else ""
         if not stat.S_ISDIR(st.st_mode):
             raise CacheDirError(
                 f"mlpjit cache path {path} is not a directory (a symlink is refused too: it "
-                f"could point the cache anywhere)"
+                f"could point the cache anywhere){repair}"
             )
         if st.st_mode & _UNSAFE_BITS:
             raise CacheDirError(
@@ -388,11 +433,11 @@ class CacheStore:
                 f"is code, so it is refused. Fix: chmod go-w {path} (or chmod 700 {path}), or "
                 f"set MLPJIT_CACHE_DIR to a private directory"
             )
-        if st.st_uid != self._euid:
+        if st.st_uid not in self._trusted:
             raise CacheDirError(
                 f"mlpjit cache dir {path} is owned by uid {st.st_uid}, not by this user "
-                f"(uid {self._euid}); refusing to run code from it. Fix: set MLPJIT_CACHE_DIR "
-                f"to a directory you own, or list it in MLPJIT_CACHE_PATH as a read-only layer"
+                f"(uid {self._euid}) or root; refusing to run code from it. Fix: set "
+                f"MLPJIT_CACHE_DIR to a directory you own"
             )
         self._safe_dirs.add(path)
         return True
@@ -411,26 +456,24 @@ class CacheStore:
         return True
 
     def _layer_ok(self, layer: Path) -> bool:
-        """A read-only layer must exist and not be writable by group/other (else skipped).
-
-        Its owner becomes a trusted owner of the directories and files below it (besides
-        this user and root): a shared prebuilt cache is typically owned by whoever built it.
-        """
-        try:
-            st = os.lstat(layer)
-        except OSError:
-            return False
-        if st.st_mode & _UNSAFE_BITS or not stat.S_ISDIR(st.st_mode):
+        """Whether the read-only layer passes the tier rule (tier_problem), judged once per
+        store; a missing or unsafe one is skipped (an unsafe one with one warning)."""
+        with self._mutex:
+            verdict = self._layer_verdicts.get(layer)
+        if verdict is not None:
+            return verdict
+        problem = tier_problem(layer)
+        if problem and problem != "missing":
             self._warn_once(
                 ("layer", layer),
-                "mlpjit: skipping cache layer %s: not a directory or writable by group/other "
-                "(fix: chmod go-w %s)",
+                "mlpjit: skipping cache layer %s: %s (a layer must be owned by you or root, "
+                "with no directory from / down to it writable by other users)",
                 layer,
-                layer,
+                problem,
             )
-            return False
-        self._layer_owners[layer] = frozenset({self._euid, 0, st.st_uid})
-        return True
+        with self._mutex:
+            self._layer_verdicts[layer] = problem is None
+        return problem is None
 
     def _layer_dirs(self, layer: Path, *parts: str) -> bool:
         """Check a layer's v1 and each nested part; False if one is missing or unsafe.
@@ -439,7 +482,7 @@ class CacheStore:
         untrusted user) is skipped with one warning: someone else could have put any cubin
         there.
         """
-        owners = self._layer_owners[layer]
+        owners = self._trusted
         dirs = [self._v1(layer)]
         for part in parts:
             dirs.append(dirs[-1] / part)
@@ -469,8 +512,8 @@ class CacheStore:
         return self._root_dirs(*parts) if writable else self._layer_dirs(base, *parts)
 
     def _owners(self, base: Path, writable: bool) -> frozenset[int]:
-        """Who may own files under ``base``: us; for a layer also root and the layer owner."""
-        return frozenset({self._euid}) if writable else self._layer_owners[base]
+        """Who may own files under ``base``: us and root, in every tier."""
+        return self._trusted
 
     def _make_root(self) -> None:
         """Create the root 0700 (missing parents 0755 less umask) unless it exists; check it."""
@@ -498,6 +541,42 @@ class CacheStore:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(current, 0o700)
                 self._check_dir(current)
+
+    def layout_problems(self) -> list[tuple[Path, str]]:
+        """(path, reason) for each directory of the writable root's layout (v1, its areas,
+        the entry shards) that every access refuses (a symlink, another owner, group/other
+        write): what `mlpjit cache verify` reports and `mlpjit cache clear` repairs.
+
+        Missing directories are no problem; CacheDirError if the root itself is refused.
+        """
+        if not self._check_root():
+            return []
+        v1 = self._v1(self.root)
+        problems: list[tuple[Path, str]] = []
+        for path in (v1, *(v1 / area for area in _AREAS)):
+            try:
+                present = self._check_dir(path)
+            except CacheDirError as err:
+                problems.append((path, str(err)))
+                if path == v1:
+                    return problems
+                continue
+            if path.name == "entries" and present:
+                problems += self._shard_problems(path)
+        return problems
+
+    def _shard_problems(self, entries: Path) -> list[tuple[Path, str]]:
+        try:
+            names = sorted(n for n in os.listdir(entries) if _SHARD_RE.fullmatch(n))
+        except OSError:
+            return []
+        problems = []
+        for name in names:
+            try:
+                self._check_dir(entries / name)
+            except CacheDirError as err:
+                problems.append((entries / name, str(err)))
+        return problems
 
     def _origins(self) -> Iterator[tuple[Path, bool]]:
         """(base, writable) for the root (if present) and then each usable layer."""
@@ -542,7 +621,7 @@ class CacheStore:
             if writable:
                 self._touch(key, mpath)
             manifest = dict(manifest)
-            manifest["last_used"] = max(_number(manifest.get("last_used")), mstat.st_mtime)
+            manifest["last_used"] = max(_timestamp(manifest.get("last_used")), mstat.st_mtime)
             return Entry(key=key, manifest=manifest, cubin=cubin, origin=base)
         return None
 
@@ -611,9 +690,11 @@ class CacheStore:
     def iter_manifests(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """(key, manifest) for every committed entry, root first, each key once.
 
-        Each manifest dict gets "origin" (the root it is in) and "last_used" from the
-        manifest's mtime. A manifest that cannot be read or parsed (not a regular file, too
-        big, not a JSON object, nested too deeply) is yielded as {"error": reason, "origin":
+        Each manifest dict gets "origin" (the root it is in), "last_used" from the
+        manifest's mtime and "cubin_bytes" from the cubin file's size (0 if it is missing or
+        not a regular file); "created" is clamped to a showable time. A manifest that cannot
+        be read or parsed (not a regular file, too big, not a JSON object, nested too
+        deeply) is yielded as {"error": reason, "origin":
         ...} so callers such as `mlpjit cache verify` can report it; the cubin is not read
         here (use lookup to verify).
         """
@@ -634,7 +715,10 @@ class CacheStore:
                         yield key, {"error": f"unreadable manifest: {err}", "origin": str(base)}
                         continue
                     manifest["origin"] = str(base)
-                    manifest["last_used"] = max(_number(manifest.get("last_used")), st.st_mtime)
+                    # Not under the checksum: sizes come from the file, times are clamped.
+                    manifest["cubin_bytes"] = _regular_size(mpath.with_suffix(".cubin"))
+                    manifest["created"] = _timestamp(manifest.get("created"))
+                    manifest["last_used"] = max(_timestamp(manifest.get("last_used")), st.st_mtime)
                     yield key, manifest
 
     # ----------------------------------------------------------------- writing
@@ -642,21 +726,23 @@ class CacheStore:
     def _write_temp(self, data: bytes, durable: bool = True) -> Path:
         """A temp file in v1/tmp holding ``data``, fsync-ed if ``durable`` (removed on error).
 
-        mkstemp creates it exclusively (O_EXCL, so never through a planted symlink), 0600,
-        with a random name.
+        Created through an fd of v1/tmp (each directory opened without following a link)
+        exclusively (O_EXCL | O_NOFOLLOW: never through a planted file or symlink), 0600,
+        with a random name that starts with our pid (see maintenance: leftovers).
         """
-        fd, name = tempfile.mkstemp(dir=self._v1(self.root) / "tmp", prefix=f"{os.getpid()}.")
-        path = Path(name)
-        try:
-            _write_all(fd, data)
-            if durable:
-                os.fsync(fd)
-        except BaseException:
+        with opened_dir(self.root, "v1", "tmp") as dir_fd:
+            fd, name = create_exclusive_at(dir_fd, f"{os.getpid()}.")
+            try:
+                _write_all(fd, data)
+                if durable:
+                    os.fsync(fd)
+            except BaseException:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dir_fd)
+                raise
             os.close(fd)
-            path.unlink(missing_ok=True)
-            raise
-        os.close(fd)
-        return path
+        return self._v1(self.root) / "tmp" / name
 
     def _replace_with(self, data: bytes, dest: Path, durable: bool = True) -> None:
         tmp = self._write_temp(data, durable)

@@ -1,0 +1,360 @@
+"""Every `mlpjit cache` command, and a lookup, against every bad on-disk state.
+
+The matrix is states x commands. Each state is made in a fresh tiny cache (hand-made
+entries, no compile): symlinks where a directory or file belongs, FIFOs, character devices,
+another owner (uid nobody), group/other write bits, huge and malformed manifest numbers,
+deeply nested JSON, truncation, and read-only layers that fail the tier rule. Each command
+runs in a child process with a timeout and a 4 GiB address-space limit, and must:
+
+- finish (no hang) without a traceback (a failure is one line on stderr);
+- delete nothing outside the cache (links point at a sentinel directory that must survive);
+- never load a planted byte (planted cubins carry a marker that no output may contain).
+
+The commands are discovered from the CLI parser, so a new `mlpjit cache` command is covered
+without touching this file (give it arguments in ARGS if it needs some). The manifest
+numbers are also fuzzed in-process with hypothesis, through the same functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import stat
+import subprocess
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from entries import (
+    OTHER_UID,
+    made,
+    paths,
+    publish,
+    run_cli,
+    run_python,
+    sentinel,
+    sentinel_intact,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mlpjit import cli
+from mlpjit.jit.archive import export_archive
+from mlpjit.jit.binary import KernelBinary
+from mlpjit.jit.key import spec_key
+from mlpjit.jit.store import CacheStore
+
+MARKER = b"PLANTED-CUBIN-BYTES"
+TIMEOUT = 60
+PARALLEL = 4
+
+
+def cache_commands() -> list[str]:
+    """The `mlpjit cache` subcommands, as the CLI parser defines them."""
+    parser = cli._build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    (group,) = [
+        a for a in commands.choices["cache"]._actions if isinstance(a, argparse._SubParsersAction)
+    ]
+    return sorted(group.choices)
+
+
+# Arguments a command needs; "{out}" is a fresh path, "{archive}" a good archive, "{key}" a key
+# prefix of a good entry.
+ARGS: dict[str, list[str]] = {
+    "info": ["{key}"],
+    "prune": ["--max-size", "1K"],
+    "export": ["{out}"],
+    "import": ["{archive}"],
+}
+
+# The manager's lookup (what a hit in `mlpjit warm` or a server does): root, layers, alias.
+LOOKUP = """
+import json, sys
+from mlpjit.errors import MlpjitError
+from mlpjit.jit.manager import CompileManager
+store = CompileManager().store
+found = []
+try:
+    for key, spec in json.loads(sys.argv[1]):
+        for entry in (store.lookup(key), store.lookup_alias(spec)):
+            if entry is not None:
+                found.append(entry.cubin.hex())
+except MlpjitError as err:  # e.g. CacheDirError for a refused root: the caller's to handle
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(1)
+print(json.dumps(found))
+"""
+
+
+# --------------------------------------------------------------------- states
+
+
+def _planted(base: Path, i: int = 0) -> Path:
+    """A cache outside the root holding a self-consistent entry ``i`` with MARKER bytes."""
+    key, components, binary = made(i)
+    planted = KernelBinary(**{**vars(binary), "cubin": b"\x7fELF" + MARKER})
+    root = base / "planted"
+    assert CacheStore(root=root, layers=()).publish(key, components, planted, 0.1).persisted
+    return root
+
+
+def _replace_with_link(path: Path, target: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+    path.symlink_to(target)
+
+
+def _manifest_edit(**fields: object) -> Callable[[Path, Path], None]:
+    def edit(root: Path, base: Path) -> None:
+        mpath = paths(root, made(0)[0])[0]
+        manifest = json.loads(mpath.read_text())
+        manifest.update(fields)
+        mpath.write_text(json.dumps(manifest))
+
+    return edit
+
+
+def _area(root: Path, name: str) -> Path:
+    key = made(0)[0]
+    v1 = root / "v1"
+    return {
+        "v1": v1,
+        "shard": v1 / "entries" / key[:2],
+        "manifest": paths(root, key)[0],
+        "cubin": paths(root, key)[1],
+        "alias": v1 / "aliases" / spec_key(made(0)[1]),
+    }.get(name, v1 / name)
+
+
+def _link_dir(name: str) -> Callable[[Path, Path], None]:
+    """``name`` becomes a link to the sentinel (a shard: to a planted shard)."""
+
+    def make(root: Path, base: Path) -> None:
+        (root / "v1" / "quarantine").mkdir(exist_ok=True)
+        (root / "v1" / "tmp").mkdir(exist_ok=True)
+        target = sentinel(base) if name != "shard" else None
+        if target is None:
+            target = _area(_planted(base), "shard")
+        _replace_with_link(_area(root, name), target)
+
+    return make
+
+
+def _link_file(name: str) -> Callable[[Path, Path], None]:
+    def make(root: Path, base: Path) -> None:
+        _replace_with_link(_area(root, name), _area(_planted(base), name))
+
+    return make
+
+
+def _special(name: str, kind: str) -> Callable[[Path, Path], None]:
+    """A FIFO or a character device (a copy of /dev/null) where ``name`` belongs."""
+
+    def make(root: Path, base: Path) -> None:
+        path = _area(root, name)
+        if name in ("quarantine", "tmp"):
+            path.mkdir(exist_ok=True)
+            path = path / "thing"
+        elif os.path.lexists(path):
+            path.unlink()
+        if kind == "fifo":
+            os.mkfifo(path)
+        else:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.stat("/dev/null").st_rdev)
+
+    return make
+
+
+def _owner(name: str) -> Callable[[Path, Path], None]:
+    def make(root: Path, base: Path) -> None:
+        os.chown(_area(root, name), OTHER_UID, OTHER_UID)
+
+    return make
+
+
+def _mode(name: str, mode: int) -> Callable[[Path, Path], None]:
+    def make(root: Path, base: Path) -> None:
+        os.chmod(_area(root, name), mode)
+
+    return make
+
+
+def _truncate(name: str) -> Callable[[Path, Path], None]:
+    def make(root: Path, base: Path) -> None:
+        path = _area(root, name)
+        os.truncate(path, path.stat().st_size // 2)
+
+    return make
+
+
+def _deep_json(root: Path, base: Path) -> None:
+    _area(root, "manifest").write_bytes(b"[" * 200_000)
+
+
+def _untrusted_layer(root: Path, base: Path) -> dict[str, str]:
+    """A layer owned by another user, holding a planted entry for a key the root lacks."""
+    layer = base / "layer"
+    shutil.copytree(_planted(base / "p2", 2), layer, symlinks=True)
+    for path in [layer, *layer.rglob("*")]:
+        os.chown(path, OTHER_UID, OTHER_UID, follow_symlinks=False)
+    return {"MLPJIT_CACHE_PATH": str(layer)}
+
+
+def _exposed_layer(root: Path, base: Path) -> dict[str, str]:
+    """A planted layer of ours inside a directory other users can write."""
+    shared = base / "shared"
+    shared.mkdir()
+    shutil.copytree(_planted(base / "p2", 2), shared / "layer", symlinks=True)
+    os.chmod(shared, 0o777)
+    return {"MLPJIT_CACHE_PATH": str(shared / "layer")}
+
+
+def _missing_layer(root: Path, base: Path) -> dict[str, str]:
+    return {"MLPJIT_CACHE_PATH": str(base / "nowhere" / "layer")}
+
+
+STATES: dict[str, Callable[[Path, Path], dict[str, str] | None]] = {
+    **{f"symlinked-{n}": _link_dir(n) for n in ("v1", "entries", "shard", "aliases")},
+    **{f"symlinked-{n}": _link_dir(n) for n in ("locks", "quarantine", "tmp")},
+    **{f"symlinked-{n}": _link_file(n) for n in ("manifest", "cubin")},
+    **{f"fifo-{n}": _special(n, "fifo") for n in ("manifest", "cubin", "alias")},
+    **{f"fifo-in-{n}": _special(n, "fifo") for n in ("quarantine", "tmp")},
+    **{f"chardev-{n}": _special(n, "chr") for n in ("manifest", "alias")},
+    "chardev-in-quarantine": _special("quarantine", "chr"),
+    **{f"other-owner-{n}": _owner(n) for n in ("v1", "shard", "manifest", "cubin")},
+    "group-writable-entries": _mode("entries", 0o775),
+    "other-writable-cubin": _mode("cubin", 0o646),
+    "group-writable-root": lambda root, base: os.chmod(root, 0o770),
+    "huge-numbers": _manifest_edit(created=1e300, last_used=-1e300, cubin_bytes=10**400),
+    "malformed-numbers": _manifest_edit(created="soon", last_used=[1], compile_seconds=1e308),
+    "deep-json-manifest": _deep_json,
+    **{f"truncated-{n}": _truncate(n) for n in ("manifest", "cubin")},
+    "untrusted-layer": _untrusted_layer,
+    "exposed-layer": _exposed_layer,
+    "missing-layer": _missing_layer,
+}
+
+
+# --------------------------------------------------------------------- the matrix
+
+
+@pytest.fixture(scope="module")
+def good_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An archive of good entries (2 and 3) to import into each bad state."""
+    base = tmp_path_factory.mktemp("archive")
+    root = base / "cache"
+    publish(root, 2)
+    publish(root, 3)
+    path = base / "good.tar"
+    export_archive(CacheStore(root=root, layers=()), path)
+    return path
+
+
+def _run(state: str, command: str | None, base: Path, archive: Path) -> tuple[str, str]:
+    """Make ``state`` under ``base`` and run ``command`` (None: the lookup) against it;
+    returns (what went wrong or "", everything the child printed)."""
+    base.mkdir()
+    root = base / "cache"
+    publish(root, 0)
+    publish(root, 1)
+    env = STATES[state](root, base) or {}
+    if not (base / "sentinel").exists():
+        sentinel(base)
+    outside = _snapshot(base)
+    try:
+        if command is None:
+            keys = [(made(i)[0], spec_key(made(i)[1])) for i in range(3)]
+            proc = run_python(
+                LOOKUP, json.dumps(keys), timeout=TIMEOUT, MLPJIT_CACHE_DIR=str(root), **env
+            )
+        else:
+            fill = {"out": str(base / "out.tar"), "archive": str(archive), "key": made(0)[0][:8]}
+            args = [a.format(**fill) for a in ARGS.get(command, [])]
+            proc = run_cli(root, "cache", command, *args, timeout=TIMEOUT, **env)
+    except subprocess.TimeoutExpired:
+        return f"hung for {TIMEOUT} s", ""
+    output = proc.stdout + proc.stderr
+    out_tar = base / "out.tar"
+    if out_tar.is_file() and MARKER in out_tar.read_bytes():
+        return "exported a planted cubin", output
+    if "Traceback" in proc.stderr:
+        return "traceback", output
+    if proc.returncode not in (0, 1):
+        return f"exit status {proc.returncode}", output
+    if MARKER.hex() in output:
+        return "loaded a planted cubin", output
+    if _snapshot(base) != outside or not sentinel_intact(base / "sentinel"):
+        return "changed something outside the cache", output
+    return "", output
+
+
+def _snapshot(base: Path) -> dict[str, tuple[int, int]]:
+    """(mode, size) of everything under ``base`` but the cache root and the export."""
+    found = {}
+    for path in base.rglob("*"):
+        rel = path.relative_to(base)
+        if rel.parts[0] in ("cache", "out.tar") or rel.name.startswith(".out.tar"):
+            continue
+        st = os.lstat(path)
+        found[str(rel)] = (st.st_mode, st.st_size if not stat.S_ISDIR(st.st_mode) else 0)
+    return found
+
+
+@pytest.mark.parametrize("state", sorted(STATES))
+def test_every_command_survives_the_state(state: str, tmp_path: Path, good_archive: Path) -> None:
+    commands: list[str | None] = [*cache_commands(), None]
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        results = pool.map(
+            lambda c: _run(state, c, tmp_path / (c or "lookup"), good_archive), commands
+        )
+        failures = {
+            c or "lookup": (problem, output[-1500:])
+            for c, (problem, output) in zip(commands, results, strict=True)
+            if problem
+        }
+    assert not failures, failures
+
+
+def test_the_matrix_covers_every_cache_command() -> None:
+    names = cache_commands()
+    assert {"path", "ls", "info", "stats", "verify", "prune", "clear", "export"} <= set(names)
+    assert "import" in names
+
+
+# --------------------------------------------------------------------- fuzzed numbers
+
+_NUMBERS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**400), max_value=10**400),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
+    st.lists(st.integers(), max_size=2),
+)
+_FIELDS = ("created", "last_used", "cubin_bytes", "compile_seconds")
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(values=st.fixed_dictionaries({f: _NUMBERS for f in _FIELDS}))
+def test_any_manifest_numbers_break_no_listing(tmp_path_factory, monkeypatch, values) -> None:
+    """Whatever numbers an (otherwise verified) manifest holds outside its checksum, ls,
+    stats, info and prune print and exit without an exception."""
+    base = tmp_path_factory.mktemp("fuzz")
+    root = base / "cache"
+    key = publish(root, 0)[0]
+    mpath = paths(root, key)[0]
+    manifest = json.loads(mpath.read_text())
+    manifest.update(values)
+    mpath.write_text(json.dumps(manifest))
+    monkeypatch.setenv("MLPJIT_CACHE_DIR", str(root))
+    for args in (["ls"], ["ls", "--json"], ["stats"], ["info", key[:8]], ["verify"]):
+        assert cli.main(["cache", *args]) in (0, 1), args
+    assert cli.main(["cache", "prune", "--max-size", "1T"]) == 0
