@@ -25,6 +25,15 @@ index entry, a wrong dtype or shape, a corrupt or truncated file (safetensors' o
 checks, plus the e4m3 NaN byte in a weight and non-finite or negative scales), a block size
 other than [128, 128], a shard size that is not a multiple of 128.
 
+A broken checkpoint cannot hang or exhaust a server either: every file is opened as a
+regular file first (a FIFO, a link to /dev/zero or a directory is refused by name, never
+opened by safetensors or read), config.json and the index are read with a size cap
+(MAX_CONFIG_BYTES, MAX_INDEX_BYTES) and parsed with mlpjit.jit.safe_read's JSON loader
+(deep nesting is an error, not a RecursionError), and every number config.json gives is
+bounded (mlpjit.jit.bounds): sizes by fp8_gemv's MAX_HIDDEN and MAX_INTERMEDIATE, layer
+counts by MAX_LAYERS. Symbolic links are followed (the Hugging Face cache links every file
+to its blob).
+
 ``find_mlp_prefixes`` lists a checkpoint's dense MLPs and shared experts from its tensor
 names; ``checkpoint_mlp_shapes`` gives (prefix, hidden, intermediate) per layer from
 config.json, checked against the tensor shapes in the files' headers (no data read), which
@@ -36,12 +45,17 @@ torch and safetensors are imported when a function needs them, never at import.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from mlpjit.jit.bounds import bounded
+from mlpjit.jit.safe_read import loads_json, open_regular
+from mlpjit.kernels.fp8_gemv.params import MAX_HIDDEN, MAX_INTERMEDIATE
 
 if TYPE_CHECKING:
     import torch
@@ -51,6 +65,10 @@ __all__ = [
     "BLOCK",
     "CONFIG_FILE",
     "INDEX_FILE",
+    "MAX_CONFIG_BYTES",
+    "MAX_INDEX_BYTES",
+    "MAX_LAYERS",
+    "MAX_SHARED_EXPERTS",
     "SINGLE_FILE",
     "checkpoint_mlp_shapes",
     "find_mlp_prefixes",
@@ -62,6 +80,13 @@ BLOCK = 128  # weight rows and columns per block scale
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+# Released configs are a few KB; DeepSeek-V3's and Kimi-K2's indexes about 10 MB.
+MAX_CONFIG_BYTES = 16 << 20
+MAX_INDEX_BYTES = 256 << 20
+# Layers a config may give (DeepSeek-V3: 61, Llama-3.1-405B: 126): a layer count is turned
+# into a list per layer, so 1e12 would be a MemoryError and 1e9 a hang.
+MAX_LAYERS = 1024
+MAX_SHARED_EXPERTS = 64  # DeepSeek-V3, Kimi-K2 and GLM have 1
 
 _PROJS = ("gate_proj", "up_proj", "down_proj")
 _SCALE_NAMES = ("weight_scale_inv", "weight_scale")  # first found wins
@@ -90,13 +115,43 @@ def _checkpoint_dir(path: str | Path) -> Path:
     return root
 
 
-def _read_json(file: Path) -> dict[str, Any]:
-    """A JSON object from ``file``; a one-line ValueError naming the file otherwise."""
+def _open_checked(file: Path) -> int:
+    """An fd of ``file`` opened read-only if it is a regular file (symlinks followed);
+    a one-line ValueError naming the file otherwise (missing, a FIFO, a device ...)."""
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        fd, _ = open_regular(file, follow_symlinks=True)
     except FileNotFoundError:
         raise ValueError(f"{file} is missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except OSError as exc:
+        raise ValueError(f"{file} is unreadable: {_one_line(exc)}") from None
+    return fd  # open_regular's ValueError names the file and its type
+
+
+def _check_regular(file: Path) -> None:
+    """ValueError naming ``file`` unless it is a regular file: safetensors opens and maps
+    what it is given, and opening a FIFO waits forever for a writer."""
+    os.close(_open_checked(file))
+
+
+def _read_json(file: Path, max_bytes: int) -> dict[str, Any]:
+    """A JSON object from the regular file ``file`` of at most ``max_bytes`` bytes; a
+    one-line ValueError naming the file otherwise."""
+    fd = _open_checked(file)
+    try:
+        size = os.fstat(fd).st_size
+        if size > max_bytes:
+            raise ValueError(f"{file} is {size} bytes, over the {max_bytes} byte limit")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            raw = f.read(max_bytes + 1)  # + 1: a file that grows while read is caught
+    except OSError as exc:
+        raise ValueError(f"{file} is unreadable: {_one_line(exc)}") from None
+    finally:
+        os.close(fd)
+    if len(raw) > max_bytes:
+        raise ValueError(f"{file} grew past the {max_bytes} byte limit while being read")
+    try:
+        data = loads_json(raw)
+    except ValueError as exc:
         raise ValueError(f"{file} is unreadable: {_one_line(exc)}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{file} is not a JSON object")
@@ -106,7 +161,7 @@ def _read_json(file: Path) -> dict[str, Any]:
 def _read_config(root: Path) -> tuple[dict[str, Any], Path]:
     """config.json and its path."""
     file = root / CONFIG_FILE
-    return _read_json(file), file
+    return _read_json(file, MAX_CONFIG_BYTES), file
 
 
 def _text_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -137,6 +192,7 @@ def _single_file_keys(file: Path) -> dict[str, str]:
     """{tensor name: file name} of a checkpoint stored as one safetensors file."""
     from safetensors import safe_open
 
+    _check_regular(file)
     try:
         with safe_open(str(file), framework="pt") as handle:
             return dict.fromkeys(handle.keys(), file.name)
@@ -148,7 +204,7 @@ def _read_weight_map(root: Path) -> _WeightMap:
     """The tensor -> file map from model.safetensors.index.json, else model.safetensors."""
     index = root / INDEX_FILE
     if index.exists():
-        files = _read_json(index).get("weight_map")
+        files = _read_json(index, MAX_INDEX_BYTES).get("weight_map")
         if not isinstance(files, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in files.items()
         ):
@@ -234,6 +290,10 @@ class _Reader:
         if handle is None:
             from safetensors import safe_open
 
+            try:
+                _check_regular(file)
+            except ValueError as exc:
+                raise ValueError(f"{name} in {file}: cannot open: {exc}") from None
             try:
                 handle = self._stack.enter_context(safe_open(str(file), framework="pt"))
             except Exception as exc:  # SafetensorError, OSError
@@ -417,8 +477,12 @@ def load_dense_mlp_weights(
     [H/128, I/tp/128]. All are fresh contiguous tensors on ``device``; only the shard's
     slices are read from the files. ``prefix`` is e.g. ``model.layers.0.mlp`` or
     ``model.layers.5.mlp.shared_experts`` (see find_mlp_prefixes). Raises a one-line
-    ValueError naming the tensor and the file for anything wrong with the checkpoint.
+    ValueError naming the tensor and the file for anything wrong with the checkpoint, or
+    naming ``device`` when it is not "cpu" or a CUDA device that exists here.
     """
+    from mlpjit.device import check_device
+
+    device = check_device(device)  # before any file is read
     root = _checkpoint_dir(path)
     config, config_file = _read_config(root)
     _check_block_size(config, config_file)
@@ -477,17 +541,28 @@ def find_mlp_prefixes(path: str | Path) -> dict[str, list[str]]:
     return {kind: [prefix for _, prefix in items] for kind, items in found.items()}
 
 
+# The range of each number config.json gives that mlpjit reads (jit.bounds checks it).
+_CONFIG_RANGES = {
+    "hidden_size": (1, MAX_HIDDEN),
+    "intermediate_size": (1, MAX_INTERMEDIATE),
+    "moe_intermediate_size": (1, MAX_INTERMEDIATE),
+    "n_shared_experts": (0, MAX_SHARED_EXPERTS),
+    "num_hidden_layers": (0, MAX_LAYERS),
+    "first_k_dense_replace": (0, MAX_LAYERS),
+    "moe_layer_freq": (0, MAX_LAYERS),
+}
+
+
 def _config_int(config: dict[str, Any], key: str, config_file: Path, default: Any = ...) -> int:
-    """A non-negative int setting of config.json (``default``, if given, when it is absent
-    or null)."""
+    """An int setting of config.json within its _CONFIG_RANGES range (``default``, if
+    given, when it is absent or null); a one-line ValueError naming the key and the file."""
     value = config.get(key)
     if value is None:
         value = default
     if value is ...:
         raise ValueError(f"{config_file} has no {key}")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{config_file}: {key} must be a non-negative int, got {value!r}")
-    return value
+    lo, hi = _CONFIG_RANGES[key]
+    return int(bounded(value, f"{config_file}: {key}", lo, hi, integer=True))
 
 
 def _moe_layers(text: dict[str, Any], layers: int, config_file: Path) -> list[bool]:
@@ -501,7 +576,7 @@ def _moe_layers(text: dict[str, Any], layers: int, config_file: Path) -> list[bo
     if types is not None:
         if not isinstance(types, list) or len(types) != layers:
             raise ValueError(f"{config_file}: mlp_layer_types must list {layers} layer types")
-        if not set(types) <= {"dense", "sparse"}:
+        if not all(t in ("dense", "sparse") for t in types):
             raise ValueError(f"{config_file}: mlp_layer_types must be 'dense' or 'sparse'")
         return [t == "sparse" for t in types]
     if not text.get("n_routed_experts"):
@@ -525,7 +600,10 @@ def _config_mlps(config: dict[str, Any], config_file: Path) -> list[tuple[str, i
         elif text.get("n_shared_experts"):
             shared = _config_int(text, "n_shared_experts", config_file)
             inter = _config_int(text, "moe_intermediate_size", config_file) * shared
-            mlps.append(("shared_experts", layer, hidden, inter))
+            name = f"{config_file}: moe_intermediate_size * n_shared_experts"
+            inter = int(bounded(inter, name, 0, MAX_INTERMEDIATE, integer=True))
+            if inter:
+                mlps.append(("shared_experts", layer, hidden, inter))
     return mlps
 
 
@@ -554,6 +632,7 @@ def checkpoint_mlp_shapes(path: str | Path) -> list[tuple[str, int, int]]:
     """
     root = _checkpoint_dir(path)
     config, config_file = _read_config(root)
+    mlps = _config_mlps(config, config_file)  # the config's numbers, before any tensor file
     weights = _read_weight_map(root)
     found = {
         (kind, layer): prefix
@@ -562,7 +641,7 @@ def checkpoint_mlp_shapes(path: str | Path) -> list[tuple[str, int, int]]:
     }
     shapes = []
     with _Reader(weights) as reader:
-        for kind, layer, hidden, inter in _config_mlps(config, config_file):
+        for kind, layer, hidden, inter in mlps:
             prefix = found.get((kind, layer))
             if prefix is None:
                 suffix = ".shared_experts" if kind == "shared_experts" else ""

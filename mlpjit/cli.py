@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
 
 from mlpjit.errors import MlpjitError
 from mlpjit.jit.bounds import bounded
+from mlpjit.kernels.fp8_gemv.params import MAX_HIDDEN, MAX_INTERMEDIATE
+from mlpjit.kernels.hopper import MAX_SMS, MIN_SMS
 from mlpjit.models import LAYERS, PRESET_NAMES, PRESETS, get_preset
 
 if TYPE_CHECKING:
@@ -41,7 +43,10 @@ if TYPE_CHECKING:
     from mlpjit.jit.store import CacheStore
 
 __all__ = [
+    "MAX_JOBS",
+    "MAX_PARAM_REQUESTS",
     "MAX_REQUESTS_BYTES",
+    "MAX_TP",
     "MAX_WARM_TOKENS",
     "main",
     "parse_age",
@@ -55,7 +60,15 @@ MAX_WARM_TOKENS = 1024
 MAX_SIZE = 1 << 60  # --max-size: 1 EiB, far above any disk
 # Largest `warm --from` file read: a request line is ~300 bytes, so this is ~200k lines.
 MAX_REQUESTS_BYTES = 64 << 20
+# Most requests the --param value lists of `warm --kernel` may multiply into (their
+# product): a sweep of every tuning knob of one shape stays far below it.
+MAX_PARAM_REQUESTS = 4096
+# Largest --tp and --jobs: no deployment shards one layer over more GPUs, and more worker
+# processes than this would only queue on the machine's cores.
+MAX_TP = 1024
+MAX_JOBS = 256
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_INT_RE = re.compile(r"[+-]?\d+")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 _AGE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([smhdw])\s*$", re.IGNORECASE)
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -109,27 +122,58 @@ def parse_tokens(text: str) -> list[int]:
     return sorted(counts)
 
 
-def _scalar(text: str) -> int | float | bool | str | None:
-    """A --param value: int, float, true/false, none, else the string itself."""
-    lowered = text.strip().lower()
+def _scalar(text: str, name: str) -> int | float | bool | str | None:
+    """A value of option ``name``: int, float, true/false, none, else the string itself.
+    What reads as a number goes through jit.bounds (finite, at most MAX_DIGITS long), so
+    1e999, nan and 5000 digits are a one-line error naming the option, not inf or a crash."""
+    from mlpjit.jit.bounds import MAX_DIGITS
+
+    stripped = text.strip()
+    lowered = stripped.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
     if lowered in ("none", "null"):
         return None
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
+    try:
+        float(stripped)  # every number form Python reads, inf, nan and 5000 digits included
+    except ValueError:
+        return text
+    integer = _INT_RE.fullmatch(stripped) is not None
+    high = 10**MAX_DIGITS if integer else sys.float_info.max  # any finite float
+    return bounded(stripped, name, -high, high, integer=integer)
 
 
 def _param_arg(text: str) -> tuple[str, list[Any]]:
-    """'name=value' or 'name=v1,v2' (each value list multiplies the requests)."""
+    """'name=value' or 'name=v1,v2' (each value list multiplies the requests; at most
+    MAX_PARAM_REQUESTS values)."""
     name, sep, value = text.partition("=")
     if not sep or not name.strip():
-        raise ValueError(f"--param must be name=value, got {text!r}")
-    return name.strip(), [_scalar(v) for v in value.split(",")]
+        raise ValueError(f"--param must be name=value, got {text!r:.80}")
+    name = name.strip()
+    values = value.split(",")
+    if len(values) > MAX_PARAM_REQUESTS:
+        raise ValueError(
+            f"--param {name} lists {len(values)} values; the --param lists may multiply into "
+            f"at most {MAX_PARAM_REQUESTS} requests"
+        )
+    return name, [_scalar(v, f"--param {name}") for v in values]
+
+
+def _bounded_int(name: str, low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an int option in [low, high] (jit.bounds), named ``name``."""
+
+    def parse(text: str) -> int:
+        return int(bounded(text, name, low, high, integer=True))
+
+    parse.__name__ = name.lstrip("-")
+    return parse
+
+
+def _limit_arg(text: str) -> float:
+    """--limit: a finite BF16 number > 0 (as DenseMlp takes it)."""
+    from mlpjit.kernels.fp8_gemv.params import check_limit
+
+    return check_limit(_scalar(text, "--limit"), "--limit")
 
 
 def _layers_arg(text: str) -> tuple[str, ...]:
@@ -576,6 +620,15 @@ def _warm_requests(args: argparse.Namespace, arch: str) -> list[KernelRequest]:
         names = [name for name, _ in args.param]
         if len(set(names)) != len(names):
             raise ValueError(f"--param given twice for one name: {names}")
+        total = 1
+        for _, values in args.param:
+            total *= len(values)
+            if total > MAX_PARAM_REQUESTS:  # checked as it grows: no huge product built
+                lists = " x ".join(str(len(v)) for _, v in args.param)
+                raise ValueError(
+                    f"--param value lists multiply into {lists} requests; at most "
+                    f"{MAX_PARAM_REQUESTS} (warm the rest in another run)"
+                )
         grid = itertools.product(*(values for _, values in args.param))
         return [
             KernelRequest(args.kernel, dict(zip(names, combo, strict=True)), arch) for combo in grid
@@ -866,16 +919,20 @@ def _cmd_warm(args: argparse.Namespace) -> int:
 
 
 def _sm_count(text: str) -> int:
-    from mlpjit.kernels.hopper import check_sms
+    """--sms: an SM count in the planner's range (hopper.MIN_SMS..MAX_SMS)."""
+    return _bounded_int("--sms", MIN_SMS, MAX_SMS)(text)
 
-    return check_sms(int(text))
 
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"must be a positive integer, got {text!r}")
-    return value
+def _int_option(
+    group: Any, flag: str, high: int, help_text: str, default: int | None = None
+) -> None:
+    """Add an int option within [1, high]: anything else is a usage error naming it."""
+    group.add_argument(
+        flag,
+        type=_arg_type(_bounded_int(flag, 1, high)),
+        default=default,
+        help=f"{help_text}, 1-{high}",
+    )
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -922,9 +979,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help=f"a model preset, full (unsharded) sizes: {_presets_text()}; warms its "
         "--layers at --tp",
     )
-    what.add_argument(
-        "--hidden", type=_arg_type(_positive), help="hidden size (with --intermediate)"
-    )
+    _int_option(what, "--hidden", MAX_HIDDEN, "hidden size (with --intermediate)")
     what.add_argument(
         "--checkpoint",
         metavar="PATH",
@@ -954,8 +1009,8 @@ def _build_parser() -> argparse.ArgumentParser:
         help="with --model: its dense MLP layers and/or its MoE layers' shared expert, each "
         "sharded intermediate/tp (default both; a model without a shared expert warms dense)",
     )
-    warm.add_argument("--intermediate", type=_arg_type(_positive), help="intermediate size")
-    warm.add_argument("--tp", type=_arg_type(_positive), default=1, help="tensor-parallel size")
+    _int_option(warm, "--intermediate", MAX_INTERMEDIATE, "full intermediate size")
+    _int_option(warm, "--tp", MAX_TP, "tensor-parallel size", default=1)
     warm.add_argument(
         "--tokens",
         type=_arg_type(parse_tokens),
@@ -974,7 +1029,8 @@ def _build_parser() -> argparse.ArgumentParser:
         type=_arg_type(_sm_count),
         default=None,
         help="SM count of the target GPU, which sizes persistent grids (default: the GPU's "
-        "here, else 132 as on the H200 and H100 SXM; H100/H800 PCIe 114, H20 78)",
+        "here, else 132 as on the H200 and H100 SXM; H100/H800 PCIe 114, H20 78; within "
+        f"{MIN_SMS}-{MAX_SMS})",
     )
     warm.add_argument(
         "--ue8m0",
@@ -982,8 +1038,13 @@ def _build_parser() -> argparse.ArgumentParser:
         default=True,
         help="power-of-two activation scales",
     )
-    warm.add_argument("--limit", type=float, default=None, help="clamped-SwiGLU limit")
-    warm.add_argument("--jobs", type=_arg_type(_positive), default=1, help="worker processes")
+    warm.add_argument(
+        "--limit",
+        type=_arg_type(_limit_arg),
+        default=None,
+        help="clamped-SwiGLU limit, a finite BF16 number > 0 (default: no clamp)",
+    )
+    _int_option(warm, "--jobs", MAX_JOBS, "worker processes", default=1)
     warm.add_argument("--dry-run", action="store_true", help="list the kernels, compile nothing")
     warm.add_argument("--worker-id", type=int, default=None, help=argparse.SUPPRESS)
 

@@ -29,10 +29,8 @@ mlpjit.stock.StockLayer and the device facts are mlpjit.device's.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Iterable
-from numbers import Real
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,8 +40,8 @@ from torch import Tensor
 from mlpjit.device import device_sms, kernel_arch
 from mlpjit.errors import CaptureError, MlpjitError
 from mlpjit.jit import capture
-from mlpjit.kernels.fp8_gemv.params import KERNEL_ARGS, MAX_TOKENS
-from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
+from mlpjit.kernels.fp8_gemv.params import KERNEL_ARGS, MAX_TOKENS, check_limit
+from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests, token_counts
 from mlpjit.kernels.fp8_gemv.tuning import kernel_supports
 from mlpjit.kernels.hopper import SMS
 from mlpjit.scales import BLOCK, to_float32_scale
@@ -198,39 +196,18 @@ def _check_layer_weights(w13: object, w2: object) -> tuple[Tensor, Tensor, int, 
 
 
 def _check_limit(limit: object) -> float | None:
-    """limit as a float (None: no clamp); NaN, infinities, 0, negatives and non-numbers
-    (bool and str included) are refused."""
-    if limit is None:
-        return None
-    if isinstance(limit, bool) or not isinstance(limit, Real):
-        raise ValueError(f"limit must be None or a finite number > 0, got {limit!r}")
-    value = float(limit)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"limit must be None or a finite number > 0, got {limit!r}")
-    return value
+    """limit as a float (None: no clamp): a finite BF16 number > 0 (params.check_limit);
+    NaN, infinities, 0, negatives, 10**400 and non-numbers (bool and str included) are
+    refused with a one-line ValueError."""
+    return check_limit(limit)
 
 
 def _token_counts(tokens: Iterable[int]) -> list[int]:
-    """The distinct token counts, as ints in first-seen order; ValueError for anything else.
-
-    Linear in len(tokens): duplicates are found with a set (a list membership test made
-    prepare(range(1, 30000)) take seconds).
-    """
-    try:
-        items = list(tokens)
-    except TypeError:
-        raise ValueError(
-            f"tokens must be an iterable of ints >= 1 (e.g. range(1, 9)), got {tokens!r}"
-        ) from None
-    seen: set[int] = set()
-    counts = []
-    for t in items:
-        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
-            raise ValueError(f"tokens must be ints >= 1, got {t!r} in {items!r}")
-        if t not in seen:
-            seen.add(t)
-            counts.append(int(t))
-    return counts
+    """The distinct token counts, as ints in first-seen order; ValueError for anything else,
+    an endless iterable included (fp8_gemv.plan.token_counts reads at most MAX_TOKEN_COUNTS
+    of them). Linear: duplicates are found with a set (a list membership test made
+    prepare(range(1, 30000)) take seconds)."""
+    return token_counts(tokens)
 
 
 # ---- kernels: compiled through the cache, loaded and checked ---------------------------------
@@ -386,10 +363,15 @@ class DenseMlp:
 
         ``ue8m0`` is the activation-scale rule (powers of two, as vLLM and SGLang use with
         DeepGEMM on Hopper), whatever form the checkpoint stores its weight scales in.
-        ValueError naming the tensor and the file for anything the checkpoint lacks.
+        ValueError naming the tensor and the file for anything the checkpoint lacks, or
+        naming the argument for a bad device, limit or ue8m0 (checked before any file is
+        read).
         """
         from mlpjit.checkpoint import load_dense_mlp_weights
 
+        _check_limit(limit)
+        if not isinstance(ue8m0, bool):
+            raise ValueError(f"ue8m0 must be a bool (True or False), got {ue8m0!r:.60}")
         weights = load_dense_mlp_weights(
             path, prefix, tp_rank=tp_rank, tp_size=tp_size, device=device
         )

@@ -14,7 +14,14 @@ import torch
 
 from mlpjit.kernels.hopper import SMS
 
-__all__ = ["KERNEL_ARCHS", "current_cuda_device", "device_sms", "kernel_arch", "visible_gpus"]
+__all__ = [
+    "KERNEL_ARCHS",
+    "check_device",
+    "current_cuda_device",
+    "device_sms",
+    "kernel_arch",
+    "visible_gpus",
+]
 
 # Compute capability -> the target arch the fp8_gemv kernels are compiled for. Not listed:
 # no kernels; DenseMlp runs the stock path (or the reference off Hopper).
@@ -61,3 +68,26 @@ def visible_gpus() -> list[dict[str, Any]]:
             }
         )
     return devices
+
+
+def check_device(device: object) -> torch.device:
+    """``device`` as a torch.device that checkpoint tensors can be put on: "cpu", or a CUDA
+    device that exists here ("cuda", "cuda:N"); a one-line ValueError naming it otherwise."""
+    allowed = "'cpu', 'cuda' or 'cuda:N' (a torch.device or its name)"
+    if not isinstance(device, (str, torch.device)):
+        raise ValueError(f"device must be {allowed}, got {type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"device must be {allowed}, got {device!r:.60}") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise ValueError(f"device must be {allowed}, got {device!r:.60}")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if dev.index is not None and dev.index >= count or count == 0:
+        raise ValueError(
+            f"device {device!r:.60} is not available: {count} CUDA devices visible "
+            f"(device must be {allowed})"
+        )
+    return dev

@@ -37,3 +37,8 @@ def test_bounded_never_crashes_otherwise(value):
         assert str(err).startswith("v must be") and "\n" not in str(err)
     else:
         assert math.isfinite(number) and -1e6 <= number <= 1e6
+
+
+def test_bounded_shows_integer_ranges_in_full_and_huge_values_briefly():
+    with pytest.raises(ValueError, match=r"in \[1, 1048576\] \(got an integer of 16610 bits\)$"):
+        bounded(10**5000, "n", 1, 1 << 20, integer=True)

@@ -320,8 +320,9 @@ def test_warm_sms_plans_for_the_target_gpu(tmp_path: Path) -> None:
     default = ok_json(tmp_path / "c", "warm", "--model", "glm5", "--tp", "1", "--tokens", "1,8",
                       "--arch", "sm_90a", "--sms", "132", "--dry-run")  # fmt: skip
     assert all("sms" not in e["params"] for e in default["entries"])
-    run = mlpjit(tmp_path / "c", "warm", "--model", "glm5", "--arch", "sm_90a", "--sms", "0")
-    assert run.returncode == 2 and "sms must be an int in [1, 1024]" in run.stderr
+    for bad in ("0", "1", "1025", "9" * 50):  # 1: a ZeroDivisionError in the planner once
+        run = mlpjit(tmp_path / "c", "warm", "--model", "glm5", "--arch", "sm_90a", "--sms", bad)
+        assert run.returncode == 2 and "--sms must be an integer in [8, 1024]" in run.stderr
     run = mlpjit(tmp_path / "c", "warm", *SMOKE, "--sms", "78", "--dry-run")
     assert run.returncode == 1 and "--sms plans --model/--hidden kernels" in run.stderr
 

@@ -174,14 +174,16 @@ def _bad_weight_cases(w: dict[str, torch.Tensor]) -> list[tuple[dict, str]]:
         ({"limit": float("inf")}, r"limit must be None or a finite number > 0"),
         ({"limit": "7"}, r"limit must be None or a finite number > 0"),
         ({"limit": True}, r"limit must be None or a finite number > 0"),
+        ({"limit": 10**400}, r"limit must be None or a finite number > 0 .*got an integer of"),
+        ({"limit": 1e39}, r"limit must be None or a finite number > 0 within BF16's range"),
         ({"ue8m0": 1}, r"ue8m0 must be a bool"),
     ]
 
 
-@pytest.mark.parametrize("case", range(21))
+@pytest.mark.parametrize("case", range(23))
 def test_bad_construction(weights, case: int) -> None:
     cases = _bad_weight_cases(weights)
-    assert len(cases) == 21
+    assert len(cases) == 23
     change, message = cases[case]
     with pytest.raises(ValueError, match=message):
         _mlp(weights, **change)
@@ -580,7 +582,7 @@ def test_empty_weights_are_refused(w13_shape, w2_shape, bad: str, bad_shape: str
     "limit", [float("nan"), float("-inf"), -0.0, torch.tensor(1.0), complex(1, 0), [1.0]]
 )
 def test_more_bad_limits(weights, limit) -> None:
-    with pytest.raises(ValueError, match=r"^limit must be None or a finite number > 0, got "):
+    with pytest.raises(ValueError, match=r"^limit must be None or a finite number > 0 "):
         _mlp(weights, limit=limit)
 
 

@@ -484,3 +484,42 @@ def test_support_follows_the_sm_count() -> None:
     assert len(fp8_plan.dense_mlp_requests(5120, 17408, 1, [1, 8], ARCH, sms=114)) == 4
     with pytest.raises(ValueError, match="fp8_gemv cannot take"):
         tuning.choose_config(5120, 17408, 1, False, sms=78)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((gemv_params.MAX_HIDDEN + 128, 1024, 1), r"^hidden must be an int in \[1, 65536\]"),
+        ((10**18, 128, 1), r"^hidden must be an int in \[1, 65536\], got 1000000000000000000$"),
+        ((1024, gemv_params.MAX_INTERMEDIATE + 128, 1), r"^intermediate must be an int in"),
+        ((1024, 1024, 10**40), r"^tp must be an int in \[1, 1024\]"),
+    ],
+)
+def test_sizes_are_bounded_before_any_planning(args, match) -> None:
+    """hidden 1e18 once searched divisors forever; every size has a documented maximum."""
+    with pytest.raises(ValueError, match=match):
+        fp8_plan.dense_mlp_requests(*args, [1], ARCH)
+
+
+def test_largest_sizes_plan_quickly() -> None:
+    hidden, inter = gemv_params.MAX_HIDDEN, gemv_params.MAX_INTERMEDIATE
+    fp8_plan.dense_mlp_requests(hidden, inter, 1, range(1, 9), ARCH)  # stock path: none fit
+    with pytest.raises(ValueError, match=r"^rows must be in \[1, 2097152\]"):
+        tuning.kernel_supports(gemv_params.MAX_ROWS + 16, 1024, 1)
+    with pytest.raises(ValueError, match=r"^k must be in \[128, 1048576\]"):
+        gemv_params.GemvParams(16, gemv_params.MAX_K + 128, 1, 1, 0, 1, False, None, False)
+
+
+def test_endless_token_lists_are_refused() -> None:
+    import itertools
+
+    with pytest.raises(ValueError, match=r"^tokens must be a finite iterable of at most 65536"):
+        fp8_plan.dense_mlp_requests(1024, 1024, 1, itertools.count(1), ARCH)
+
+
+@pytest.mark.parametrize("sms", range(hopper.MIN_SMS, hopper.MIN_SMS + 8))
+def test_few_sms_plan_without_dividing_by_zero(sms: int) -> None:
+    """At 1-8 SMs no cluster of 4 or 8 K splits is resident: those configs are skipped
+    (they were a ZeroDivisionError), not planned."""
+    for r in fp8_plan.dense_mlp_requests(1024, 1024, 1, range(1, 9), ARCH, sms=sms):
+        assert r.params["sms"] == sms

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["MAX_DIGITS", "bounded", "clamped"]
+__all__ = ["MAX_DIGITS", "bounded", "clamped", "shown"]
 
 MAX_DIGITS = 40  # longer number strings are refused before int()/float() sees them
 
@@ -66,11 +66,27 @@ def bounded(
     number = _as_number(value, integer)
     kind = "an integer" if integer else "a number"
     if number is None or not lo <= number <= hi:
-        shown = str(value) if isinstance(value, int) else repr(value)
-        if len(shown) > 60:
-            shown = shown[:57] + "..."
-        raise ValueError(f"{name} must be {kind} in [{lo:g}, {hi:g}] (got {shown})")
+        raise ValueError(
+            f"{name} must be {kind} in [{_limit(lo)}, {_limit(hi)}] (got {shown(value)})"
+        )
     return number
+
+
+def _limit(bound: float) -> str:
+    """A range end for a message: integers in full (1048576, not 1.04858e+06) up to 12
+    digits, others as %g."""
+    if float(bound).is_integer() and abs(bound) < 10**12:
+        return str(int(bound))
+    return f"{bound:g}"
+
+
+def shown(value: Any) -> str:
+    """``value`` for an error message, at most 60 characters (an int of thousands of
+    digits cannot even be turned into a string)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**60:
+        return f"an integer of {value.bit_length()} bits"
+    shown = str(value) if isinstance(value, int) else repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
 def clamped(value: Any, lo: float, hi: float, default: float, *, integer: bool = False):

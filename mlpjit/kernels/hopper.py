@@ -1,7 +1,10 @@
 """sm_90 (H100 / H200) resource facts the kernels plan with, and the two budgets they imply.
 
 SMS is the SM count the tuned tables and the defaults are for (H200, H100 SXM); other
-Hopper parts (H100 PCIe and H800 PCIe: 114, H20: 78) plan with their own count.
+Hopper parts (H100 PCIe and H800 PCIe: 114, H20: 78) plan with their own count. The
+planner takes any count in [MIN_SMS, MAX_SMS]: the smallest Hopper partition a kernel runs
+on is a MIG 1g slice (16 SMs), and below 8 SMs a cluster of 8 CTAs (the largest the
+kernels launch) cannot be resident, so nothing smaller describes a real GPU.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ __all__ = [
 ]
 
 SMS = 132
+MIN_SMS = 8
 MAX_SMS = 1024
 SMEM_PER_SM = 228 * 1024
 SMEM_PER_CTA_MAX = 227 * 1024  # dynamic + static
@@ -40,10 +44,16 @@ MAX_FULL_CLUSTER = 2
 LARGE_CLUSTER_RESIDENCY = 120 / 132
 
 
-def check_sms(sms: int) -> int:
-    """``sms`` if it is an SM count (an int in 1..MAX_SMS), else ValueError naming it."""
-    if isinstance(sms, bool) or not isinstance(sms, int) or not 1 <= sms <= MAX_SMS:
-        raise ValueError(f"sms must be an int in [1, {MAX_SMS}] (the GPU's SM count), got {sms!r}")
+def check_sms(sms: int, name: str = "sms") -> int:
+    """``sms`` if it is an SM count (an int in MIN_SMS..MAX_SMS), else a ValueError naming
+    ``name`` (the argument it came from) and the range."""
+    if isinstance(sms, bool) or not isinstance(sms, int) or not MIN_SMS <= sms <= MAX_SMS:
+        from mlpjit.jit.bounds import shown
+
+        raise ValueError(
+            f"{name} must be an int in [{MIN_SMS}, {MAX_SMS}] (the GPU's SM count), "
+            f"got {shown(sms)}"
+        )
     return sms
 
 
@@ -62,7 +72,8 @@ def smem_budget(ctas_per_sm: int) -> int:
 
 def resident_ctas(slots: int, cluster: int) -> int:
     """CTAs in clusters of ``cluster`` that can be resident at once on ``slots`` CTA slots
-    (SMs x CTAs per SM); a larger grid runs its last clusters as a second wave."""
+    (SMs x CTAs per SM); a larger grid runs its last clusters as a second wave. 0 when not
+    even one cluster fits: such a launch cannot run, and the planner skips it."""
     if cluster <= MAX_FULL_CLUSTER:
         return slots
     return int(LARGE_CLUSTER_RESIDENCY * slots) // cluster * cluster

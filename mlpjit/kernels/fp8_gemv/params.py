@@ -9,23 +9,32 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from numbers import Real
 from typing import Any
 
+from mlpjit.jit.bounds import bounded, shown
 from mlpjit.kernels import hopper
 
 __all__ = [
     "CLUSTER_SIZES",
     "GROUP",
     "KERNEL_ARGS",
+    "MAX_HIDDEN",
+    "MAX_INTERMEDIATE",
+    "MAX_K",
+    "MAX_LIMIT",
     "MAX_PENDING_GROUPS",
+    "MAX_ROWS",
     "MAX_TOKENS",
     "MAX_WARPS",
+    "MIN_LIMIT",
     "SLICE",
     "SLICE_SIZES",
     "SPLITS_MAX",
     "STEPS",
     "GemvConfig",
     "GemvParams",
+    "check_limit",
     "grid_ctas",
     "smem_bytes",
 ]
@@ -39,6 +48,19 @@ GROUP = 128  # activation / weight scale group along K
 # cluster size) sum their partials in the first one's shared memory.
 SPLITS_MAX = 8
 MAX_TOKENS = 8  # the mma's N
+# The largest layer sizes planned: hidden 65536 and an intermediate (shard) of 1M are far
+# past every released model (DeepSeek-V3: 7168 and 18432; Llama-3.1-405B: 16384 and
+# 53248), and a gate_up weight of 2M x 65536 FP8 bytes (128 GiB) is already about what one
+# H200 holds. Sizes past these are refused before any planning, whose searches grow with
+# them (hidden 1e18 never finished).
+MAX_HIDDEN = 1 << 16
+MAX_INTERMEDIATE = 1 << 20
+MAX_ROWS = 2 * MAX_INTERMEDIATE  # gate_up of the largest intermediate shard
+MAX_K = MAX_INTERMEDIATE  # down of the largest intermediate shard
+# The clamped-SwiGLU limit: a finite BF16 number (the clamp compares BF16 values), from the
+# smallest normal one to the largest.
+MIN_LIMIT = 2.0**-126
+MAX_LIMIT = 3.3895313892515355e38
 MAX_WARPS = hopper.THREADS_PER_CTA // 32
 # cp.async groups one thread may have in flight: ptxas 13.0 encodes the wait count in 6 bits
 # (DEPBAR.LE SB0, 0x3f), so slices_per_warp * (steps - in_regs) must stay within it.
@@ -109,6 +131,8 @@ def grid_ctas(
         return tiles_total
     # Whole clusters of the K splits, all resident: each takes row tiles c, c + clusters, ...
     slots = hopper.resident_ctas(sms * ctas_per_sm, splits)
+    if slots < splits:
+        return tiles_total  # not one cluster resident: no persistent form (nor any launch)
     return min(tiles_total, slots // splits * splits)
 
 
@@ -135,11 +159,30 @@ class GemvConfig:
 
 def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, got {value!r}")
+        raise ValueError(f"{name} must be an int, got {shown(value)}")
     if value < low or (high is not None and value > high):
         allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be {allowed}, got {value}")
+        raise ValueError(f"{name} must be {allowed}, got {shown(value)}")
     return value
+
+
+def check_limit(limit: Any, name: str = "limit") -> float | None:
+    """The clamped-SwiGLU limit as a float (None: no clamp), else a one-line ValueError
+    naming ``name``: a finite BF16 number in [MIN_LIMIT, MAX_LIMIT] (bool and str refused:
+    a caller's typo, not a number)."""
+    if limit is None:
+        return None
+    try:
+        if isinstance(limit, (bool, str)):
+            raise ValueError(name)
+        if isinstance(limit, Real) and not isinstance(limit, (int, float)):
+            limit = float(limit)  # Fraction, numpy scalars: any real number
+        return float(bounded(limit, name, MIN_LIMIT, MAX_LIMIT))
+    except (ValueError, OverflowError):
+        raise ValueError(
+            f"{name} must be None or a finite number > 0 within BF16's range "
+            f"[{MIN_LIMIT:g}, {MAX_LIMIT:g}], got {shown(limit)}"
+        ) from None
 
 
 def _check_bool(name: str, value: Any) -> None:
@@ -173,8 +216,8 @@ class GemvParams:
     sms: int = hopper.SMS  # the target GPU's SM count: sizes a persistent grid
 
     def __post_init__(self) -> None:
-        _check_int("rows", self.rows, 16)
-        _check_int("k", self.k, GROUP)
+        _check_int("rows", self.rows, 16, MAX_ROWS)
+        _check_int("k", self.k, GROUP, MAX_K)
         _check_int("tokens", self.tokens, 1, MAX_TOKENS)
         _check_int("tiles", self.tiles, 1)
         if type(self.slice_k) is not int or self.slice_k not in SLICE_SIZES:
@@ -184,13 +227,7 @@ class GemvParams:
         _check_int("ctas_per_sm", self.ctas_per_sm, 1, 32)
         for name in ("swiglu", "ue8m0", "early_launch"):
             _check_bool(name, getattr(self, name))
-        limit = self.limit
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0.0
-        ):
-            raise ValueError(f"limit must be None or a positive float, got {limit!r}")
-        if limit is not None:
-            object.__setattr__(self, "limit", float(limit))
+        object.__setattr__(self, "limit", check_limit(self.limit))
         if self.k % (self.splits * self.slice_k):
             raise ValueError(
                 f"k must be a multiple of splits * slice_k = {self.splits * self.slice_k}, "
@@ -231,6 +268,11 @@ class GemvParams:
             raise ValueError(
                 f"cluster must be 1 with splits > 1 (the cluster is the tile's {self.splits} "
                 f"K splits), got cluster={self.cluster}"
+            )
+        if hopper.resident_ctas(self.sms * self.ctas_per_sm, self.cluster_ctas) == 0:
+            raise ValueError(
+                f"a cluster of {self.cluster_ctas} CTAs cannot be resident on {self.sms} SMs "
+                f"at ctas_per_sm={self.ctas_per_sm}; use fewer splits or a smaller cluster"
             )
         if self.ctas % self.cluster:
             raise ValueError(

@@ -1,15 +1,68 @@
 """Compile requests of fp8_gemv: one launch (gemv_request) or both kernels of a dense-MLP
-shard for a list of token counts (dense_mlp_requests), planned by tuning.choose_config."""
+shard for a list of token counts (dense_mlp_requests), planned by tuning.choose_config.
+
+Every size is checked against its documented maximum (params.MAX_HIDDEN,
+MAX_INTERMEDIATE, MAX_ROWS, MAX_K) and the SM count against hopper's range before any
+planning, so a huge or bad value is a one-line ValueError naming it, never a search that
+does not finish.
+"""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable
+
+from mlpjit.jit.bounds import shown
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.kernels import hopper
-from mlpjit.kernels.fp8_gemv.params import GemvConfig, GemvParams
+from mlpjit.kernels.fp8_gemv.params import (
+    MAX_HIDDEN,
+    MAX_INTERMEDIATE,
+    GemvConfig,
+    GemvParams,
+    check_limit,
+)
 from mlpjit.kernels.fp8_gemv.spec import SPEC
 from mlpjit.kernels.fp8_gemv.tuning import choose_config, kernel_supports
 
-__all__ = ["dense_mlp_requests", "gemv_request"]
+__all__ = ["MAX_TOKEN_COUNTS", "dense_mlp_requests", "gemv_request", "token_counts"]
+
+# Most token counts one plan or prepare() reads: far more than a server's list of CUDA-graph
+# batch sizes, and few enough that an endless iterable (itertools.count) is refused at once.
+MAX_TOKEN_COUNTS = 1 << 16
+
+
+def token_counts(tokens: Iterable[int]) -> list[int]:
+    """The distinct token counts of ``tokens`` (a finite iterable of at most
+    MAX_TOKEN_COUNTS ints >= 1) as plain ints in first-seen order; ValueError naming
+    tokens otherwise. Linear: duplicates are found with a set."""
+    try:
+        items = list(itertools.islice(tokens, MAX_TOKEN_COUNTS + 1))
+    except TypeError:
+        raise ValueError(
+            f"tokens must be an iterable of ints >= 1 (e.g. range(1, 9)), got {tokens!r}"
+        ) from None
+    if len(items) > MAX_TOKEN_COUNTS:
+        raise ValueError(
+            f"tokens must be a finite iterable of at most {MAX_TOKEN_COUNTS} token counts "
+            f"(e.g. range(1, 9)), got more from {shown(tokens)}"
+        )
+    seen: set[int] = set()
+    counts = []
+    for t in items:
+        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+            raise ValueError(f"tokens must be ints >= 1, got {shown(t)} in {shown(tokens)}")
+        if t not in seen:
+            seen.add(t)
+            counts.append(int(t))
+    return counts
+
+
+def _check_size(name: str, value: object, high: int) -> int:
+    """A layer size: an int in [1, high], else ValueError naming it and the range."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        raise ValueError(f"{name} must be an int in [1, {high}], got {shown(value)}")
+    return value
 
 
 def gemv_request(
@@ -56,15 +109,13 @@ def dense_mlp_requests(
     the stock path and need no compile).
     """
     hopper.check_sms(sms)
-    for name, value in (("hidden", hidden), ("intermediate", intermediate), ("tp", tp)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    _check_size("hidden", hidden, MAX_HIDDEN)
+    _check_size("intermediate", intermediate, MAX_INTERMEDIATE)
+    _check_size("tp", tp, intermediate)
     if intermediate % tp:
         raise ValueError(f"tp must divide intermediate ({intermediate}), got {tp}")
-    counts = [tokens] if isinstance(tokens, int) else list(tokens)
-    for m in counts:
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ValueError(f"tokens must be positive ints, got {m!r}")
+    counts = token_counts([tokens] if isinstance(tokens, int) else tokens)
+    limit = check_limit(limit)
     inter = intermediate // tp
     requests = []
     for m in counts:

@@ -14,7 +14,9 @@ from mlpjit.kernels import hopper
 from mlpjit.kernels.fp8_gemv.params import (
     CLUSTER_SIZES,
     GROUP,
+    MAX_K,
     MAX_PENDING_GROUPS,
+    MAX_ROWS,
     MAX_TOKENS,
     MAX_WARPS,
     SLICE,
@@ -240,9 +242,9 @@ def config_fits(rows: int, k: int, tokens: int, config: GemvConfig, sms: int = h
         rows, k, config.tiles, config.in_regs, config.ctas_per_sm, spw, sms, **geometry
     )
     cluster = max(config.cluster, splits)
-    if grid % cluster:
-        return False
     slots = sms * config.ctas_per_sm
+    if grid % cluster or hopper.resident_ctas(slots, cluster) == 0:
+        return False
     if cluster > MAX_PERSISTENT_CLUSTER and slots >= grid > hopper.resident_ctas(slots, cluster):
         return False  # meant as one wave, but not resident at once
     fit = max_in_regs(k, tokens, config.tiles, config.ctas_per_sm, spw, **geometry)
@@ -264,9 +266,14 @@ def _tuned(rows: int, k: int, tokens: int, swiglu: bool, sms: int) -> GemvConfig
 
 
 def _check_shape(rows: int, k: int, tokens: int) -> None:
+    """Positive ints, rows and k at most MAX_ROWS and MAX_K: the searches below grow with
+    the sizes, so a huge one is refused here instead of never finishing."""
     for name, value in (("rows", rows), ("k", k), ("tokens", tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+    for name, value, high in (("rows", rows, MAX_ROWS), ("k", k, MAX_K)):
+        if value > high:
+            raise ValueError(f"{name} must be in [1, {high}] (see MAX_{name.upper()}), got {value}")
 
 
 def one_wave_candidates(
@@ -434,8 +441,8 @@ def _spread_config(
     steps that fit (at most HEURISTIC_MAX_IN_REGS where shared memory allows), or None."""
     geometry = {"slice_k": slice_k, "splits": splits}
     fit = max_in_regs(k, tokens, tiles, cps, spw, **geometry)
-    if fit is None:
-        return None
+    if fit is None or hopper.resident_ctas(sms * cps, splits) == 0:
+        return None  # nothing fits, or not even one cluster of the splits is resident
     cap = min(fit, HEURISTIC_MAX_IN_REGS)
     for in_regs in [*range(cap, -1, -1), *range(cap + 1, fit + 1)]:
         ctas = _spread_grid(rows, k, tokens, tiles, spw, cps, in_regs, geometry, sms, waves_ok)
