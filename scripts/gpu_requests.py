@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 SOURCES = (
     REPO / "tests" / "gpu" / "test_dense_mlp_gpu.py",
     REPO / "tests" / "gpu" / "test_fp8_gemv_gpu.py",
+    REPO / "tests" / "gpu" / "test_fp8_stream_gpu.py",
     REPO / "tests" / "gpu" / "test_launcher_gpu.py",
     REPO / "scripts" / "bench_dense_mlp.py",
     REPO / "scripts" / "bench_launch.py",

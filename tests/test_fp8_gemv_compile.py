@@ -18,9 +18,7 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -31,12 +29,10 @@ from mlpjit.kernels import hopper  # noqa: E402
 from mlpjit.kernels.fp8_gemv import SPEC, tuning  # noqa: E402
 from mlpjit.kernels.fp8_gemv import params as gemv_params  # noqa: E402
 from mlpjit.kernels.fp8_gemv import plan as fp8_plan  # noqa: E402
-from mlpjit.testing.cubin_info import find_cuobjdump, param_mismatches  # noqa: E402
+from mlpjit.testing.cubin_info import param_mismatches, sass_facts  # noqa: E402
 
 ARCH = "sm_90a"
 MAX_REGS = 255
-_SASS_OP = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
-_RES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
 _DEPBAR = re.compile(r"DEPBAR\.LE SB0, 0x([0-9a-f]+)")
 
 
@@ -91,26 +87,15 @@ def _compiled(frozen: tuple):
 @functools.cache
 def _facts(frozen: tuple) -> dict:
     """Resource usage and SASS opcode sequence of one compiled kernel (cuobjdump)."""
-    binary = _compiled(frozen)
-    tool = find_cuobjdump()
-    with tempfile.TemporaryDirectory(prefix="mlpjit-test-") as tmp:
-        path = Path(tmp) / "k.cubin"
-        path.write_bytes(binary.cubin)
-        res = subprocess.run([tool, "-res-usage", str(path)], capture_output=True, text=True)
-        sass = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True)
-    assert res.returncode == 0 and sass.returncode == 0, res.stderr + sass.stderr
-    match = _RES.search(res.stdout)
-    assert match, res.stdout
-    regs, stack, static_smem, local = (int(v) for v in match.groups())
-    ops = [m.group(1) for line in sass.stdout.splitlines() if (m := _SASS_OP.match(line))]
+    f = sass_facts(_compiled(frozen).cubin)
     return {
-        "regs": regs,
-        "stack": stack,
-        "static_smem": static_smem,
-        "local": local,
-        "ops": ops,
-        "sass": sass.stdout,
-        "count": Counter(ops),
+        "regs": f.regs,
+        "stack": f.stack,
+        "static_smem": f.static_smem,
+        "local": f.local,
+        "ops": list(f.ops),
+        "sass": f.sass,
+        "count": Counter(f.ops),
     }
 
 

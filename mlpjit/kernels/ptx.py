@@ -19,6 +19,21 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 __all__ = [
+    "globaltimer",
+    "st_global_u64",
+    "atom_add_acq_rel_gpu",
+    "bar_sync",
+    "cp_async_bulk_g2s",
+    "cp_async_ca_4",
+    "fence_acq_rel_gpu",
+    "fence_mbarrier_init",
+    "ld_relaxed_gpu_v4_f32",
+    "mbarrier_arrive",
+    "mbarrier_arrive_expect_tx",
+    "mbarrier_init",
+    "mbarrier_wait",
+    "st_global_v4_f32",
+    "st_relaxed_gpu_u32",
     "absmax_bf16x2",
     "bf16x2_to_f32x2",
     "bf16_round",
@@ -739,6 +754,221 @@ def prmt(a: Int32, b: Int32, selector: int, *, loc=None, ip=None) -> Int32:
         f"prmt.b32 $0, $1, $2, {selector:#x};",
         "=r,r,r",
         side_effects=False,
+        loc=loc,
+        ip=ip,
+    )
+
+
+# ---------------------------------------------------------------- mbarriers and bulk copies
+# A ring of shared-memory stages: the producer's bulk copies complete a stage's "full"
+# mbarrier by their byte count; the consumers' arrivals complete its "empty" one.
+
+
+@dsl_user_op
+def mbarrier_init(addr: Int32, count: int, *, loc=None, ip=None) -> None:
+    """mbarrier.init.shared::cta.b64 [addr], count;"""
+    _asm(
+        [],
+        [(_I32, addr)],
+        f"mbarrier.init.shared::cta.b64 [$0], {int(count)};",
+        "r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def fence_mbarrier_init(*, loc=None, ip=None) -> None:
+    """fence.mbarrier_init.release.cluster; fence.proxy.async.shared::cta; (initialized
+    barriers visible to the bulk-copy unit before any copy signals them)"""
+    _asm(
+        [],
+        [],
+        "fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;",
+        "~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def mbarrier_arrive_expect_tx(addr: Int32, nbytes: Int32, *, loc=None, ip=None) -> None:
+    """mbarrier.arrive.expect_tx.shared::cta.b64 _, [addr], nbytes;"""
+    _asm(
+        [],
+        [(_I32, addr), (_I32, nbytes)],
+        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
+        "r,r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def mbarrier_arrive(addr: Int32, *, loc=None, ip=None) -> None:
+    """mbarrier.arrive.shared::cta.b64 _, [addr]; (release: our reads of the stage are done)"""
+    _asm(
+        [],
+        [(_I32, addr)],
+        "mbarrier.arrive.shared::cta.b64 _, [$0];",
+        "r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def mbarrier_wait(addr: Int32, parity: Int32, *, loc=None, ip=None) -> None:
+    """Spin on mbarrier.try_wait.parity.shared::cta.b64 until the phase of ``parity`` is done."""
+    _asm(
+        [],
+        [(_I32, addr), (_I32, parity)],
+        "{\n\t.reg .pred done;\n\tWAIT:\n\t"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [$0], $1;\n\t"
+        "@!done bra WAIT;\n\t}",
+        "r,r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def cp_async_bulk_g2s(
+    smem: Int32, gmem: Int64, nbytes: Int32, mbar: Int32, *, loc=None, ip=None
+) -> None:
+    """cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [s], [g], n, [mbar];
+
+    One thread copies n bytes (a multiple of 16, both addresses 16-byte aligned); the
+    mbarrier's transaction count falls by n when they have landed."""
+    _asm(
+        [],
+        [(_I32, smem), (_I64, gmem), (_I32, nbytes), (_I32, mbar)],
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
+        "r,l,r,r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def cp_async_ca_4(smem: Int32, gmem: Int64, *, loc=None, ip=None) -> None:
+    """cp.async.ca.shared.global [smem], [gmem], 4;"""
+    _asm(
+        [],
+        [(_I32, smem), (_I64, gmem)],
+        "cp.async.ca.shared.global [$0], [$1], 4;",
+        "r,l,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def bar_sync(barrier: int, threads: int, *, loc=None, ip=None) -> None:
+    """bar.sync id, threads; (a named barrier for a subset of the CTA's warps)"""
+    _asm(
+        [],
+        [],
+        f"bar.sync {int(barrier)}, {int(threads)};",
+        "~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+# ---------------------------------------------------------------- split partials in global memory
+
+
+@dsl_user_op
+def st_global_v4_f32(
+    addr: Int64, a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None
+) -> None:
+    """st.global.v4.f32 [addr], {a, b, c, d};"""
+    _asm(
+        [],
+        [(_I64, addr), (_F32, a), (_F32, b), (_F32, c), (_F32, d)],
+        "st.global.v4.f32 [$0], {$1, $2, $3, $4};",
+        "l,f,f,f,f,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def ld_relaxed_gpu_v4_f32(addr: Int64, *, loc=None, ip=None) -> tuple:
+    """ld.relaxed.gpu.global.v4.f32 {f0..f3}, [addr]; (another CTA's data: not from L1)"""
+    return _asm(
+        [_F32] * 4,
+        [(_I64, addr)],
+        "ld.relaxed.gpu.global.v4.f32 {$0, $1, $2, $3}, [$4];",
+        "=f,=f,=f,=f,l,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def fence_acq_rel_gpu(*, loc=None, ip=None) -> None:
+    """fence.acq_rel.gpu;"""
+    _asm([], [], "fence.acq_rel.gpu;", "~{memory}", side_effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def atom_add_acq_rel_gpu(addr: Int64, value: Int32, *, loc=None, ip=None) -> Int32:
+    """atom.acq_rel.gpu.global.add.u32 old, [addr], value;"""
+    return _asm(
+        [_I32],
+        [(_I64, addr), (_I32, value)],
+        "atom.acq_rel.gpu.global.add.u32 $0, [$1], $2;",
+        "=r,l,r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def st_relaxed_gpu_u32(addr: Int64, value: Int32, *, loc=None, ip=None) -> None:
+    """st.relaxed.gpu.global.u32 [addr], value;"""
+    _asm(
+        [],
+        [(_I64, addr), (_I32, value)],
+        "st.relaxed.gpu.global.u32 [$0], $1;",
+        "l,r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+# ---------------------------------------------------------------- tracing (developer aid)
+
+
+@dsl_user_op
+def globaltimer(*, loc=None, ip=None) -> Int64:
+    """mov.u64 t, %globaltimer; (nanoseconds, GPU-wide)"""
+    return _asm([_I64], [], "mov.u64 $0, %globaltimer;", "=l", side_effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def st_global_u64(addr: Int64, value: Int64, *, loc=None, ip=None) -> None:
+    """st.global.u64 [addr], value;"""
+    _asm(
+        [],
+        [(_I64, addr), (_I64, value)],
+        "st.global.u64 [$0], $1;",
+        "l,l,~{memory}",
+        side_effects=True,
         loc=loc,
         ip=ip,
     )

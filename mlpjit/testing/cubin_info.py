@@ -23,7 +23,14 @@ from mlpjit.errors import MlpjitError
 if TYPE_CHECKING:
     from mlpjit.jit.binary import KernelBinary
 
-__all__ = ["CubinParam", "find_cuobjdump", "cubin_kernel_params", "param_mismatches"]
+__all__ = [
+    "CubinParam",
+    "SassFacts",
+    "cubin_kernel_params",
+    "find_cuobjdump",
+    "param_mismatches",
+    "sass_facts",
+]
 
 _SIZES = {"ptr": 8, "i32": 4, "f32": 4}
 _KPARAM = re.compile(
@@ -113,3 +120,36 @@ def param_mismatches(binary: KernelBinary) -> list[str]:
                 f"{declared.kind} ({want} bytes) but {actual.size} bytes in the cubin"
             )
     return problems
+
+
+_RES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+_SASS_OP = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+@dataclass(frozen=True)
+class SassFacts:
+    """What the compile tests read from one cubin: resource usage and the SASS opcodes."""
+
+    regs: int
+    stack: int
+    static_smem: int
+    local: int
+    ops: tuple[str, ...]  # opcodes with modifiers, in program order (predicates dropped)
+    sass: str  # the whole `cuobjdump -sass` text
+
+
+def sass_facts(cubin: bytes) -> SassFacts:
+    """Resource usage (`cuobjdump -res-usage`) and SASS opcodes (`-sass`) of a one-kernel
+    cubin; MlpjitError if cuobjdump fails."""
+    tool = find_cuobjdump()
+    with tempfile.TemporaryDirectory(prefix="mlpjit-cubin-") as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        res = subprocess.run([tool, "-res-usage", str(path)], capture_output=True, text=True)
+        sass = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True)
+    match = _RES.search(res.stdout)
+    if res.returncode != 0 or sass.returncode != 0 or match is None:
+        raise MlpjitError(f"cuobjdump failed: {(res.stderr + sass.stderr).strip()[:200]}")
+    regs, stack, static_smem, local = (int(v) for v in match.groups())
+    ops = tuple(m.group(1) for line in sass.stdout.splitlines() if (m := _SASS_OP.match(line)))
+    return SassFacts(regs, stack, static_smem, local, ops, sass.stdout)

@@ -14,6 +14,7 @@ from typing import Any
 
 from mlpjit.jit.bounds import bounded, shown
 from mlpjit.kernels import hopper
+from mlpjit.kernels.checks import check_bool, check_int
 
 __all__ = [
     "CLUSTER_SIZES",
@@ -157,15 +158,6 @@ class GemvConfig:
     splits: int = 1
 
 
-def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, got {shown(value)}")
-    if value < low or (high is not None and value > high):
-        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be {allowed}, got {shown(value)}")
-    return value
-
-
 def check_limit(limit: Any, name: str = "limit") -> float | None:
     """The clamped-SwiGLU limit as a float (None: no clamp), else a one-line ValueError
     naming ``name``: a finite BF16 number in [MIN_LIMIT, MAX_LIMIT] (bool and str refused:
@@ -183,11 +175,6 @@ def check_limit(limit: Any, name: str = "limit") -> float | None:
             f"{name} must be None or a finite number > 0 within BF16's range "
             f"[{MIN_LIMIT:g}, {MAX_LIMIT:g}], got {shown(limit)}"
         ) from None
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be a bool, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -216,17 +203,17 @@ class GemvParams:
     sms: int = hopper.SMS  # the target GPU's SM count: sizes a persistent grid
 
     def __post_init__(self) -> None:
-        _check_int("rows", self.rows, 16, MAX_ROWS)
-        _check_int("k", self.k, GROUP, MAX_K)
-        _check_int("tokens", self.tokens, 1, MAX_TOKENS)
-        _check_int("tiles", self.tiles, 1)
+        check_int("rows", self.rows, 16, MAX_ROWS)
+        check_int("k", self.k, GROUP, MAX_K)
+        check_int("tokens", self.tokens, 1, MAX_TOKENS)
+        check_int("tiles", self.tiles, 1)
         if type(self.slice_k) is not int or self.slice_k not in SLICE_SIZES:
             raise ValueError(f"slice_k must be one of {SLICE_SIZES}, got {self.slice_k!r}")
-        _check_int("splits", self.splits, 1, SPLITS_MAX)
-        _check_int("in_regs", self.in_regs, 0, self.steps)
-        _check_int("ctas_per_sm", self.ctas_per_sm, 1, 32)
+        check_int("splits", self.splits, 1, SPLITS_MAX)
+        check_int("in_regs", self.in_regs, 0, self.steps)
+        check_int("ctas_per_sm", self.ctas_per_sm, 1, 32)
         for name in ("swiglu", "ue8m0", "early_launch"):
-            _check_bool(name, getattr(self, name))
+            check_bool(name, getattr(self, name))
         object.__setattr__(self, "limit", check_limit(self.limit))
         if self.k % (self.splits * self.slice_k):
             raise ValueError(
@@ -239,7 +226,7 @@ class GemvParams:
             )
         if self.swiglu and self.rows % 2:
             raise ValueError(f"rows must be even with swiglu, got {self.rows}")
-        _check_int("slices_per_warp", self.slices_per_warp, 1, self.slices)
+        check_int("slices_per_warp", self.slices_per_warp, 1, self.slices)
         if self.slices % self.spw:
             raise ValueError(
                 f"slices_per_warp must divide k/splits/slice_k = {self.slices}, "

@@ -1,0 +1,210 @@
+"""fp8_stream's compile parameters: one frozen dataclass, its validation and its geometry.
+
+Plain Python (no cutlass, no torch). The work is the layer's 128-K blocks of 16-row tiles,
+taken in tile-major order and cut into one contiguous range per CTA (stream-K): every
+CTA of the one resident wave gets the same number of blocks, whatever the number of row
+tiles or K blocks, so the speed follows from the bytes. kernel.py describes the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlpjit.kernels import hopper
+from mlpjit.kernels.checks import check_bool, check_int
+from mlpjit.kernels.fp8_gemv.params import MAX_K, MAX_ROWS, check_limit
+
+__all__ = [
+    "BLOCK",
+    "KERNEL_ARGS",
+    "MAX_TOKENS",
+    "ROW_PAD",
+    "StreamParams",
+    "workspace_bytes",
+]
+
+BLOCK = 128  # K per block: one weight-scale block and one activation-scale group
+TILE_ROWS = 16  # A rows of one m16n8k32 mma (SwiGLU: 8 gate rows and their 8 up rows)
+MAX_TOKENS = 8  # the mma's N
+# Shared-memory rows (weights and quantized x) are padded by half a bank line, so the 16-byte
+# fragment loads of rows r and r+1 fall in different bank halves.
+ROW_PAD = 64
+SLOT_BYTES = 32 * 16  # one tile's fp32 partial sums: 32 lanes x 4 floats
+# Tile partials the consumers may hand the epilogue warp before it has taken the oldest.
+PARTIAL_BUFFERS = 4
+# x loads one thread keeps in flight before quantizing (8 registers each).
+X_PASSES_MAX = 12
+# Timestamps per CTA of a ``trace`` build (a developer aid: where a launch spends its time).
+TRACE_POINTS = 8
+# The kernel's parameters, in order (device pointers): output, input, weight, scales, and
+# the layer's workspace (split partials and arrival counters, zero at first use).
+KERNEL_ARGS = ("out", "x", "w", "w_scale", "workspace")
+
+
+def workspace_bytes(rows: int, k: int, sms: int = hopper.SMS, trace: bool = False) -> int:
+    """Bytes of the workspace one launch of this shape needs: two partial-sum slots per CTA
+    (its first and its last tile) and one arrival counter per tile (and, with ``trace``,
+    TRACE_POINTS timestamps per CTA)."""
+    blocks = rows // TILE_ROWS * (k // BLOCK)
+    ctas = min(sms, blocks)
+    nbytes = ctas * 2 * SLOT_BYTES + rows // TILE_ROWS * 4
+    if trace:
+        nbytes = _align(nbytes, 8) + ctas * TRACE_POINTS * 8
+    return nbytes
+
+
+@dataclass(frozen=True)
+class StreamParams:
+    """One specialization of fp8_stream: shape, numerics options and the two knobs.
+
+    ``warps``: consumer warps, one 128-K block each per stage (a stage is 16 rows x
+    warps * 128 K); ``stages``: the ring of stages a producer warp keeps filled with bulk
+    copies (bytes in flight per SM = stages * stage bytes).
+    """
+
+    rows: int
+    k: int
+    tokens: int
+    swiglu: bool
+    limit: float | None
+    ue8m0: bool
+    warps: int = 4
+    stages: int = 6
+    sms: int = hopper.SMS
+    trace: bool = False  # record TRACE_POINTS %globaltimer stamps per CTA in the workspace
+    # 128-K blocks each consumer warp takes per stage (bigger stages: longer bulk copies)
+    blocks_per_warp: int = 1
+    # CTAs meant to be resident per SM (2: the next kernel's CTA fits beside this one, so
+    # its weights stream while this one finishes): the shared-memory and register bounds
+    ctas_per_sm: int = 1
+
+    def __post_init__(self) -> None:
+        check_int("rows", self.rows, TILE_ROWS, MAX_ROWS)
+        check_int("k", self.k, BLOCK, MAX_K)
+        check_int("tokens", self.tokens, 1, MAX_TOKENS)
+        check_int("warps", self.warps, 1, 16)
+        check_int("stages", self.stages, 2, 16)
+        check_int("blocks_per_warp", self.blocks_per_warp, 1, 4)
+        check_int("ctas_per_sm", self.ctas_per_sm, 1, 2)
+        hopper.check_sms(self.sms)
+        for name in ("swiglu", "ue8m0", "trace"):
+            check_bool(name, getattr(self, name))
+        object.__setattr__(self, "limit", check_limit(self.limit))
+        if self.k % BLOCK:
+            raise ValueError(f"k must be a multiple of {BLOCK}, got {self.k}")
+        if self.rows % TILE_ROWS:
+            raise ValueError(f"rows must be a multiple of {TILE_ROWS}, got {self.rows}")
+        budget = hopper.smem_budget(self.ctas_per_sm)
+        if self.smem_bytes > budget:
+            raise ValueError(
+                f"fp8_stream needs {self.smem_bytes} B of shared memory per CTA for k={self.k} "
+                f"and {self.tokens} tokens, more than {budget} B at ctas_per_sm="
+                f"{self.ctas_per_sm}; lower stages or warps"
+            )
+
+    # Geometry: Python constants, compiled into the kernel.
+    @property
+    def kblocks(self) -> int:
+        return self.k // BLOCK
+
+    @property
+    def tiles(self) -> int:
+        return self.rows // TILE_ROWS
+
+    @property
+    def blocks(self) -> int:
+        """The work: (tile, K block) pairs."""
+        return self.tiles * self.kblocks
+
+    @property
+    def ctas(self) -> int:
+        return min(self.sms, self.blocks)
+
+    @property
+    def max_blocks_per_cta(self) -> int:
+        return -(-self.blocks // self.ctas)
+
+    @property
+    def threads(self) -> int:
+        return 32 * (self.warps + 2)  # consumers, the producer warp, the epilogue warp
+
+    @property
+    def out_cols(self) -> int:
+        return self.rows // 2 if self.swiglu else self.rows
+
+    @property
+    def stage_blocks(self) -> int:
+        """Blocks per stage: blocks_per_warp for each consumer warp."""
+        return self.warps * self.blocks_per_warp
+
+    @property
+    def stage_tiles(self) -> int:
+        """Most tiles a stage of stage_blocks consecutive blocks can touch."""
+        return min(self.stage_blocks, -(-(self.stage_blocks - 1) // self.kblocks) + 1)
+
+    @property
+    def stage_bytes(self) -> int:
+        """A stage: per tile it touches, 16 rows of its blocks, each row padded."""
+        return TILE_ROWS * (self.stage_blocks * BLOCK + self.stage_tiles * ROW_PAD)
+
+    @property
+    def x_row(self) -> int:
+        """Bytes per token row of the quantized x (the range's blocks and the pad)."""
+        return self.x_blocks_max * BLOCK + ROW_PAD
+
+    @property
+    def x_blocks_max(self) -> int:
+        """K blocks of x one CTA needs at most (its range covers at most that many)."""
+        return min(self.kblocks, self.max_blocks_per_cta)
+
+    @property
+    def x_passes(self) -> int:
+        """Passes of 4 (token, block) chunks per consumer warp to quantize x."""
+        return -(-self.tokens * self.x_blocks_max // (4 * self.warps))
+
+    # Shared-memory layout: mbarriers (stages full, stages empty, partials full, partials
+    # empty) | warp partials | weight scales | x scales | x | ring
+    @property
+    def smem_partials(self) -> int:
+        return _align(16 * self.stages + 16 * PARTIAL_BUFFERS, 128)
+
+    @property
+    def smem_wscales(self) -> int:
+        return self.smem_partials + PARTIAL_BUFFERS * self.warps * SLOT_BYTES
+
+    @property
+    def smem_xscales(self) -> int:
+        return self.smem_wscales + _align(self.max_blocks_per_cta * 8, 16)
+
+    @property
+    def smem_x(self) -> int:
+        return _align(self.smem_xscales + self.tokens * self.x_blocks_max * 4, 128)
+
+    @property
+    def smem_ring(self) -> int:
+        return _align(self.smem_x + self.tokens * self.x_row, 128)
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.smem_ring + self.stages * self.stage_bytes
+
+    @property
+    def workspace_bytes(self) -> int:
+        return workspace_bytes(self.rows, self.k, self.sms, self.trace)
+
+    @property
+    def trace_offset(self) -> int:
+        """Where the trace stamps start in the workspace (CTA c, point i: + (c * 8 + i) * 8)."""
+        return _align(self.ctas * 2 * SLOT_BYTES + self.tiles * 4, 8)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.ctas, 1, 1)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.threads, 1, 1)
+
+
+def _align(nbytes: int, to: int) -> int:
+    return -(-nbytes // to) * to

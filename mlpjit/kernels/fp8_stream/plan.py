@@ -1,0 +1,90 @@
+"""fp8_stream's compile requests: the knobs follow from the shape and the shared-memory
+budget (no table): eight consumer warps of two blocks each per stage (32 KB stages, 2 KB
+bulk copies per weight row: 1 KB copies streamed at 2.9 TB/s on the H200, 2 KB ones at
+4.2), and as many ring stages as fit in the SM's shared memory beside x
+(docs/KERNEL_NOTES.md, the streaming kernel)."""
+
+from __future__ import annotations
+
+from mlpjit.jit.spec import KernelRequest
+from mlpjit.kernels import hopper
+from mlpjit.kernels.fp8_stream.params import StreamParams
+from mlpjit.kernels.fp8_stream.spec import SPEC
+
+__all__ = [
+    "DEFAULT_BLOCKS_PER_WARP",
+    "DEFAULT_WARPS",
+    "MAX_STAGES",
+    "choose_stages",
+    "stream_params",
+    "stream_request",
+]
+
+DEFAULT_WARPS = 8
+DEFAULT_BLOCKS_PER_WARP = 2
+MAX_STAGES = 16
+MIN_STAGES = 2
+
+
+def choose_stages(
+    rows: int,
+    k: int,
+    tokens: int,
+    warps: int,
+    sms: int = hopper.SMS,
+    blocks_per_warp: int = 1,
+    ctas_per_sm: int = 1,
+) -> int:
+    """Most ring stages (up to MAX_STAGES, no more than a CTA's range has) within the
+    shared-memory budget of ``ctas_per_sm`` CTAs per SM; ValueError (naming k and tokens)
+    when not even MIN_STAGES fit."""
+    for stages in range(MAX_STAGES, MIN_STAGES - 1, -1):
+        try:
+            params = StreamParams(
+                rows=rows, k=k, tokens=tokens, swiglu=False, limit=None, ue8m0=True,
+                warps=warps, stages=stages, sms=sms, blocks_per_warp=blocks_per_warp,
+                ctas_per_sm=ctas_per_sm,
+            )  # fmt: skip
+        except ValueError:
+            continue
+        # A range of b blocks fills at most b / stage_blocks + 3 stages (its segments).
+        most = -(-params.max_blocks_per_cta // params.stage_blocks) + 3
+        return max(MIN_STAGES, min(stages, most))
+    raise ValueError(
+        f"fp8_stream cannot hold x for k={k} and {tokens} tokens in shared memory"
+    )
+
+
+def stream_params(
+    rows: int,
+    k: int,
+    tokens: int,
+    *,
+    swiglu: bool,
+    limit: float | None,
+    ue8m0: bool,
+    warps: int | None = None,
+    stages: int | None = None,
+    sms: int = hopper.SMS,
+    trace: bool = False,
+    blocks_per_warp: int | None = None,
+    ctas_per_sm: int = 1,
+) -> StreamParams:
+    """The params of one launch; knobs left None follow from the shape."""
+    hopper.check_sms(sms)
+    warps = DEFAULT_WARPS if warps is None else warps
+    if blocks_per_warp is None:
+        blocks_per_warp = DEFAULT_BLOCKS_PER_WARP
+    if stages is None:
+        stages = choose_stages(rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm)
+    return StreamParams(
+        rows=rows, k=k, tokens=tokens, swiglu=swiglu, limit=limit if swiglu else None,
+        ue8m0=ue8m0, warps=warps, stages=stages, sms=sms, trace=trace,
+        blocks_per_warp=blocks_per_warp, ctas_per_sm=ctas_per_sm,
+    )  # fmt: skip
+
+
+def stream_request(rows: int, k: int, tokens: int, *, arch: str, **options) -> KernelRequest:
+    """The compile request of one fp8_stream launch (options: see stream_params)."""
+    params = stream_params(rows, k, tokens, **options)
+    return KernelRequest(kernel=SPEC.name, params=SPEC.key_params(params), arch=arch)

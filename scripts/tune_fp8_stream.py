@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""Time fp8_stream layers against fp8_gemv's planned pair, on the GPU, side by side.
+
+Each dense-layer shape runs as a PDL chain of distinct layers (gate_up then down, weights
+totalling >= --l2-multiple x L2) captured in one CUDA graph; the time per layer is the
+median replay over the chain length, and its floor the layer's weight bytes over the
+device-to-device copy bandwidth measured in the same run. Variants: ``gemv`` (fp8_gemv as
+planned today) and ``WxR`` fp8_stream configs (W consumer warps, R ring stages; R 0: the
+planner's). Before timing, every variant's first layer is checked against
+mlpjit.reference (relative L2 error printed).
+
+Compile here, time there (the GPU machine has no compiler):
+
+    python3 scripts/tune_fp8_stream.py --emit /tmp/stream.jsonl
+    MLPJIT_CACHE_DIR=.gpu-cache mlpjit warm --from /tmp/stream.jsonl --arch sm_90a --jobs 2
+    MLPJIT_CACHE_DIR=$PWD/.gpu-cache python3 scripts/tune_fp8_stream.py --json out.json
+
+``--grid`` adds the off-table grid (hidden x intermediate shard) of the benchmarks;
+``--plot PNG --from-json JSON`` draws a --json file's times against layer size (x the
+floor, one series per variant and token count; matplotlib, no GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from mlpjit.jit.spec import KernelRequest
+from mlpjit.kernels.fp8_gemv import plan as gemv_plan
+from mlpjit.kernels.fp8_stream import plan as stream_plan
+from mlpjit.testing.layers import DENSE_SHAPES, layer_bytes
+
+ARCH = "sm_90a"
+DEFAULT_SHAPES = (
+    "glm5-tp8", "glm4.5-tp8", "deepseek-v3-tp8", "qwen3-32b-tp8", "glm5-tp4", "glm5-tp1",
+    "deepseek-v3-shared-tp8", "deepseek-v3-shared-tp1",
+)  # fmt: skip
+GRID_HIDDEN = (2048, 3072, 4096, 6144, 7168, 8192)
+GRID_INTER = (256, 640, 1152, 1920, 2816, 4864)
+L2_BYTES_H200 = 60 * 1024 * 1024
+
+
+_VARIANT = re.compile(r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?$")
+
+
+def parse_variant(text: str) -> tuple[int, int, int, int] | None:
+    """'gemv' -> None; 'WxR[bB][cC]' -> (warps, stages, blocks_per_warp, ctas_per_sm)
+    (R 0: the planner's; B and C default to 1): '16x0', '8x0b2c2'."""
+    if text == "gemv":
+        return None
+    match = _VARIANT.match(text)
+    if match is None:
+        raise ValueError(f"variant must be 'gemv' or WxR[bB][cC] (16x0, 8x0b2c2), got {text!r}")
+    warps, stages, bpw, cps = match.groups()
+    return int(warps), int(stages), int(bpw or 1), int(cps or 1)
+
+
+def shapes_of(args: argparse.Namespace) -> dict[str, tuple[int, int]]:
+    names = args.shapes.split(",") if args.shapes else list(DEFAULT_SHAPES)
+    unknown = [n for n in names if n not in DENSE_SHAPES]
+    if unknown:
+        raise SystemExit(f"--shapes: unknown {unknown}; known: {', '.join(DENSE_SHAPES)}")
+    shapes = {n: DENSE_SHAPES[n] for n in names}
+    if args.grid:
+        shapes.update({f"h{h}-i{i}": (h, i) for h in GRID_HIDDEN for i in GRID_INTER})
+    return shapes
+
+
+def layer_requests(
+    hidden: int,
+    inter: int,
+    tokens: int,
+    variant: tuple[int, int] | None,
+    arch: str = ARCH,
+    trace: bool = False,
+) -> list[KernelRequest]:
+    """(gate_up, down) requests of one variant (UE8M0 scales, no clamp); ``trace``: the
+    fp8_stream builds that record timestamps."""
+    if variant is None:
+        return [
+            gemv_plan.gemv_request(2 * inter, hidden, tokens, swiglu=True, limit=None,
+                                   ue8m0=True, arch=arch),
+            gemv_plan.gemv_request(hidden, inter, tokens, swiglu=False, limit=None, ue8m0=True,
+                                   arch=arch),
+        ]  # fmt: skip
+    warps, stages, bpw, cps = variant
+    options = dict(
+        limit=None, ue8m0=True, arch=arch, warps=warps, stages=stages or None, trace=trace,
+        blocks_per_warp=bpw, ctas_per_sm=cps,
+    )
+    return [
+        stream_plan.stream_request(2 * inter, hidden, tokens, swiglu=True, **options),
+        stream_plan.stream_request(hidden, inter, tokens, swiglu=False, **options),
+    ]
+
+
+def all_requests(args: argparse.Namespace) -> list[KernelRequest]:
+    seen: list[KernelRequest] = []
+    for hidden, inter in shapes_of(args).values():
+        for tokens in args.tokens:
+            for variant in args.variants:
+                try:
+                    reqs = layer_requests(hidden, inter, tokens, variant)
+                    if args.trace and variant is not None:
+                        reqs += layer_requests(hidden, inter, tokens, variant, trace=True)
+                    for r in reqs:
+                        if r not in seen:
+                            seen.append(r)
+                except ValueError as err:
+                    print(f"skip h{hidden} i{inter} t{tokens} {variant}: {err}", file=sys.stderr)
+    return seen
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover - GPU only
+    import torch
+
+    from mlpjit import reference as ref
+    from mlpjit.jit.launcher import load_kernel
+    from mlpjit.jit.manager import default_manager
+    from mlpjit.kernels.fp8_stream.params import workspace_bytes
+    from mlpjit.testing.layers import (
+        chain_length,
+        copy_bandwidth,
+        graph_times,
+        random_fp8_layer,
+        rel_l2,
+    )
+
+    device = torch.device("cuda", 0)
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or L2_BYTES_H200
+    bandwidth = copy_bandwidth()
+    print(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s (read + write)", flush=True)
+    manager = default_manager()
+    rows_out = []
+    for name, (hidden, inter) in shapes_of(args).items():
+        nbytes = layer_bytes(hidden, inter)
+        n_layers = chain_length(nbytes, l2, args.l2_multiple)
+        gen = torch.Generator(device="cuda").manual_seed(hidden + inter)
+        layers = [random_fp8_layer(hidden, inter, gen) for _ in range(n_layers)]
+        floor_us = nbytes / bandwidth * 1e6
+        for tokens in args.tokens:
+            x = torch.randn(tokens, hidden, generator=gen, device="cuda").to(torch.bfloat16)
+            act = torch.empty(tokens, inter, dtype=torch.bfloat16, device="cuda")
+            out = torch.empty(tokens, hidden, dtype=torch.bfloat16, device="cuda")
+            want_act = ref.gemv_reference(x, layers[0]["w13"], layers[0]["w13_scale"],
+                                          swiglu=True, ue8m0=True)  # fmt: skip
+            want = ref.gemv_reference(want_act, layers[0]["w2"], layers[0]["w2_scale"],
+                                      swiglu=False, ue8m0=True)  # fmt: skip
+            for variant in args.variants:
+                label = "gemv" if variant is None else "{}x{}b{}c{}".format(*variant)
+                try:
+                    reqs = layer_requests(hidden, inter, tokens, variant)
+                except ValueError as err:
+                    print(f"{name} t{tokens} {label}: skipped ({err})", flush=True)
+                    continue
+                gate_up, down = (load_kernel(manager.get(r), device) for r in reqs)
+                extra: tuple[list, list] = ([], [])
+                if variant is not None:
+                    extra = (
+                        [torch.zeros(workspace_bytes(2 * inter, hidden), dtype=torch.uint8,
+                                     device="cuda")],
+                        [torch.zeros(workspace_bytes(hidden, inter), dtype=torch.uint8,
+                                     device="cuda")],
+                    )  # fmt: skip
+
+                def chain(gate_up=gate_up, down=down, extra=extra, layers=layers, act=act, x=x,
+                          out=out):  # fmt: skip
+                    for layer in layers:
+                        gate_up.launch([act, x, layer["w13"], layer["w13_scale"], *extra[0]])
+                        down.launch([out, act, layer["w2"], layer["w2_scale"], *extra[1]])
+
+                if args.trace and variant is not None:
+                    print_trace(
+                        name, tokens, label, manager, device,
+                        layer_requests(hidden, inter, tokens, variant, trace=True),
+                        [act, x, layers[0]["w13"], layers[0]["w13_scale"]],
+                        [out, act, layers[0]["w2"], layers[0]["w2_scale"]],
+                    )  # fmt: skip
+                act.fill_(float("nan"))
+                out.fill_(float("nan"))
+                gate_up.launch([act, x, layers[0]["w13"], layers[0]["w13_scale"], *extra[0]])
+                down.launch([out, act, layers[0]["w2"], layers[0]["w2_scale"], *extra[1]])
+                torch.cuda.synchronize()
+                err_act, err_out = rel_l2(act, want_act), rel_l2(out, want)
+                times = graph_times(chain, args.replays, args.warmup)
+                us = statistics.median(times) * 1e3 / n_layers
+                row = dict(
+                    shape=name, hidden=hidden, inter=inter, tokens=tokens, variant=label,
+                    us=round(us, 3), floor_us=round(floor_us, 3), x_floor=round(us / floor_us, 3),
+                    err_act=err_act, err_out=err_out, layers=n_layers,
+                    mbytes=round(nbytes / 1e6, 2),
+                )  # fmt: skip
+                rows_out.append(row)
+                print(f"{name:24s} t{tokens} {label:6s} {us:8.2f} us  x{us / floor_us:5.2f} "
+                      f"floor {floor_us:7.2f} us  err act {err_act:.1e} out {err_out:.1e}",
+                      flush=True)  # fmt: skip
+    return rows_out
+
+
+def print_trace(name, tokens, label, manager, device, reqs, gate_up_args, down_args):
+    """One gate_up + down pair of trace builds after an idle GPU: per kernel and stamp, the
+    median and the latest CTA in microseconds from gate_up's first CTA start."""
+    import torch
+
+    from mlpjit.jit.launcher import load_kernel
+    from mlpjit.kernels.fp8_stream.params import TRACE_POINTS, StreamParams
+
+    names = ("start", "waited", "x ready", "warp0 done", "warpL done", "copies out",
+             "1st piece", "epilogue done")  # fmt: skip
+    stamps = []
+    works = []
+    for r, args in zip(reqs, (gate_up_args, down_args), strict=True):
+        params = StreamParams(**r.params)
+        work = torch.zeros(params.workspace_bytes, dtype=torch.uint8, device=device)
+        works.append((params, work))
+        stamps.append((load_kernel(manager.get(r), device), [*args, work]))
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000)  # the launches queue behind this, as in a busy stream
+    for kernel, args in stamps:
+        kernel.launch(args)
+    torch.cuda.synchronize()
+    times = []
+    for params, work in works:
+        raw = work[params.trace_offset :].view(torch.int64)[: params.ctas * TRACE_POINTS]
+        times.append(raw.view(params.ctas, TRACE_POINTS).double())
+    origin = times[0][:, 0].min()
+    for half, t in zip(("gate_up", "down"), times, strict=True):
+        rel = (t - origin) / 1e3
+        cells = "  ".join(
+            f"{n} {rel[:, i].median():.2f}/{rel[:, i].max():.2f}" for i, n in enumerate(names)
+        )
+        print(f"trace {name} t{tokens} {label} {half}: {cells}", flush=True)
+
+
+def plot(rows: list[dict[str, Any]], path: str) -> None:
+    """x floor against layer megabytes, one series per (variant, tokens)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    series: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for r in rows:
+        series.setdefault((r["variant"], r["tokens"]), []).append((r["mbytes"], r["x_floor"]))
+    for (variant, tokens), points in sorted(series.items()):
+        points.sort()
+        name = "fp8_gemv" if variant == "gemv" else f"fp8_stream {variant}"
+        label = f"{name}, {tokens} token" + ("s" if tokens > 1 else "")
+        marker = "o" if tokens == 1 else "x"
+        ax.plot(*zip(*points, strict=True), marker=marker, linestyle="none", label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("layer weight bytes (MB, gate_up + down)")
+    ax.set_ylabel("time per layer / copy-bandwidth floor")
+    ax.axhline(1.0, color="gray", linewidth=0.5)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shapes", default="", help="DENSE_SHAPES names, comma-separated")
+    parser.add_argument("--grid", action="store_true", help="add the off-table grid")
+    parser.add_argument("--tokens", default="1,8", help="token counts, e.g. 1,8")
+    parser.add_argument("--variants", default="gemv,4x0", help="gemv and WxR, e.g. gemv,4x6")
+    parser.add_argument("--l2-multiple", type=float, default=4.0)
+    parser.add_argument("--replays", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--trace", action="store_true",
+                        help="also print per-CTA timestamps of one launch (trace builds)")
+    parser.add_argument("--emit", help="write the compile requests (JSON lines) and stop")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--plot", help="with --from-json: draw that file's results into PNG")
+    parser.add_argument("--from-json", help="results of an earlier --json run (for --plot)")
+    args = parser.parse_args(argv)
+    if args.plot:
+        if not args.from_json:
+            parser.error("--plot needs --from-json FILE")
+        with open(args.from_json) as f:
+            plot(json.load(f), args.plot)
+        return 0
+    try:
+        args.tokens = [int(t) for t in args.tokens.split(",")]
+        args.variants = [parse_variant(v) for v in args.variants.split(",")]
+    except ValueError as err:
+        parser.error(str(err))
+    if args.emit:
+        reqs = all_requests(args)
+        with open(args.emit, "w") as f:
+            for r in reqs:
+                f.write(r.to_json_line() + "\n")
+        print(f"{len(reqs)} requests -> {args.emit}")
+        return 0
+    rows = run(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""fp8_stream launches on the GPU against mlpjit.reference.gemv_reference.
+
+Run on the H200 with a cache compiled on a CPU machine (scripts/gpu_requests.py lists this
+file's kernel_requests()). Outputs are poisoned with NaN first, so "no NaN" also means
+every element was written. Shapes include block counts that are odd or prime and grids
+where every tile is split between CTAs, so the workspace reduction runs everywhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mlpjit import reference as ref
+from mlpjit.kernels.fp8_stream import plan
+from mlpjit.kernels.fp8_stream.params import workspace_bytes
+from mlpjit.testing.layers import block_scale, random_fp8_weight, rel_l2
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+ARCH = "sm_90a"
+TOL = 5e-3
+LIMIT = 3.0
+
+# name -> (rows, k, swiglu)
+SHAPES = {
+    "glm5-tp8-gate_up": (3072, 6144, True),
+    "glm5-tp8-down": (6144, 1536, False),
+    "dsv3-shared-tp8-gate_up": (512, 7168, True),  # 1792 blocks: ranges inside one tile
+    "dsv3-shared-tp8-down": (7168, 256, False),  # 2 blocks per tile
+    "dsv3-tp8-down": (7168, 2304, False),  # 18 blocks per tile
+    "odd-24x13": (384, 1664, False),  # 24 tiles x 13 blocks = 312 blocks on 132 CTAs
+    "odd-swiglu-8x13": (128, 1664, True),  # 104 blocks: 104 CTAs, up to 2 per tile
+    "tiny-8x5": (128, 640, False),  # 40 blocks: 40 CTAs of one block, 5 per tile
+    "prime-72x7": (1152, 896, False),  # 504 blocks: ranges of 3 and 4 blocks
+}
+
+CASES = (
+    [(s, m, True, None) for s in SHAPES for m in (1, 8)]
+    + [(s, 3, False, None) for s in ("glm5-tp8-gate_up", "odd-24x13", "dsv3-shared-tp8-down")]
+    + [(s, m, u, LIMIT) for s in ("glm5-tp8-gate_up", "odd-swiglu-8x13") for m in (2, 8)
+       for u in (True, False)]
+)  # fmt: skip
+
+
+GRAPH_SHAPES = ("odd-24x13", "dsv3-shared-tp8-gate_up")
+# Two blocks per consumer warp and stage, and two CTAs per SM (knobs beside the default).
+KNOB_CASES = [
+    (s, m, True, None, dict(warps=8, blocks_per_warp=2, ctas_per_sm=c))
+    for s, m, c in (("glm5-tp8-down", 1, 2), ("dsv3-shared-tp8-down", 4, 2),
+                    ("odd-24x13", 8, 1), ("glm5-tp8-gate_up", 3, 1))
+]  # fmt: skip
+
+
+def _request(
+    shape: str, m: int, ue8m0: bool, limit: float | None, knobs=None, arch: str = ARCH
+):
+    rows, k, swiglu = SHAPES[shape]
+    return plan.stream_request(
+        rows, k, m, swiglu=swiglu, limit=limit, ue8m0=ue8m0, arch=arch, **(knobs or {})
+    )
+
+
+def kernel_requests(arch: str = ARCH) -> list:
+    """Every compile request of these tests (for warming a cache on a machine without GPU)."""
+    seen = []
+    graph_cases = [(s, 4, True, None) for s in GRAPH_SHAPES]
+    for case in CASES + graph_cases + KNOB_CASES:
+        r = _request(*case, arch=arch)
+        if r not in seen:
+            seen.append(r)
+    return seen
+
+
+def _inputs(shape: str, m: int):
+    rows, k, swiglu = SHAPES[shape]
+    gen = torch.Generator(device="cuda").manual_seed(rows + k)
+    w, w_scale = random_fp8_weight(rows, k, gen, scale=block_scale(k, 2.0))
+    x = torch.randn(m, k, generator=gen, device="cuda")
+    x[:, 5::301] *= 16  # outlier channels: groups with very different scales
+    return swiglu, w, w_scale, x.to(torch.bfloat16), rows // 2 if swiglu else rows
+
+
+def _kernel(request):
+    from mlpjit.jit.launcher import load_kernel
+    from mlpjit.jit.manager import default_manager
+
+    return load_kernel(default_manager().get(request), torch.device("cuda", 0))
+
+
+def _workspace(shape: str) -> torch.Tensor:
+    rows, k, _ = SHAPES[shape]
+    return torch.zeros(workspace_bytes(rows, k), dtype=torch.uint8, device="cuda")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def exact_fp32_matmul():
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def _case_id(case) -> str:
+    s, m, u, lim, *knobs = case
+    extra = "-" + "-".join(f"{k}{v}" for k, v in knobs[0].items()) if knobs else ""
+    return f"{s}-t{m}-{'ue8m0' if u else 'f32'}-lim{lim}{extra}"
+
+
+@pytest.mark.parametrize("case", CASES + KNOB_CASES, ids=[_case_id(c) for c in CASES + KNOB_CASES])
+def test_stream_matches_reference_and_repeats_bit_for_bit(case) -> None:
+    shape, m, ue8m0, limit, *knobs = case
+    swiglu, w, w_scale, x, cols = _inputs(shape, m)
+    kernel = _kernel(_request(shape, m, ue8m0, limit, *knobs))
+    work = _workspace(shape)
+    outs = []
+    for _ in range(3):  # the arrival counters must be back at zero after each launch
+        out = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernel.launch([out, x, w, w_scale, work])
+        outs.append(out)
+    torch.cuda.synchronize()
+    want = ref.gemv_reference(x, w, w_scale, swiglu=swiglu, limit=limit, ue8m0=ue8m0)
+    err = rel_l2(outs[0], want)
+    print(f"\n[fp8_stream] {shape} tokens={m} ue8m0={ue8m0} limit={limit} rel_l2={err:.3e}")
+    assert not torch.isnan(outs[0]).any(), "unwritten (NaN-poisoned) or NaN outputs"
+    assert err < TOL
+    assert all(torch.equal(outs[0], o) for o in outs[1:]), "repeated launches differ"
+    assert not work[-(SHAPES[shape][0] // 16) * 4 :].any(), "arrival counters left non-zero"
+
+
+@pytest.mark.parametrize("shape", GRAPH_SHAPES)
+def test_graph_replays_equal_eager_and_two_streams_agree(shape: str) -> None:
+    m = 4
+    swiglu, w, w_scale, x, cols = _inputs(shape, m)
+    kernel = _kernel(_request(shape, m, True, None))
+    eager = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kernel.launch([eager, x, w, w_scale, _workspace(shape)])
+    torch.cuda.synchronize()
+
+    replayed = torch.full_like(eager, float("nan"))
+    work = _workspace(shape)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        kernel.launch([replayed, x, w, w_scale, work])
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernel.launch([replayed, x, w, w_scale, work])
+    for _ in range(5):
+        replayed.fill_(float("nan"))
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed, eager)
+
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = [torch.full_like(eager, float("nan")) for _ in streams]
+    works = [_workspace(shape) for _ in streams]
+    for _ in range(20):  # concurrent launches, one workspace per stream
+        for s, out, wk in zip(streams, outs, works, strict=True):
+            with torch.cuda.stream(s):
+                kernel.launch([out, x, w, w_scale, wk])
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, eager) for o in outs)
+    print(f"\n[fp8_stream] {shape} graph and two streams identical to eager")

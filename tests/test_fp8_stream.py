@@ -1,0 +1,89 @@
+"""fp8_stream's params and planner (plain Python: no cutlass, no GPU)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlpjit.kernels import hopper
+from mlpjit.kernels.fp8_stream import SPEC, plan
+from mlpjit.kernels.fp8_stream.params import (
+    BLOCK,
+    TILE_ROWS,
+    StreamParams,
+    workspace_bytes,
+)
+
+BASE = dict(rows=3072, k=6144, tokens=8, swiglu=True, limit=None, ue8m0=True)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(rows=3000), "rows must be a multiple of 16"),
+        (dict(k=6100), "k must be a multiple of 128"),
+        (dict(tokens=9), r"tokens must be in \[1, 8\]"),
+        (dict(warps=0), r"warps must be in \[1, 16\]"),
+        (dict(stages=1), r"stages must be in \[2, 16\]"),
+        (dict(limit=float("inf")), "limit must be None or a finite number > 0 within BF16"),
+        (dict(limit=-1.0), "limit must be None or a finite number > 0 within BF16"),
+        (dict(swiglu=1), "swiglu must be a bool"),
+        (dict(sms=0), "sms must be an int"),
+        (dict(stages=16, k=18432), "more than .* lower stages or warps"),
+        (dict(blocks_per_warp=5), r"blocks_per_warp must be in \[1, 4\]"),
+        (dict(ctas_per_sm=3), r"ctas_per_sm must be in \[1, 2\]"),
+        (dict(ctas_per_sm=2, stages=6), "at ctas_per_sm=2"),
+    ],
+)
+def test_params_refuse_what_the_kernel_cannot_take(change, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        StreamParams(**{**BASE, **change})
+
+
+def test_ranges_cover_the_blocks_evenly_on_one_wave() -> None:
+    p = StreamParams(**BASE)
+    assert p.blocks == 3072 // TILE_ROWS * 6144 // BLOCK
+    assert p.ctas == hopper.SMS
+    assert p.max_blocks_per_cta == -(-p.blocks // p.ctas)
+    tiny = StreamParams(**{**BASE, "rows": 128, "k": 640, "swiglu": False})
+    assert tiny.ctas == tiny.blocks == 40  # one block per CTA: never an idle CTA
+
+
+def test_workspace_holds_two_slots_per_cta_and_a_counter_per_tile() -> None:
+    assert workspace_bytes(3072, 6144) == 132 * 2 * 512 + 192 * 4
+    assert workspace_bytes(128, 640) == 40 * 2 * 512 + 8 * 4
+    traced = StreamParams(**{**BASE, "trace": True})
+    assert traced.workspace_bytes > workspace_bytes(3072, 6144)
+    assert traced.trace_offset % 8 == 0
+
+
+def test_request_keeps_the_clamp_for_swiglu_only() -> None:
+    gate_up = plan.stream_request(3072, 6144, 1, swiglu=True, limit=7.0, ue8m0=True, arch="sm_90a")
+    down = plan.stream_request(6144, 1536, 1, swiglu=False, limit=7.0, ue8m0=True, arch="sm_90a")
+    assert gate_up.kernel == SPEC.name == "fp8_stream"
+    assert gate_up.params["limit"] == 7.0
+    assert down.params.get("limit") is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.integers(1, 512).map(lambda n: n * TILE_ROWS),
+    k=st.integers(1, 160).map(lambda n: n * BLOCK),
+    tokens=st.integers(1, 8),
+    warps=st.sampled_from([4, 8, 16]),
+    blocks_per_warp=st.sampled_from([1, 2]),
+    ctas_per_sm=st.sampled_from([1, 2]),
+)
+def test_planner_fits_or_names_k_and_tokens(rows, k, tokens, warps, blocks_per_warp, ctas_per_sm):
+    try:
+        p = plan.stream_params(
+            rows, k, tokens, swiglu=False, limit=None, ue8m0=True, warps=warps,
+            blocks_per_warp=blocks_per_warp, ctas_per_sm=ctas_per_sm,
+        )  # fmt: skip
+    except ValueError as err:
+        assert f"k={k}" in str(err) and f"{tokens} tokens" in str(err)
+        return
+    assert p.smem_bytes <= hopper.smem_budget(ctas_per_sm)
+    assert p.stage_blocks == warps * blocks_per_warp
+    assert plan.MIN_STAGES <= p.stages <= plan.MAX_STAGES

@@ -1,0 +1,70 @@
+"""CPU checks of the fp8_stream kernel: it compiles for sm_90a without a GPU, and its SASS
+has the shape kernel.py's docstring promises (bulk copies counted on mbarriers, FP8 mma, one
+PDL wait per waiting role, release/acquire atomics for split tiles, no spills) and its
+parameters match the launcher's list."""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+from mlpjit.kernels import hopper  # noqa: E402
+from mlpjit.kernels.fp8_stream import plan  # noqa: E402
+from mlpjit.kernels.fp8_stream.params import KERNEL_ARGS  # noqa: E402
+from mlpjit.testing.cubin_info import cubin_kernel_params, sass_facts  # noqa: E402
+
+ARCH = "sm_90a"
+
+# (rows, k, tokens, swiglu, ue8m0): GLM-5 TP 8 gate_up at 1 and 8 tokens, the DeepSeek-V3
+# TP-8 shared expert's down (2 blocks per tile: stages span several tiles), a clamp.
+CASES = [
+    (3072, 6144, 1, True, True, None),
+    (3072, 6144, 8, True, False, 3.0),
+    (7168, 256, 4, False, True, None),
+]
+
+
+@functools.cache
+def _facts(case: tuple) -> dict:
+    from mlpjit.kernels.fp8_stream.kernel import compile_cubin
+
+    rows, k, tokens, swiglu, ue8m0, limit = case
+    params = plan.stream_params(rows, k, tokens, swiglu=swiglu, limit=limit, ue8m0=ue8m0)
+    binary = compile_cubin(params, ARCH)
+    f = sass_facts(binary.cubin)
+    return dict(
+        params=params, binary=binary, regs=f.regs, stack=f.stack, local=f.local,
+        count=Counter(f.ops), cubin_params=cubin_kernel_params(binary.cubin, binary.symbol),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}x{c[1]}-t{c[2]}" for c in CASES])
+def test_stream_kernel_sass(case) -> None:
+    f = _facts(case)
+    params, binary, count = f["params"], f["binary"], f["count"]
+    assert f["stack"] == 0 and f["local"] == 0, "spills"
+    assert f["regs"] * binary.block[0] <= hopper.REGS_PER_SM
+    assert binary.grid == (params.ctas, 1, 1) and binary.block == (32 * (params.warps + 2), 1, 1)
+    assert binary.smem_bytes == params.smem_bytes <= hopper.smem_budget(1)
+    assert binary.pdl is True
+    # Weights: bulk copies into the ring, counted on mbarriers (expect-tx, try-wait).
+    assert count["UBLKCP.S.G"] >= 1
+    assert any(op.startswith("SYNCS.ARRIVE.TRANS64") for op in count)
+    assert any(op.startswith("SYNCS.PHASECHK.TRANS64") for op in count)
+    assert not any(op.startswith("LDGSTS.E.BYPASS") for op in count)
+    # FP8 mma: one block = 4 m16n8k32 e4m3 mmas, each 2 HMMA.16816.F32 and FP8 unpacks;
+    # a warp takes blocks_per_warp blocks per stage.
+    assert count["HMMA.16816.F32"] == 8 * params.blocks_per_warp
+    assert count["F2FP.F16.E4M3.UNPACK_B"] >= 8 * params.blocks_per_warp
+    assert any(op.startswith("F2FP.SATFINITE.E4M3") for op in count)
+    # PDL: the consumers and the epilogue warp wait (the producer never does); one trigger.
+    assert count["ACQBULK"] == 2 and count["PREEXIT"] == 1
+    # Split tiles: arrival counters with release/acquire atomics at gpu scope.
+    assert count["ATOMG.E.ADD.STRONG.GPU"] >= 1
+    # The launcher passes five raw pointers, in KERNEL_ARGS order.
+    assert [p.name for p in binary.params] == list(KERNEL_ARGS)
+    assert [p.size for p in f["cubin_params"]] == [8] * len(KERNEL_ARGS)
