@@ -1,0 +1,51 @@
+"""CPU tests of scripts/tune_fp8_stream.py: the variants it parses and the requests it emits
+for a warm (no GPU, no compile)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import load_script
+
+from mlpjit.jit.spec import KernelRequest
+
+
+@pytest.fixture(scope="module")
+def tune():
+    return load_script("tune_fp8_stream")
+
+
+def test_variants_parse(tune) -> None:
+    assert tune.parse_variant("gemv") is None
+    assert tune.parse_variant("16x0") == (16, 0, 1, 1)
+    assert tune.parse_variant("8x3b2c2") == (8, 3, 2, 2)
+    for bad in ("", "16", "x4", "8x0b", "8x0c2b2", "gemv2"):
+        with pytest.raises(ValueError, match="variant must be"):
+            tune.parse_variant(bad)
+
+
+def test_emit_writes_both_kernels_of_every_layer(tune, tmp_path) -> None:
+    out = tmp_path / "requests.jsonl"
+    code = tune.main(["--shapes", "glm5-tp8,deepseek-v3-shared-tp8", "--tokens", "1,8",
+                      "--variants", "gemv,8x0b2c1", "--trace", "--emit", str(out)])  # fmt: skip
+    assert code == 0
+    requests = [KernelRequest.from_json_line(line) for line in out.read_text().splitlines()]
+    kinds = {(r.kernel, r.params["swiglu"], r.params.get("trace", False)) for r in requests}
+    # gate_up and down of fp8_gemv and of fp8_stream, and fp8_stream's trace builds
+    assert kinds == {
+        ("fp8_gemv", True, False), ("fp8_gemv", False, False),
+        ("fp8_stream", True, False), ("fp8_stream", False, False),
+        ("fp8_stream", True, True), ("fp8_stream", False, True),
+    }  # fmt: skip
+    assert len(requests) == len(set(r.to_json_line() for r in requests)) == 2 * 2 * 2 * 3
+
+
+def test_grid_adds_the_off_table_shapes(tune) -> None:
+    args = tune.argparse.Namespace(shapes="glm5-tp8", grid=True)
+    shapes = tune.shapes_of(args)
+    assert len(shapes) == 1 + len(tune.GRID_HIDDEN) * len(tune.GRID_INTER)
+    assert shapes["h3072-i1152"] == (3072, 1152)
+
+
+def test_unknown_shape_is_one_line(tune) -> None:
+    with pytest.raises(SystemExit, match="--shapes: unknown"):
+        tune.main(["--shapes", "nope", "--emit", "/dev/null"])
