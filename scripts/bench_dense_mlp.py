@@ -38,6 +38,7 @@ import torch
 
 from mlpjit.testing.layers import (
     DENSE_SHAPES,
+    GRID_SHAPES,
     TIMING_SCALE,
     copy_bandwidth,
     graph_times,
@@ -62,6 +63,9 @@ SHAPES = {
         "qwen3-32b-tp8",
     )
 }
+# Every shape --shapes takes: the presets' shards and the off-table grid (--grid adds all
+# of the latter).
+ALL_SHAPES = {**DENSE_SHAPES, **GRID_SHAPES}
 DEFAULT_TOKENS = (1, 2, 4, 8)
 L2_BYTES_H200 = 60 * 1024 * 1024  # used when the device does not report its L2 size
 METHODS = ("mlpjit", "mlpjit_nopdl", "stock", "scaled_mm", "bf16")
@@ -73,7 +77,7 @@ def kernel_requests(arch: str = "sm_90a", shapes: Sequence[str] = tuple(SHAPES))
 
     requests = []
     for name in shapes:
-        hidden, inter = DENSE_SHAPES[name]
+        hidden, inter = ALL_SHAPES[name]
         requests += layer_requests(hidden, inter, DEFAULT_TOKENS, arch, limit=None, ue8m0=True)
     return requests
 
@@ -86,7 +90,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--shapes",
         default=",".join(SHAPES),
-        help=f"comma list of {', '.join(DENSE_SHAPES)} (default: {', '.join(SHAPES)})",
+        help=f"comma list of {', '.join(DENSE_SHAPES)}, or of the grid's hNNNN-iNNNN names "
+        f"(default: {', '.join(SHAPES)})",
+    )
+    p.add_argument(
+        "--grid",
+        action="store_true",
+        help="add the off-table grid: hidden 2048-8192 x intermediate shard 256-4864 (36 "
+        "shapes no preset has, planned without a table entry)",
     )
     p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="e.g. 1,2,4,8")
     p.add_argument("--replays", type=int, default=200, help="timed graph replays (>= 1)")
@@ -106,7 +117,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.shapes, args.tokens, args.replays, args.warmup = "glm5-tp8", "1,8", 30, 3
         args.host_calls = 50
-    args.shape_list = _choices(args.shapes, DENSE_SHAPES, "--shapes", p)
+    args.shape_list = _choices(args.shapes, ALL_SHAPES, "--shapes", p)
+    if args.grid:
+        args.shape_list += [name for name in GRID_SHAPES if name not in args.shape_list]
     args.method_list = _choices(args.methods, METHODS, "--methods", p)
     try:
         args.token_list = [int(t) for t in args.tokens.split(",") if t.strip()]
@@ -162,7 +175,7 @@ def host_overhead_us(call: Callable[[], object], calls: int, batches: int = 20) 
 def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -> list[dict]:
     from mlpjit import DenseMlp, stock
 
-    hidden, inter = DENSE_SHAPES[name]
+    hidden, inter = ALL_SHAPES[name]
     n_layers = layers_needed(hidden, inter, l2_bytes, args.l2_multiple)
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     ue8m0 = not args.fp32_scales
@@ -375,7 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print("dry run: nothing measured")
         for name in args.shape_list:
-            hidden, inter = DENSE_SHAPES[name]
+            hidden, inter = ALL_SHAPES[name]
             n = layers_needed(hidden, inter, L2_BYTES_H200, args.l2_multiple)
             paths = {
                 m: "kernel" if kernel_supported(hidden, inter, m) else "stock"

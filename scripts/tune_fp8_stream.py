@@ -33,15 +33,13 @@ from typing import Any
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.kernels.fp8_gemv import plan as gemv_plan
 from mlpjit.kernels.fp8_stream import plan as stream_plan
-from mlpjit.testing.layers import DENSE_SHAPES, layer_bytes
+from mlpjit.testing.layers import DENSE_SHAPES, GRID_SHAPES, layer_bytes
 
 ARCH = "sm_90a"
 DEFAULT_SHAPES = (
     "glm5-tp8", "glm4.5-tp8", "deepseek-v3-tp8", "qwen3-32b-tp8", "glm5-tp4", "glm5-tp1",
     "deepseek-v3-shared-tp8", "deepseek-v3-shared-tp1",
 )  # fmt: skip
-GRID_HIDDEN = (2048, 3072, 4096, 6144, 7168, 8192)
-GRID_INTER = (256, 640, 1152, 1920, 2816, 4864)
 L2_BYTES_H200 = 60 * 1024 * 1024
 
 
@@ -67,7 +65,7 @@ def shapes_of(args: argparse.Namespace) -> dict[str, tuple[int, int]]:
         raise SystemExit(f"--shapes: unknown {unknown}; known: {', '.join(DENSE_SHAPES)}")
     shapes = {n: DENSE_SHAPES[n] for n in names}
     if args.grid:
-        shapes.update({f"h{h}-i{i}": (h, i) for h in GRID_HIDDEN for i in GRID_INTER})
+        shapes.update(GRID_SHAPES)
     return shapes
 
 

@@ -41,6 +41,15 @@ def test_shapes_takes_any_preset_shard(capsys) -> None:
     assert "glm5-shared-tp4: hidden 6144, intermediate 512," in capsys.readouterr().out
 
 
+def test_grid_adds_the_off_table_shapes(capsys) -> None:
+    args = bench.parse_args(["--shapes", "glm5-tp8", "--grid"])
+    assert args.shape_list[0] == "glm5-tp8" and len(args.shape_list) == 1 + 36
+    assert "h3072-i1152" in args.shape_list
+    assert bench.parse_args(["--shapes", "h2048-i256"]).shape_list == ["h2048-i256"]
+    assert bench.main(["--dry-run", "--shapes", "h2048-i256", "--tokens", "1,8"]) == 0
+    assert "h2048-i256: hidden 2048, intermediate 256," in capsys.readouterr().out
+
+
 def test_quick_narrows_the_run() -> None:
     args = bench.parse_args(["--quick"])
     assert args.shape_list == ["glm5-tp8"] and args.token_list == [1, 8] and args.replays == 30

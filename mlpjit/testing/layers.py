@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BLOCK",
     "DENSE_SHAPES",
+    "GRID_SHAPES",
     "GEMV_SHAPES",
     "TIMING_SCALE",
     "W_STD",
@@ -107,6 +108,13 @@ def _shard_names() -> dict[str, tuple[int, int]]:
 
 # "glm5-tp8" / "glm5-shared-tp8" -> (hidden, intermediate per rank), see _shard_names.
 DENSE_SHAPES: dict[str, tuple[int, int]] = _shard_names()
+# Shapes no preset has ("h3072-i1152": hidden 3072, intermediate shard 1152): what a new
+# model gets from the planner alone, the benchmarks' off-table grid.
+GRID_HIDDEN = (2048, 3072, 4096, 6144, 7168, 8192)
+GRID_INTER = (256, 640, 1152, 1920, 2816, 4864)
+GRID_SHAPES: dict[str, tuple[int, int]] = {
+    f"h{hidden}-i{inter}": (hidden, inter) for hidden in GRID_HIDDEN for inter in GRID_INTER
+}
 # "glm5-tp8-gate_up" -> GemvShape, both launches of every shard above.
 GEMV_SHAPES: dict[str, GemvShape] = {
     f"{name}-{kind}": shape
