@@ -523,3 +523,26 @@ def test_few_sms_plan_without_dividing_by_zero(sms: int) -> None:
     (they were a ZeroDivisionError), not planned."""
     for r in fp8_plan.dense_mlp_requests(1024, 1024, 1, range(1, 9), ARCH, sms=sms):
         assert r.params["sms"] == sms
+
+
+def test_shard_requests_are_planned_once_per_shape(monkeypatch) -> None:
+    """Many layers of one shape (a model's shared experts) plan once per process; each call
+    still gets its own list."""
+    calls = []
+    real = fp8_plan.kernel_supports
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fp8_plan, "kernel_supports", counting)
+    fp8_plan._shard_requests.cache_clear()
+    first = fp8_plan.dense_mlp_requests(6144, 2048, 8, range(1, 9), "sm_90a")
+    planned = len(calls)
+    second = fp8_plan.dense_mlp_requests(6144, 2048, 8, range(1, 9), "sm_90a")
+    assert planned > 0 and len(calls) == planned
+    assert first == second and first is not second
+    first.clear()
+    assert fp8_plan.dense_mlp_requests(6144, 2048, 8, range(1, 9), "sm_90a") == second
+    with pytest.raises(ValueError, match="ue8m0 must be a bool"):
+        fp8_plan.dense_mlp_requests(6144, 2048, 8, [1], "sm_90a", ue8m0=[True])

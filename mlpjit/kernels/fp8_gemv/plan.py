@@ -9,6 +9,7 @@ does not finish.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterable
 
@@ -116,7 +117,23 @@ def dense_mlp_requests(
         raise ValueError(f"tp must divide intermediate ({intermediate}), got {tp}")
     counts = token_counts([tokens] if isinstance(tokens, int) else tokens)
     limit = check_limit(limit)
-    inter = intermediate // tp
+    if not isinstance(ue8m0, bool):
+        raise ValueError(f"ue8m0 must be a bool, got {ue8m0!r}")
+    return list(_shard_requests(hidden, intermediate // tp, tuple(counts), arch, ue8m0, limit, sms))
+
+
+@functools.lru_cache(maxsize=256)
+def _shard_requests(
+    hidden: int,
+    inter: int,
+    counts: tuple[int, ...],
+    arch: str,
+    ue8m0: bool,
+    limit: float | None,
+    sms: int,
+) -> tuple[KernelRequest, ...]:
+    """dense_mlp_requests of checked arguments, memoized per process: a model's many layers
+    of one shape (75 shared experts of GLM-5) plan once instead of once each."""
     requests = []
     for m in counts:
         if not (
@@ -129,4 +146,4 @@ def dense_mlp_requests(
                     rows, k, m, swiglu=swiglu, limit=limit, ue8m0=ue8m0, arch=arch, sms=sms
                 )
             )
-    return requests
+    return tuple(requests)
