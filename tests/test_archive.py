@@ -250,15 +250,18 @@ def test_export_never_writes_through_a_planted_symlink(source: CacheStore, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == [".out.tar.tmp", "out.tar", "victim.txt"]
 
 
-def test_export_replaces_a_symlink_at_the_destination_not_its_target(
-    source: CacheStore, tmp_path: Path
-) -> None:
+def test_export_refuses_a_symlink_at_the_destination(source: CacheStore, tmp_path: Path) -> None:
+    """A link at the destination is neither followed nor replaced: the export is refused
+    with one line naming the destination, and the link and its target stay as they were."""
     victim = tmp_path / "victim.txt"
     victim.write_bytes(b"precious")
     out = tmp_path / "out.tar"
     out.symlink_to(victim)
-    export_archive(source, out)
-    assert victim.read_bytes() == b"precious" and out.is_file() and not out.is_symlink()
+    with pytest.raises(ValueError, match=r"^export destination .*out\.tar is a symbolic") as err:
+        export_archive(source, out)
+    assert "\n" not in str(err.value)
+    assert victim.read_bytes() == b"precious" and out.readlink() == victim
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tar", "victim.txt"]
 
 
 # ------------------------------------------------------------------ launch checksum
@@ -449,8 +452,8 @@ def test_fifo_archive_is_refused_without_blocking(tmp_path: Path) -> None:
 def test_export_refuses_a_destination_that_is_not_a_regular_file(
     source: CacheStore, tmp_path: Path, kind: str
 ) -> None:
-    """`export /dev/null` as root must not replace the device: only a regular file (or a
-    symlink, replaced itself) may be overwritten."""
+    """`export /dev/null` as root must not replace the device: only a regular file may be
+    overwritten."""
     dest = tmp_path / "dest"
     if kind == "fifo":
         os.mkfifo(dest)

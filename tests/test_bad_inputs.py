@@ -10,8 +10,11 @@ instead of taking the test run with it. Entry points:
   of one line, or a result where the broken file is not one that entry point reads;
 - ``DenseMlp(...)``, ``DenseMlp.prepare``: a ValueError of one line naming the argument.
 
-The children run concurrently (a few at a time) so that the whole matrix stays within
-about half a minute on a two-core machine; the Python ones import torch once per case.
+The CLI children run concurrently (a few at a time). The Python entry points import torch,
+which takes seconds, so they run in one child for all checkpoint cases and one for all
+DenseMlp cases, each case under an alarm and an address-space budget of its own
+(_CASE_RUNNER): a case that hangs or reads without bound is reported as such, and the next
+case still runs.
 """
 
 from __future__ import annotations
@@ -40,18 +43,23 @@ from mlpjit.kernels.hopper import MAX_SMS, MIN_SMS
 REPO = Path(__file__).resolve().parent.parent
 ADDRESS_SPACE = 4 << 30  # a read without bound fails as MemoryError well before the host does
 TIMEOUT_S = 90  # per child, with the matrix running concurrently on a loaded two-core CI box
+CASE_SECONDS = 20  # per case of a child that runs many (_CASE_RUNNER)
+CASE_MEMORY = 2 << 30  # bytes of address space a case may add to what its child holds
+CASES_ADDRESS_SPACE = 16 << 30  # the hard limit of such a child: torch, plus one case's budget
+CASES_TIMEOUT_S = 300  # such a child runs every case, each within CASE_SECONDS
 PREFIX = "model.layers.0.mlp"
 SHARD = "model-00001-of-00001.safetensors"
 
 _POOL = ThreadPoolExecutor(max_workers=4)
 
 
-def _limit_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+def _limit_memory(limit: int = ADDRESS_SPACE) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess | str:
-    """Run ``python ARGV`` under the limits; the CompletedProcess, or "hung" on a timeout."""
+def _run(argv: list[str], cwd: Path, many: bool = False) -> subprocess.CompletedProcess | str:
+    """Run ``python ARGV`` under the limits (``many``: a _CASE_RUNNER child, which limits
+    each case itself within a larger whole); the CompletedProcess, or "hung" on a timeout."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env["MLPJIT_CACHE_DIR"] = str(cwd / "cache")
@@ -65,16 +73,58 @@ def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess | str:
             text=True,
             env=env,
             cwd=cwd,
-            timeout=TIMEOUT_S,
-            preexec_fn=_limit_memory,
+            timeout=CASES_TIMEOUT_S if many else TIMEOUT_S,
+            preexec_fn=(lambda: _limit_memory(CASES_ADDRESS_SPACE)) if many else _limit_memory,
             check=False,
         )
     except subprocess.TimeoutExpired:
         return "hung"
 
 
-def _start(argv: list[str], cwd: Path) -> Future:
-    return _POOL.submit(_run, argv, cwd)
+def _start(argv: list[str], cwd: Path, many: bool = False) -> Future:
+    return _POOL.submit(_run, argv, cwd, many)
+
+
+def _case_runner(seconds: int = CASE_SECONDS, memory: int = CASE_MEMORY) -> str:
+    """The head of a child that runs many cases: run(call) calls ``call()`` under an alarm
+    of ``seconds`` and an address-space limit of what the child holds now plus ``memory``,
+    both lifted afterwards, and returns "ok", "error: <ValueError>", "hung", "out of memory"
+    or "crash: <other exception>" (so one case's failure never stops the next)."""
+    return f"""
+import json, resource, signal, sys
+class Hung(BaseException):
+    pass
+def on_alarm(*_):
+    raise Hung()
+signal.signal(signal.SIGALRM, on_alarm)
+def address_space():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmSize in /proc/self/status")
+def run(call):
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    resource.setrlimit(resource.RLIMIT_AS, (min(address_space() + {memory}, hard), hard))
+    signal.alarm({seconds})
+    try:
+        call()
+        return "ok"
+    except ValueError as err:
+        return "error: " + str(err)
+    except Hung:
+        return "hung"
+    except MemoryError:
+        return "out of memory"
+    except Exception as err:
+        return f"crash: {{type(err).__name__}}: {{err}}"
+    finally:
+        signal.alarm(0)
+        resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+"""
+
+
+_CASE_RUNNER = _case_runner()
 
 
 def _check_cli(result: subprocess.CompletedProcess | str, needles: tuple[str, ...]) -> None:
@@ -266,52 +316,49 @@ CHECKPOINT_CASES: dict[str, tuple[str, Callable[[Path], None], tuple[str, ...], 
     ),
 }
 
-# Runs every Python entry point on one checkpoint; prints {entry: "ok" | "error: ..."} as JSON.
-_CHECKPOINT_CHILD = """
-import json, sys
+# Runs every Python entry point on every checkpoint of argv[1] ({case: path}), each call a
+# case of its own for run(); prints {case: {entry: "ok" | "error: ..." | "hung" | ...}}.
+_CHECKPOINT_CHILD = (
+    _CASE_RUNNER
+    + """
 from mlpjit import DenseMlp
 from mlpjit.checkpoint import checkpoint_mlp_shapes, find_mlp_prefixes
-path, prefix = sys.argv[1], sys.argv[2]
+prefix = sys.argv[2]
 calls = {
-    "from_checkpoint": lambda: DenseMlp.from_checkpoint(path, prefix, device="cpu"),
-    "find_mlp_prefixes": lambda: find_mlp_prefixes(path),
-    "checkpoint_mlp_shapes": lambda: checkpoint_mlp_shapes(path),
+    "from_checkpoint": lambda path: DenseMlp.from_checkpoint(path, prefix, device="cpu"),
+    "find_mlp_prefixes": find_mlp_prefixes,
+    "checkpoint_mlp_shapes": checkpoint_mlp_shapes,
 }
 results = {}
-for name, call in calls.items():
-    try:
-        call()
-        results[name] = "ok"
-    except ValueError as err:
-        results[name] = "error: " + str(err)
+for case, path in json.loads(sys.argv[1]).items():
+    results[case] = {name: run(lambda: call(path)) for name, call in calls.items()}
 print(json.dumps(results))
 """
+)
 
 
 @pytest.fixture(scope="module")
-def checkpoint_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Future, Future]]:
-    """Every broken checkpoint, with its `mlpjit warm` child and its Python child started."""
-    runs = {}
+def checkpoint_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Future], Future]:
+    """Every broken checkpoint: its `mlpjit warm` child, and the one Python child of all."""
+    warms, paths = {}, {}
     for name, (layout, mutate, _, _) in CHECKPOINT_CASES.items():
         work = tmp_path_factory.mktemp(name)
         root = _write_checkpoint(work / "ckpt", single=layout == "single")
         mutate(root)
         warm = ["-m", "mlpjit", "warm", "--checkpoint", str(root), "--arch", "sm_90a"]
         warm += ["--sms", "132", "--dry-run"]
-        python = ["-c", _CHECKPOINT_CHILD, str(root), PREFIX]
-        runs[name] = (_start(warm, work), _start(python, work))
-    return runs
+        warms[name], paths[name] = _start(warm, work), str(root)
+    python = ["-c", _CHECKPOINT_CHILD, json.dumps(paths), PREFIX]
+    return warms, _start(python, tmp_path_factory.mktemp("python"), many=True)
 
 
 @pytest.mark.parametrize("case", list(CHECKPOINT_CASES))
-def test_broken_checkpoint(case: str, checkpoint_runs: dict) -> None:
+def test_broken_checkpoint(case: str, checkpoint_runs: tuple[dict[str, Future], Future]) -> None:
     _, _, failing, needles = CHECKPOINT_CASES[case]
-    warm, python = (future.result() for future in checkpoint_runs[case])
+    warms, python = checkpoint_runs
     if "warm" in failing:
-        _check_cli(warm, needles)
-    assert python != "hung", "a Python entry point hung"
-    assert "Traceback" not in python.stderr and python.returncode == 0, python.stderr[-2000:]
-    results = json.loads(python.stdout)
+        _check_cli(warms[case].result(), needles)
+    results = _case_results(python.result())[case]
     for entry in _ENTRIES:
         outcome = results[entry]
         if entry not in failing:
@@ -540,48 +587,68 @@ DENSE_CASES: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
 }
 
-# Each call runs under an alarm of its own; prints {case: "ok" | "error: ..." | "hung"}.
+# Each call is a case of its own for run(); prints {case: "ok" | "error: ..." | "hung" | ...}.
 _DENSE_CHILD = (
-    _DENSE_SETUP
+    _CASE_RUNNER
+    + _DENSE_SETUP
     + """
-import signal
-class Hung(Exception):
-    pass
-def on_alarm(*_):
-    raise Hung()
-signal.signal(signal.SIGALRM, on_alarm)
-results = {}
-for name, call in json.loads(sys.argv[1]).items():
-    signal.alarm(20)
-    try:
-        eval(call)
-        results[name] = "ok"
-    except ValueError as err:
-        results[name] = "error: " + str(err)
-    except Hung:
-        results[name] = "hung"
-    finally:
-        signal.alarm(0)
-print(json.dumps(results))
+calls = json.loads(sys.argv[1])
+print(json.dumps({name: run(lambda: eval(call)) for name, call in calls.items()}))
 """
 )
+
+
+def _case_results(result: subprocess.CompletedProcess | str) -> dict:
+    """The JSON a _CASE_RUNNER child printed, once it is known to have run to its end."""
+    assert result != "hung", f"a child running many cases took over {CASES_TIMEOUT_S} s"
+    assert "Traceback" not in result.stderr and result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
 
 
 @pytest.fixture(scope="module")
 def dense_run(tmp_path_factory: pytest.TempPathFactory) -> Future:
     calls = {name: call for name, (call, _) in DENSE_CASES.items()}
-    return _start(["-c", _DENSE_CHILD, json.dumps(calls)], tmp_path_factory.mktemp("dense"))
+    argv = ["-c", _DENSE_CHILD, json.dumps(calls)]
+    return _start(argv, tmp_path_factory.mktemp("dense"), many=True)
 
 
 @pytest.mark.parametrize("case", list(DENSE_CASES))
 def test_bad_dense_mlp_arguments(case: str, dense_run: Future) -> None:
-    result = dense_run.result()
-    assert result != "hung", "the DenseMlp child hung"
-    assert "Traceback" not in result.stderr and result.returncode == 0, result.stderr[-3000:]
-    outcome = json.loads(result.stdout)[case]
+    outcome = _case_results(dense_run.result())[case]
     assert outcome.startswith("error: ") and "\n" not in outcome, outcome
     for needle in DENSE_CASES[case][1]:
         assert needle in outcome, (needle, outcome)
+
+
+def test_each_case_of_a_many_case_child_has_its_own_limits(tmp_path: Path) -> None:
+    """A case that hangs, one that allocates without bound and one that raises something
+    else are each reported as such, and the cases after them still run."""
+    code = (
+        _case_runner(seconds=2, memory=256 << 20)
+        + """
+import itertools, os, time
+fifo = sys.argv[1]
+os.mkfifo(fifo)
+cases = {
+    "fifo": lambda: open(fifo).read(),
+    "sleep": lambda: time.sleep(60),
+    "grow": lambda: [bytes(1 << 20) for _ in itertools.count()],
+    "overflow": lambda: float(10**400),
+    "refused": lambda: int("x"),
+    "fine": lambda: bytes(128 << 20),
+}
+print(json.dumps({name: run(call) for name, call in cases.items()}))
+"""
+    )
+    results = _case_results(_run(["-c", code, str(tmp_path / "fifo")], tmp_path, many=True))
+    assert results == {
+        "fifo": "hung",
+        "sleep": "hung",
+        "grow": "out of memory",
+        "overflow": "crash: OverflowError: int too large to convert to float",
+        "refused": "error: invalid literal for int() with base 10: 'x'",
+        "fine": "ok",
+    }
 
 
 def test_bf16_limit_bound_is_the_largest_finite_bf16() -> None:

@@ -11,8 +11,12 @@ runs in a child process with a timeout and a 4 GiB address-space limit, and must
 - never load a planted byte (planted cubins carry a marker that no output may contain).
 
 The commands are discovered from the CLI parser, so a new `mlpjit cache` command is covered
-without touching this file (give it arguments in ARGS if it needs some). The manifest
-numbers are also fuzzed in-process with hypothesis, through the same functions.
+without touching this file (give it arguments in ARGS if it needs some). `mlpjit warm` runs
+too, without compiling: each of its modes (--kernel, --model, ..., also discovered from the
+parser; a new one needs its arguments in WARM_ARGS) with --dry-run, and --kernel and --from
+for real against the hand-made entries (the hit path), in a child whose compiler is off, so
+a miss is a one-line error instead of a compile. The manifest numbers are also fuzzed
+in-process with hypothesis, through the same functions.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import json
 import os
 import shutil
 import stat
+import struct
 import subprocess
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +50,7 @@ from mlpjit import cli
 from mlpjit.jit.archive import export_archive
 from mlpjit.jit.binary import KernelBinary
 from mlpjit.jit.key import spec_key
+from mlpjit.jit.spec import KernelRequest
 from mlpjit.jit.store import CacheStore
 
 MARKER = b"PLANTED-CUBIN-BYTES"
@@ -70,6 +76,61 @@ ARGS: dict[str, list[str]] = {
     "export": ["{out}"],
     "import": ["{archive}"],
 }
+
+
+def warm_modes() -> list[str]:
+    """The options of `mlpjit warm` that choose what to warm (one of them is required)."""
+    parser = cli._build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    warm = commands.choices["warm"]
+    (group,) = [g for g in warm._mutually_exclusive_groups if g.required]
+    return sorted(
+        a.option_strings[-1] if a.dest == "requests" else a.option_strings[0]
+        for a in group._group_actions
+    )
+
+
+# Arguments of each warm mode; "{checkpoint}" is a tiny checkpoint dir, "{requests}" a request
+# file of hand-made entries 0, 1 (in the root) and 2 (planted in the layer states).
+_SMOKE_PARAMS = ["--param", "scale=2.0", "--param", "block=128", "--arch", "sm_90a"]
+WARM_ARGS: dict[str, list[str]] = {
+    "--kernel": ["--kernel", "smoke", "--param", "n=1024,1025", *_SMOKE_PARAMS],
+    # --sms and --arch: no GPU query (which imports torch: seconds per run)
+    "--model": ["--model", "glm5", "--tp", "8", "--tokens", "1", "--sms", "132"],
+    "--hidden": ["--hidden", "1024", "--intermediate", "1024", "--tokens", "1,2", "--sms", "132"],
+    "--checkpoint": ["--checkpoint", "{checkpoint}", "--arch", "sm_90a", "--sms", "132"],
+    "--requests": ["--from", "{requests}"],
+}
+# The warm runs of the matrix: every mode with --dry-run (plans, lists the cache), and the
+# modes that name hand-made entries for real (the hit path; a miss is refused, see WARM).
+WARM_RUNS: dict[str, list[str]] = {
+    **{f"warm {m} --dry-run": [*WARM_ARGS[m], "--dry-run", "--arch", "sm_90a"] for m in WARM_ARGS},
+    "warm --kernel": WARM_ARGS["--kernel"],
+    "warm --from": WARM_ARGS["--requests"],
+}
+
+# `mlpjit warm` with compiling off (a miss is a one-line error, not minutes of CuTe DSL) and
+# every entry the store hands out printed, so a planted cubin that was loaded shows.
+WARM = """
+import sys
+from mlpjit.errors import MlpjitError
+from mlpjit.jit.manager import CompileManager
+from mlpjit.jit.store import CacheStore
+def no_compile(self, r):
+    raise MlpjitError(f"kernel {r.key[:12]} is not cached, and this test compiles nothing")
+def shown(find):
+    def wrapper(*args, **kwargs):
+        entry = find(*args, **kwargs)
+        if entry is not None:
+            print("served", entry.cubin.hex())
+        return entry
+    return wrapper
+CompileManager._compile = no_compile
+CacheStore.lookup = shown(CacheStore.lookup)
+CacheStore.lookup_alias = shown(CacheStore.lookup_alias)
+from mlpjit.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
 
 # The manager's lookup (what a hit in `mlpjit warm` or a server does): root, layers, alias.
 LOOKUP = """
@@ -244,6 +305,51 @@ STATES: dict[str, Callable[[Path, Path], dict[str, str] | None]] = {
 # --------------------------------------------------------------------- the matrix
 
 
+def _safetensors(path: Path, tensors: dict[str, tuple[str, list[int], int]]) -> None:
+    """A safetensors file of zero-filled tensors, {name: (dtype, shape, bytes per item)},
+    written by hand (no torch in this module)."""
+    header, offset = {}, 0
+    for name, (dtype, shape, item) in tensors.items():
+        size = item
+        for dim in shape:
+            size *= dim
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
+
+
+def _checkpoint(root: Path) -> Path:
+    """A one-layer FP8 checkpoint, hidden and intermediate 128 (config.json and one file)."""
+    root.mkdir(parents=True)
+    config = {
+        "hidden_size": 128,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+    }
+    (root / "config.json").write_text(json.dumps(config))
+    tensors = {}
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        tensors[f"model.layers.0.mlp.{proj}.weight"] = ("F8_E4M3", [128, 128], 1)
+        tensors[f"model.layers.0.mlp.{proj}.weight_scale_inv"] = ("F32", [1, 1], 4)
+    _safetensors(root / "model.safetensors", tensors)
+    return root
+
+
+@pytest.fixture(scope="module")
+def warm_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The files warm's modes read: a tiny checkpoint and a request file."""
+    base = tmp_path_factory.mktemp("warm-inputs")
+    requests = base / "requests.jsonl"
+    lines = [
+        KernelRequest("smoke", {"n": 1024 + i, "scale": 2.0, "block": 128}, "sm_90a").to_json_line()
+        for i in range(3)
+    ]
+    requests.write_text("\n".join(lines) + "\n")
+    return {"checkpoint": str(_checkpoint(base / "ckpt")), "requests": str(requests)}
+
+
 @pytest.fixture(scope="module")
 def good_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An archive of good entries (2 and 3) to import into each bad state."""
@@ -256,9 +362,10 @@ def good_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _run(state: str, command: str | None, base: Path, archive: Path) -> tuple[str, str]:
-    """Make ``state`` under ``base`` and run ``command`` (None: the lookup) against it;
-    returns (what went wrong or "", everything the child printed)."""
+def _run(state: str, command: str | None, base: Path, inputs: dict[str, str]) -> tuple[str, str]:
+    """Make ``state`` under ``base`` and run ``command`` (a cache command, a WARM_RUNS name, or
+    None: the lookup) against it; returns (what went wrong or "", everything the child
+    printed)."""
     base.mkdir()
     root = base / "cache"
     publish(root, 0)
@@ -273,8 +380,14 @@ def _run(state: str, command: str | None, base: Path, archive: Path) -> tuple[st
             proc = run_python(
                 LOOKUP, json.dumps(keys), timeout=TIMEOUT, MLPJIT_CACHE_DIR=str(root), **env
             )
+        elif command in WARM_RUNS:
+            args = ["warm", *(a.format(**inputs) for a in WARM_RUNS[command])]
+            modules = {"MLPJIT_KERNEL_MODULES": "mlpjit.testing.smoke"}
+            proc = run_python(
+                WARM, *args, timeout=TIMEOUT, MLPJIT_CACHE_DIR=str(root), **modules, **env
+            )
         else:
-            fill = {"out": str(base / "out.tar"), "archive": str(archive), "key": made(0)[0][:8]}
+            fill = {**inputs, "out": str(base / "out.tar"), "key": made(0)[0][:8]}
             args = [a.format(**fill) for a in ARGS.get(command, [])]
             proc = run_cli(root, "cache", command, *args, timeout=TIMEOUT, **env)
     except subprocess.TimeoutExpired:
@@ -306,13 +419,19 @@ def _snapshot(base: Path) -> dict[str, tuple[int, int]]:
     return found
 
 
+def _dir_name(command: str | None) -> str:
+    """A directory name for ``command``'s run ("warm --kernel" -> "warm_kernel")."""
+    return "_".join((command or "lookup").replace("-", " ").split())
+
+
 @pytest.mark.parametrize("state", sorted(STATES))
-def test_every_command_survives_the_state(state: str, tmp_path: Path, good_archive: Path) -> None:
-    commands: list[str | None] = [*cache_commands(), None]
+def test_every_command_survives_the_state(
+    state: str, tmp_path: Path, good_archive: Path, warm_inputs: dict[str, str]
+) -> None:
+    commands: list[str | None] = [*cache_commands(), None, *WARM_RUNS]
+    inputs = {**warm_inputs, "archive": str(good_archive)}
     with ThreadPoolExecutor(PARALLEL) as pool:
-        results = pool.map(
-            lambda c: _run(state, c, tmp_path / (c or "lookup"), good_archive), commands
-        )
+        results = pool.map(lambda c: _run(state, c, tmp_path / _dir_name(c), inputs), commands)
         failures = {
             c or "lookup": (problem, output[-1500:])
             for c, (problem, output) in zip(commands, results, strict=True)
@@ -325,6 +444,41 @@ def test_the_matrix_covers_every_cache_command() -> None:
     names = cache_commands()
     assert {"path", "ls", "info", "stats", "verify", "prune", "clear", "export"} <= set(names)
     assert "import" in names
+
+
+def test_the_matrix_covers_every_warm_mode() -> None:
+    """A new way to choose what to warm fails here until WARM_ARGS gives it arguments."""
+    modes = warm_modes()
+    assert {"--kernel", "--model", "--hidden", "--checkpoint", "--requests"} <= set(modes)
+    assert set(modes) == set(WARM_ARGS)
+    assert all(f"warm {m} --dry-run" in WARM_RUNS for m in modes)
+
+
+def test_warm_in_the_matrix_hits_the_hand_made_entries(
+    tmp_path: Path, warm_inputs: dict[str, str]
+) -> None:
+    """In a good cache the matrix's warm runs really take the hit path (served entries, no
+    compile) and every dry run plans something: a bad state is tested against a warm that
+    works, not one that fails for a reason of its own."""
+    root = tmp_path / "cache"
+    served = {publish(root, i)[2].cubin.hex() for i in range(2)}
+    for name, args in WARM_RUNS.items():
+        argv = ["warm", *(a.format(**warm_inputs) for a in args), "--json"]
+        proc = run_python(
+            WARM, *argv, MLPJIT_CACHE_DIR=str(root), MLPJIT_KERNEL_MODULES="mlpjit.testing.smoke"
+        )
+        assert "Traceback" not in proc.stderr, (name, proc.stderr[-2000:])
+        if name == "warm --from":  # entry 2 is not cached: refused, not compiled
+            assert proc.returncode == 1 and "this test compiles nothing" in proc.stderr, name
+            continue
+        assert proc.returncode == 0, (name, proc.stderr[-2000:])
+        report = json.loads(proc.stdout[proc.stdout.index("{") :])
+        assert report["total"] > 0, (name, report)
+        if name == "warm --kernel":
+            assert report["hits"] == 2 and report["compiles"] == 0, report
+            assert {
+                line.split()[1] for line in proc.stdout.splitlines() if line.startswith("served")
+            } == served
 
 
 # --------------------------------------------------------------------- fuzzed numbers

@@ -20,6 +20,7 @@ from redis_server import PASSWORD, RedisServer, free_port, start_redis, write_ke
 
 from mlpjit import cli
 from mlpjit.cli import MAX_WARM_TOKENS, parse_age, parse_size, parse_tokens
+from mlpjit.jit import config
 from mlpjit.kernels.fp8_gemv import plan as fp8_plan
 from mlpjit.models import PRESETS
 
@@ -656,15 +657,16 @@ def test_bad_files_are_one_line(tmp_path: Path, command: str, kind: str, message
     assert len(run.stderr.splitlines()) == 1, run.stderr
 
 
-@pytest.mark.parametrize("value", ["abc", "-1"])
+@pytest.mark.parametrize("value", ["abc", "-1", "1e308"])
 @pytest.mark.parametrize("command", [["warm", *SMOKE], ["warm", *SMOKE, "--dry-run"], ["doctor"]])
 def test_bad_lock_timeout_fails_before_any_work(
     tmp_path: Path, command: list[str], value: str
 ) -> None:
     run = mlpjit(tmp_path / "c", *command, env={"MLPJIT_LOCK_TIMEOUT": value})
     assert run.returncode == 1, (run.stdout, run.stderr)
-    expected = "MLPJIT_LOCK_TIMEOUT must be a positive number of seconds, got"
-    assert run.stderr == f"mlpjit: error: {expected} {value!r}\n"
+    lo, hi = config.LOCK_TIMEOUT_RANGE
+    expected = f"MLPJIT_LOCK_TIMEOUT must be a number in [{lo:g}, {hi:g}] (got {value!r})"
+    assert run.stderr == f"mlpjit: error: {expected}\n"
     assert run.stdout == "" and not (tmp_path / "c").exists()  # no compile, no cache dir
 
 

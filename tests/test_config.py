@@ -48,10 +48,16 @@ def test_lock_timeout(monkeypatch):
     assert config.lock_timeout() == config.DEFAULT_LOCK_TIMEOUT
     monkeypatch.setenv("MLPJIT_LOCK_TIMEOUT", "2.5")
     assert config.lock_timeout() == 2.5
-    for bad in ("0", "-1", "abc", "nan", "inf"):
+    lo, hi = config.LOCK_TIMEOUT_RANGE
+    monkeypatch.setenv("MLPJIT_LOCK_TIMEOUT", str(hi))
+    assert config.lock_timeout() == hi
+    for bad in ("0", "-1", "abc", "nan", "inf", "1e308", "1e12", str(hi + 1), "9" * 5000):
         monkeypatch.setenv("MLPJIT_LOCK_TIMEOUT", bad)
-        with pytest.raises(ValueError, match="MLPJIT_LOCK_TIMEOUT"):
+        with pytest.raises(ValueError) as err:
             config.lock_timeout()
+        message = str(err.value)
+        assert message.startswith(f"MLPJIT_LOCK_TIMEOUT must be a number in [{lo:g}, {hi:g}]")
+        assert "\n" not in message and len(message) < 200, message
 
 
 def test_arch_override(monkeypatch):

@@ -236,7 +236,7 @@ def test_bad_lock_timeout_fails_every_get_and_warm_up_front(
     assert manager.get(smoke_request(0)).cubin == cached.cubin
 
 
-@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "5", True])
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), 1e308, 10**400, "5", True])
 def test_bad_lock_timeout_argument_fails_at_construction(bad):
     with pytest.raises(ValueError, match="lock_timeout"):
         CompileManager(lock_timeout=bad)

@@ -63,6 +63,11 @@ STATES: dict[str, Callable[[redis.Redis], None]] = {
     "huge-alias": lambda r: r.set(f"mlpjit:alias:{SPEC_KEY}", KEY.encode() + _big(b":")),
     "alias-that-is-a-hash": lambda r: r.hset(f"mlpjit:alias:{SPEC_KEY}", "key", KEY),
     "alias-of-binary-junk": lambda r: r.set(f"mlpjit:alias:{SPEC_KEY}", b"\xff\x00" + PLANTED),
+    "huge-entry-name": lambda r: r.set(f"mlpjit:entry:{KEY}".encode() + _big(b"-"), PLANTED),
+    "entry-names-no-entry-can-have": lambda r: r.mset(
+        {f"mlpjit:entry:{'f' * n}": PLANTED for n in range(200) if n != 64}
+        | {f"mlpjit:entry:{KEY.upper()}": PLANTED, f"mlpjit:entry:{KEY[:-1]}\n": PLANTED}
+    ),
     "counter-of-5000-digits": lambda r: r.set("mlpjit:stats:hits", "9" * 5000),
     "huge-counter": lambda r: r.set("mlpjit:stats:rejected", _big()),
     "counter-that-is-a-hash": lambda r: r.hset("mlpjit:stats:uploads", "n", "1"),
@@ -211,3 +216,63 @@ def test_any_bytes_in_an_alias_counter_or_lock_is_read_safely(
     assert taken != live, (lock, ttl)
     lock_.release()
     assert remote.available and remote.stats.errors == 0
+
+
+def test_entry_listing_sends_only_names_an_entry_can_have(shared_redis):
+    """SCAN filters names on the server: entry_keys and report() see the one real name, and
+    a planted 48 MiB name (and names of every other length) never cross the network."""
+    raw = shared_redis.client()
+    raw.flushdb()
+    STATES["huge-entry-name"](raw)
+    STATES["entry-names-no-entry-can-have"](raw)
+    raw.hset(f"mlpjit:entry:{KEY}", "manifest", b"{}")
+    remote = RemoteCache(shared_redis.url())
+    before = _sent(shared_redis)
+    assert remote.entry_keys() == [KEY]
+    assert remote.report(10)["entries"] == 1
+    assert _sent(shared_redis) - before < 64 << 10
+
+
+def _documented_acl() -> list[str]:
+    """The rules of the `ACL SETUSER mlpjit ...` line docs/SERVER.md gives, password left out."""
+    text = " ".join((REPO / "docs" / "SERVER.md").read_text().split())
+    start = text.index("`ACL SETUSER mlpjit ")
+    rules = text[start + 1 : text.index("`", start + 1)].split()[3:]
+    return [r for r in rules if not r.startswith(">")]
+
+
+def test_the_documented_acl_allows_every_remote_operation(shared_redis, tmp_path):
+    """A node whose Redis user has exactly the ACL docs/SERVER.md gives (for the prefix
+    glm5-prod:) uploads, fetches, follows aliases, lists, counts, takes over a planted lock,
+    renews and releases, and reports, without one permission error."""
+    from entries import made
+
+    from mlpjit.jit.archive import portable_manifest
+    from mlpjit.jit.store import CacheStore
+
+    rules = _documented_acl()
+    assert "~glm5-prod:*" in rules and "+pttl" in rules and "+strlen" in rules, rules
+    raw = shared_redis.client()
+    raw.flushdb()
+    raw.execute_command("ACL", "SETUSER", "mlpjit", "reset", ">acl-pass", *rules)
+    store = CacheStore(root=tmp_path / "cache", layers=())
+    key, components, binary = made(0)
+    entry = store.publish(key, components, binary, 0.1)
+    url = f"redis://mlpjit:acl-pass@127.0.0.1:{shared_redis.port}/0"
+    remote = RemoteCache(url, prefix="glm5-prod:", ttl=60, secret=b"k" * 32)
+    try:
+        raw.set(f"glm5-prod:lock:{key}", "ab" * 16)  # planted, no expiry: taken over
+        assert remote.upload(key, portable_manifest(entry), entry.cubin)
+        assert remote.exists(key) and isinstance(remote.verified(key), tuple)
+        assert remote.alias_target(entry.manifest["spec_key"]) == key
+        assert remote.entry_keys() == [key]
+        assert remote.fleet_counters() is not None
+        lock = remote.lock(key)
+        assert lock.try_acquire() and lock.shared
+        assert remote.renew_lock(lock.name, lock.token) == (True, True)
+        lock.release()
+        report = remote.report(10)
+        assert report["error"] is None and report["entries"] == 1, report
+        assert remote.problem() is None and remote.stats.errors == 0, remote.stats
+    finally:
+        raw.execute_command("ACL", "DELUSER", "mlpjit")

@@ -10,9 +10,10 @@ same bytes:
     entries/<key>.cubin        the code
     entries/<key>.json         the entry's manifest (canonical JSON, without "last_used")
 
-Export writes a temp file made exclusively with a random name next to the destination
-(never through a planted symlink), gives it mode 0644 whatever the umask, and renames it
-into place.
+Export refuses a destination that exists and is not a regular file (a symlink, device,
+FIFO or directory), writes a temp file made exclusively with a random name next to the
+destination (never through a planted symlink), gives it mode 0644 whatever the umask, and
+renames it into place.
 
 Import never extracts: members are read into memory and every entry is published through
 CacheStore.publish (temp file, fsync, rename, manifest last) under the key's lock. Only a
@@ -207,18 +208,20 @@ def _write_archive(path: Path, members: list[tuple[str, bytes]]) -> int:
     """Write ``members`` as a tar at ``path`` atomically, mode 0644; returns its size.
 
     Everything happens through an fd of the destination's directory: a destination that
-    exists and is neither a regular file nor a symlink (a device, FIFO, socket or
-    directory: `export /dev/null` as root) is refused with a one-line ValueError; the temp
-    file is created exclusively with a random name (never through a planted file or
-    symlink), then renamed over ``path`` (a symlink there is replaced, not its target).
+    exists and is not a regular file (a symlink, device, FIFO, socket or directory:
+    `export /dev/null` as root) is refused with a one-line ValueError, since whoever made
+    it may expect the archive to land elsewhere; the temp file is created exclusively with
+    a random name (never through a planted file or symlink), then renamed over ``path``
+    (a link that appears there meanwhile is replaced itself, never its target written).
     """
     dir_fd = open_dir(path.parent if str(path.parent) else Path("."), follow_symlinks=True)
     try:
         st = lstat_at(dir_fd, path.name)
-        if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
             raise ValueError(
-                f"export destination {path} exists and is not a regular file "
-                f"({stat.filemode(st.st_mode)}); name a new or regular file"
+                f"export destination {path} is {what} ({stat.filemode(st.st_mode)}); "
+                f"name a new file or an existing regular file"
             )
         fd, tmp = create_exclusive_at(dir_fd, f".{path.name}.", ".tmp", ARCHIVE_MODE)
         try:

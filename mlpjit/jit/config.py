@@ -7,7 +7,6 @@ read on every call (not cached at import) so tests and long-lived servers see ch
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import stat
@@ -23,6 +22,7 @@ __all__ = [
     "DEFAULT_REMOTE_PREFIX",
     "DEFAULT_REMOTE_TIMEOUT",
     "ENV_VARS",
+    "LOCK_TIMEOUT_RANGE",
     "REMOTE_TIMEOUT_RANGE",
     "REMOTE_TTL_RANGE",
     "REMOTE_URL_OPTIONS",
@@ -46,6 +46,9 @@ __all__ = [
 ]
 
 DEFAULT_LOCK_TIMEOUT = 300.0
+# Seconds a process waits for another one's compile (MLPJIT_LOCK_TIMEOUT): 10 ms to a day.
+# A wait of 1e308 s overflows every timed wait (threading, filelock) with an OverflowError.
+LOCK_TIMEOUT_RANGE = (0.01, 86400.0)
 DEFAULT_REMOTE_PREFIX = "mlpjit:"
 DEFAULT_REMOTE_TIMEOUT = 2.0  # seconds, for connecting to Redis and for every reply
 MIN_REMOTE_SECRET_BYTES = 32  # the fleet key: as many bytes as the HMAC-SHA256 output
@@ -86,7 +89,9 @@ ENV_VARS: dict[str, EnvVar] = {
             "MLPJIT_LOCK_TIMEOUT",
             str(int(DEFAULT_LOCK_TIMEOUT)),
             "Seconds a process waits for another one compiling the same kernel before it "
-            "compiles and publishes the kernel itself (float > 0). With the fleet cache, a "
+            "compiles and publishes the kernel itself (a number from "
+            f"{LOCK_TIMEOUT_RANGE[0]:g} to {LOCK_TIMEOUT_RANGE[1]:g}, a day). With the fleet "
+            "cache, a "
             "process's waits for other nodes add up to this at most, over all its kernels.",
         ),
         EnvVar(
@@ -175,16 +180,10 @@ def cache_path() -> tuple[Path, ...]:
 
 
 def lock_timeout() -> float:
-    """Seconds to wait on another process's compile (MLPJIT_LOCK_TIMEOUT, default 300)."""
-    value = _get("MLPJIT_LOCK_TIMEOUT")
-    if value is None:
-        return DEFAULT_LOCK_TIMEOUT
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"MLPJIT_LOCK_TIMEOUT must be a positive number of seconds, got {value!r}")
+    """Seconds to wait on another process's compile (MLPJIT_LOCK_TIMEOUT, default 300),
+    within LOCK_TIMEOUT_RANGE; ValueError naming the variable and the range otherwise."""
+    seconds = _seconds("MLPJIT_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT, LOCK_TIMEOUT_RANGE)
+    assert seconds is not None
     return seconds
 
 

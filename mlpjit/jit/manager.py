@@ -24,7 +24,6 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import math
 import os
 import re
 import tempfile
@@ -39,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from mlpjit.errors import CaptureError, CompilerUnavailableError, MlpjitError
 from mlpjit.jit import config
 from mlpjit.jit.binary import KernelBinary
+from mlpjit.jit.bounds import bounded
 from mlpjit.jit.capture import current_stream_capturing as _capturing
 from mlpjit.jit.key import cache_key, key_components, short_key, spec_key, toolchain
 from mlpjit.jit.safe_fs import open_append
@@ -82,11 +82,11 @@ def check_compile_arch(spec: KernelSpec, arch: str) -> str:
 
 
 def _check_timeout(seconds: float) -> float:
+    """The lock_timeout argument as float seconds within config.LOCK_TIMEOUT_RANGE (the
+    range of MLPJIT_LOCK_TIMEOUT: a longer timed wait overflows); ValueError otherwise."""
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
         raise ValueError(f"lock_timeout must be a number of seconds, got {seconds!r}")
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"lock_timeout must be a positive number of seconds, got {seconds!r}")
-    return float(seconds)
+    return float(bounded(seconds, "lock_timeout", *config.LOCK_TIMEOUT_RANGE))
 
 
 def _first_line(err: BaseException) -> str:
@@ -141,7 +141,8 @@ class CompileManager:
         remote: RemoteLayer | None = None,
     ) -> None:
         """``lock_timeout``: seconds to wait on another process's compile of a key (None:
-        MLPJIT_LOCK_TIMEOUT, read and checked at every get/warm). ValueError if not > 0.
+        MLPJIT_LOCK_TIMEOUT, read and checked at every get/warm). ValueError outside
+        config.LOCK_TIMEOUT_RANGE (0.01 s to a day).
         ``remote``: the fleet cache in front of ``store`` (None: the local cache alone);
         its store is this manager's (ValueError if both are given and differ)."""
         if remote is not None and store is not None and remote.store is not store:

@@ -20,8 +20,9 @@ Layout under a key prefix (default "mlpjit:"):
                                 other value, or one without expiry, is taken over)
     <prefix>stats:<counter>     the fleet's hits, rejected and uploads (INCR, best effort)
 
-Every value is size-checked on the server before it is read (lua.py), so whoever can write
-Redis cannot make a node read a huge value; waits for other nodes' locks share one budget
+Every value is size-checked on the server before it is read (lua.py), and SCAN lists only
+names of an entry's exact shape (client.py), so whoever can write Redis cannot make a node
+read a huge value or name; waits for other nodes' locks share one budget
 per process (layer.WaitBudget).
 
 Remote bytes are checked like every local load (store.verify_manifest: components that hash

@@ -72,6 +72,9 @@ COUNTERS = ("hits", "rejected", "uploads")
 # A remote cubin is read only up to this size: real kernels' cubins are tens of KiB, and
 # anyone who can write Redis could otherwise make every node read the store's whole cap.
 MAX_REMOTE_CUBIN_BYTES = min(MAX_CUBIN_BYTES, 32 << 20)
+# Keys SCAN visits per page (a hint to the server): a page's reply holds at most about as
+# many entry names, each of a fixed length.
+SCAN_PAGE = 1000
 MAX_COUNT = 2**63 - 1  # what INCR counts up to
 MAX_COUNTER_BYTES = 20  # the digits of MAX_COUNT, and a sign
 # An alias' value: a key (64 hex digits), then ":" and a signature of at most
@@ -482,11 +485,17 @@ class RemoteCache:
         return keys if ok else None
 
     def _scan_entries(self, limit: int | None) -> list[str]:
-        """SCAN for entry keys (raises redis-py's errors; see entry_keys)."""
-        pattern = _glob_escape(self.prefix) + "entry:*"
+        """SCAN for entry keys (raises redis-py's errors; see entry_keys).
+
+        The MATCH pattern is the exact shape of an entry's name (the prefix, "entry:", then
+        64 lowercase hex digits, each a [0-9a-f] class, no "*"), so the server filters every
+        page: a planted name of another length or alphabet, however huge, never leaves
+        Redis, and a page holds at most SCAN_PAGE names of a fixed length.
+        """
+        pattern = _glob_escape(self.prefix) + "entry:" + "[0-9a-f]" * 64
         start = len(self.prefix) + len("entry:")
         found: set[str] = set()
-        for name in self._client.scan_iter(match=pattern, count=1000):
+        for name in self._client.scan_iter(match=pattern, count=SCAN_PAGE):
             key = bytes(name)[start:].decode("ascii", "replace")
             if is_key(key):
                 found.add(key)

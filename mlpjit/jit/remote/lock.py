@@ -1,6 +1,7 @@
 """RemoteLock: the cluster-wide compile lock of one key, in Redis.
 
-SET NX PX with a random token takes it; a daemon thread renews the expiry while it is held
+A server-side script (lua.ACQUIRE) takes it with a random token and an expiry, taking over
+a value no live holder wrote; a daemon thread renews the expiry while it is held
 (a holder that dies just lets it expire); only a holder that still sees its own token
 deletes it (a Lua script), so a lock that expired and was taken by another node is never
 released by the first one.
