@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlpjit.errors import MissingDependencyError
 from mlpjit.jit.bounds import bounded
 from mlpjit.jit.safe_read import loads_json, open_regular
 from mlpjit.kernels.fp8_gemv.params import MAX_HIDDEN, MAX_INTERMEDIATE
@@ -188,10 +189,21 @@ class _WeightMap:
         return self.root / relative
 
 
+def _safe_open() -> Any:
+    """safetensors' safe_open; without safetensors (not in mlpjit's main install) a
+    one-line MissingDependencyError naming the extra that installs it."""
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        raise MissingDependencyError(
+            "reading a checkpoint needs safetensors: pip install 'mlpjit[checkpoint]'"
+        ) from None
+    return safe_open
+
+
 def _single_file_keys(file: Path) -> dict[str, str]:
     """{tensor name: file name} of a checkpoint stored as one safetensors file."""
-    from safetensors import safe_open
-
+    safe_open = _safe_open()
     _check_regular(file)
     try:
         with safe_open(str(file), framework="pt") as handle:
@@ -248,6 +260,21 @@ def _check_block_size(config: dict[str, Any], config_file: Path) -> None:
         )
 
 
+def checkpoint_ue8m0(path: str | Path) -> bool | None:
+    """The activation-scale rule the checkpoint's config.json gives: True for
+    ``quantization_config.scale_fmt: "ue8m0"`` (DeepSeek-V3.1 style), False for any other
+    scale_fmt, None when it gives none (then mlpjit.scale_rule.DEFAULT_UE8M0 applies).
+    A one-line ValueError naming the file for an unreadable config or a scale_fmt that is
+    not a string."""
+    from mlpjit.scale_rule import quantization_ue8m0
+
+    config, config_file = _read_config(_checkpoint_dir(path))
+    quant = config.get("quantization_config")
+    if not isinstance(quant, dict):
+        return None
+    return quantization_ue8m0(quant, f"{config_file}: quantization_config")
+
+
 # ---- tensor metadata and slices -------------------------------------------------------------
 
 
@@ -288,8 +315,7 @@ class _Reader:
         """The open safe_open handle of ``file`` (opened on first use, on the CPU)."""
         handle = self._handles.get(file)
         if handle is None:
-            from safetensors import safe_open
-
+            safe_open = _safe_open()
             try:
                 _check_regular(file)
             except ValueError as exc:
@@ -565,8 +591,9 @@ def _config_int(config: dict[str, Any], key: str, config_file: Path, default: An
     return int(bounded(value, f"{config_file}: {key}", lo, hi, integer=True))
 
 
-def _moe_layers(text: dict[str, Any], layers: int, config_file: Path) -> list[bool]:
-    """Per layer: True for a MoE layer, False for a dense one.
+def _moe_layers(text: dict[str, Any], layers: int, config_file: Path) -> list[tuple[bool, str]]:
+    """Per layer: (True for a MoE layer, False for a dense one; the config keys and values
+    that decided it, for error messages).
 
     ``mlp_layer_types`` ("dense"/"sparse", GLM-5) when the config has it; otherwise no
     routed experts means all dense, and DeepSeek's rule (MoE from layer first_k_dense_replace
@@ -578,43 +605,53 @@ def _moe_layers(text: dict[str, Any], layers: int, config_file: Path) -> list[bo
             raise ValueError(f"{config_file}: mlp_layer_types must list {layers} layer types")
         if not all(t in ("dense", "sparse") for t in types):
             raise ValueError(f"{config_file}: mlp_layer_types must be 'dense' or 'sparse'")
-        return [t == "sparse" for t in types]
-    if not text.get("n_routed_experts"):
-        return [False] * layers
+        return [(t == "sparse", f"mlp_layer_types[{i}] is {t!r}") for i, t in enumerate(types)]
+    routed = text.get("n_routed_experts")
+    if not routed:
+        return [(False, f"n_routed_experts is {routed!r:.40}: every layer dense")] * layers
     first = _config_int(text, "first_k_dense_replace", config_file, 0)
     freq = _config_int(text, "moe_layer_freq", config_file, 1) or 1
-    return [i >= first and i % freq == 0 for i in range(layers)]
+    rule = (
+        f"n_routed_experts is {routed!r:.40}, first_k_dense_replace {first}, moe_layer_freq {freq}"
+    )
+    return [(i >= first and i % freq == 0, rule) for i in range(layers)]
 
 
-def _config_mlps(config: dict[str, Any], config_file: Path) -> list[tuple[str, int, int, int]]:
-    """(kind, layer, hidden, intermediate) of every dense MLP and shared expert the config
-    describes, by layer."""
+def _config_mlps(config: dict[str, Any], config_file: Path) -> list[tuple[str, int, int, int, str]]:
+    """(kind, layer, hidden, intermediate, why) of every dense MLP and shared expert the
+    config describes, by layer; ``why`` names the config keys and values that gave the kind
+    and the sizes."""
     text = _text_config(config)
     hidden = _config_int(text, "hidden_size", config_file)
     layers = _config_int(text, "num_hidden_layers", config_file)
     mlps = []
-    for layer, moe in enumerate(_moe_layers(text, layers, config_file)):
+    for layer, (moe, rule) in enumerate(_moe_layers(text, layers, config_file)):
         if not moe:
             inter = _config_int(text, "intermediate_size", config_file)
-            mlps.append(("dense", layer, hidden, inter))
+            why = f"{rule}; hidden_size {hidden}, intermediate_size {inter}"
+            mlps.append(("dense", layer, hidden, inter, why))
         elif text.get("n_shared_experts"):
             shared = _config_int(text, "n_shared_experts", config_file)
-            inter = _config_int(text, "moe_intermediate_size", config_file) * shared
+            moe_inter = _config_int(text, "moe_intermediate_size", config_file)
             name = f"{config_file}: moe_intermediate_size * n_shared_experts"
-            inter = int(bounded(inter, name, 0, MAX_INTERMEDIATE, integer=True))
+            inter = int(bounded(moe_inter * shared, name, 0, MAX_INTERMEDIATE, integer=True))
+            why = (
+                f"{rule}; hidden_size {hidden}, moe_intermediate_size {moe_inter} * "
+                f"n_shared_experts {shared}"
+            )
             if inter:
-                mlps.append(("shared_experts", layer, hidden, inter))
+                mlps.append(("shared_experts", layer, hidden, inter, why))
     return mlps
 
 
-def _check_mlp_shape(reader: _Reader, prefix: str, hidden: int, inter: int) -> None:
-    """The gate and down weights' header shapes are [inter, hidden] and [hidden, inter]."""
+def _check_mlp_shape(reader: _Reader, prefix: str, hidden: int, inter: int, why: str) -> None:
+    """The gate and down weights' header shapes are [inter, hidden] and [hidden, inter];
+    ``why`` names the config keys that gave those sizes."""
     for proj, shape in (("gate_proj", (inter, hidden)), ("down_proj", (hidden, inter))):
         info = reader.info(f"{prefix}.{proj}.weight")
         if info.shape != shape:
             raise info.error(
-                f"shape {list(info.shape)}, but config.json gives hidden_size {hidden} and "
-                f"intermediate {inter}: expected {list(shape)}"
+                f"shape {list(info.shape)}, but config.json gives ({why}): expected {list(shape)}"
             )
 
 
@@ -641,14 +678,15 @@ def checkpoint_mlp_shapes(path: str | Path) -> list[tuple[str, int, int]]:
     }
     shapes = []
     with _Reader(weights) as reader:
-        for kind, layer, hidden, inter in mlps:
+        for kind, layer, hidden, inter, why in mlps:
             prefix = found.get((kind, layer))
             if prefix is None:
                 suffix = ".shared_experts" if kind == "shared_experts" else ""
                 raise ValueError(
-                    f"{config_file} gives layer {layer} a {kind} MLP, but {weights.listing} "
-                    f"has no model.layers.{layer}.mlp{suffix}.gate_proj/up_proj/down_proj"
+                    f"{config_file} gives layer {layer} a {kind} MLP ({why}), but "
+                    f"{weights.listing} has no "
+                    f"model.layers.{layer}.mlp{suffix}.gate_proj/up_proj/down_proj"
                 )
-            _check_mlp_shape(reader, prefix, hidden, inter)
+            _check_mlp_shape(reader, prefix, hidden, inter, why)
             shapes.append((prefix, hidden, inter))
     return shapes

@@ -436,6 +436,7 @@ _LEFTOVER_NAMES = {
     "temp_files": "temp files",
     "orphan_cubins": "cubins without a manifest",
     "stale_aliases": "stale aliases",
+    "stale_locks": "lock files of removed entries",
     "scratch_dirs": "compile scratch dirs",
 }
 
@@ -644,11 +645,11 @@ def _warm_requests(args: argparse.Namespace, arch: str) -> list[KernelRequest]:
         return _shard_requests(args, arch, _model_shapes(args))
     if args.intermediate is None:
         raise ValueError("--hidden needs --intermediate")
-    return _shard_requests(args, arch, [(args.hidden, args.intermediate)])
+    return _shard_requests(args, arch, [(args.hidden, args.intermediate, "the layer")])
 
 
-def _model_shapes(args: argparse.Namespace) -> list[tuple[int, int]]:
-    """(hidden, full intermediate) of each --layers layer of the --model preset.
+def _model_shapes(args: argparse.Namespace) -> list[tuple[int, int, str]]:
+    """(hidden, full intermediate, label) of each --layers layer of the --model preset.
 
     "shared" of a model without a shared expert is skipped with a note on stderr, or an
     error when it is all --layers asked for; a layer whose intermediate size --tp does not
@@ -677,74 +678,108 @@ def _model_shapes(args: argparse.Namespace) -> list[tuple[int, int]]:
                     f"tp must divide {preset.name}'s {what} intermediate size "
                     f"{have[layer]}, got {args.tp}"
                 )
-            shapes.append((preset.hidden, have[layer]))
+            shapes.append((preset.hidden, have[layer], f"{preset.name} {what}"))
     return shapes
 
 
 def _shard_requests(
-    args: argparse.Namespace, arch: str, shapes: Sequence[tuple[int, int]]
+    args: argparse.Namespace, arch: str, shapes: Sequence[tuple[int, int, str]]
 ) -> list[KernelRequest]:
-    """The distinct kernels of every (hidden, full intermediate) shape at --tp and --tokens,
-    in order. A shape the kernels cannot take runs the stock path and needs none; only when
-    no shape has any kernel is that an error, saying why for each."""
+    """The distinct kernels of every (hidden, full intermediate, label) shape at --tp and
+    --tokens, in order. A shape the kernels cannot take runs the stock path and needs none:
+    one note line on stderr per such layer kind, saying why; only when no shape has any
+    kernel is that an error, saying why for each."""
+    from mlpjit.kernels.fp8_gemv.params import MAX_TOKENS
     from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
+    from mlpjit.scale_rule import resolve_ue8m0
 
     requests: list[KernelRequest] = []
-    for hidden, intermediate in shapes:
-        for r in dense_mlp_requests(
+    notes: list[str] = []
+    for hidden, intermediate, label in shapes:
+        found = dense_mlp_requests(
             hidden,
             intermediate,
             args.tp,
             args.tokens,
             arch,
-            ue8m0=args.ue8m0,
+            ue8m0=resolve_ue8m0(args.ue8m0),
             limit=args.limit,
             sms=_resolve_sms(args),
-        ):
+        )
+        planned = {r.params.get("tokens") for r in found}
+        stock = [m for m in args.tokens if m <= MAX_TOKENS and m not in planned]
+        if stock:
+            why = _stock_reason(hidden, intermediate, args.tp, stock)
+            counts = "" if not found else f" for tokens {','.join(map(str, stock))}"
+            notes.append(f"{label} runs the stock path at tp {args.tp}{counts}: {why}")
+        for r in found:
             if r not in requests:
                 requests.append(r)
     if not requests:
-        raise ValueError("; ".join(_why_no_kernels(h, i, args.tp, args.tokens) for h, i in shapes))
+        raise ValueError(
+            "; ".join(_why_no_kernels(h, i, args.tp, args.tokens) for h, i, _ in shapes)
+        )
+    for note in dict.fromkeys(notes):
+        print(f"mlpjit: note: {note}", file=sys.stderr)
     return requests
 
 
 def _checkpoint_requests(args: argparse.Namespace, arch: str) -> list[KernelRequest]:
     """The kernels of every distinct dense-MLP / shared-expert shape of --checkpoint at --tp
     (a shape the kernels cannot take runs the stock path and needs none; only when no
-    shape has any kernel is that an error)."""
-    from mlpjit.checkpoint import checkpoint_mlp_shapes, shard_range
+    shape has any kernel is that an error). Without --ue8m0/--no-ue8m0 the scale rule is
+    the one config.json gives (quantization_config.scale_fmt), else the default."""
+    from mlpjit.checkpoint import checkpoint_mlp_shapes, checkpoint_ue8m0, shard_range
 
-    shapes = sorted({(h, i) for _, h, i in checkpoint_mlp_shapes(args.checkpoint)})
-    for _, intermediate in shapes:
-        shard_range(intermediate, 0, args.tp)  # ValueError naming the size and tp
+    if args.ue8m0 is None:
+        args.ue8m0 = checkpoint_ue8m0(args.checkpoint)
+    labels = {
+        "dense": "dense MLP (config.json intermediate_size {})",
+        "shared": "shared expert (config.json moe_intermediate_size * n_shared_experts = {})",
+    }
+    shapes = sorted(
+        {
+            (h, i, labels["shared" if prefix.endswith("shared_experts") else "dense"].format(i))
+            for prefix, h, i in checkpoint_mlp_shapes(args.checkpoint)
+        }
+    )
+    for _, intermediate, label in shapes:
+        try:
+            shard_range(intermediate, 0, args.tp)
+        except ValueError as err:
+            raise ValueError(f"{label}: {err}") from None
     return _shard_requests(args, arch, shapes)
 
 
-def _why_no_kernels(hidden: int, intermediate: int, tp: int, tokens: Sequence[int]) -> str:
-    """What was asked and why no kernel fits it (a plan with 0 kernels warms nothing)."""
+def _stock_reason(hidden: int, intermediate: int, tp: int, tokens: Sequence[int]) -> str:
+    """Why no kernel takes this shape at ``tp`` for ``tokens``: it runs the stock path."""
     from mlpjit.kernels.fp8_gemv.params import GROUP, MAX_TOKENS
 
     inter = intermediate // tp
     lo, hi = min(tokens), max(tokens)
     if lo > MAX_TOKENS:
-        why = (
+        return (
             f"no token count in {lo}..{hi} takes the kernel path (1-{MAX_TOKENS}); larger "
             f"counts run the stock path and need no kernel"
         )
-    elif hidden % GROUP:
-        why = f"hidden {hidden} is not a multiple of {GROUP}"
-    elif inter % GROUP:
-        why = (
+    if hidden % GROUP:
+        return f"hidden {hidden} is not a multiple of {GROUP}"
+    if inter % GROUP:
+        return (
             f"tp {tp} does not divide intermediate {intermediate} into multiples of {GROUP} "
             f"(each rank gets {inter})"
         )
-    else:
-        why = (
-            f"fp8_gemv cannot take gate_up {2 * inter}x{hidden} or down {hidden}x{inter} "
-            f"within the shared-memory and register limits (they run the stock path)"
-        )
+    return (
+        f"fp8_gemv cannot take gate_up {2 * inter}x{hidden} or down {hidden}x{inter} "
+        f"within the shared-memory and register limits (they run the stock path)"
+    )
+
+
+def _why_no_kernels(hidden: int, intermediate: int, tp: int, tokens: Sequence[int]) -> str:
+    """What was asked and why no kernel fits it (a plan with 0 kernels warms nothing)."""
+    lo, hi = min(tokens), max(tokens)
     asked = f"hidden {hidden}, intermediate {intermediate}, tp {tp}, tokens {lo}..{hi}"
-    return f"no kernels to warm for {asked}: {why}"
+    return f"no kernels to warm for {asked}: {_stock_reason(hidden, intermediate, tp, tokens)}"
 
 
 def _check_archs(requests: Sequence[KernelRequest]) -> None:
@@ -1035,8 +1070,9 @@ def _build_parser() -> argparse.ArgumentParser:
     warm.add_argument(
         "--ue8m0",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="power-of-two activation scales",
+        default=None,
+        help="power-of-two (UE8M0) activation scales (default: on, as DenseMlp; with "
+        "--checkpoint, what its quantization_config.scale_fmt says where it says)",
     )
     warm.add_argument(
         "--limit",

@@ -44,6 +44,7 @@ from mlpjit.kernels.fp8_gemv.params import KERNEL_ARGS, MAX_TOKENS, check_limit
 from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests, token_counts
 from mlpjit.kernels.fp8_gemv.tuning import kernel_supports
 from mlpjit.kernels.hopper import SMS
+from mlpjit.scale_rule import DEFAULT_UE8M0, resolve_ue8m0
 from mlpjit.scales import BLOCK, to_float32_scale
 from mlpjit.stock import StockLayer
 
@@ -83,7 +84,8 @@ def kernel_requests(
 
     The same requests as ``mlpjit warm`` for that shard (fp8_gemv.plan.dense_mlp_requests with
     tp=1), so a cache warmed by the CLI serves prepare() without compiling. No GPU needed:
-    e.g. ``kernel_requests(6144, 1536, range(1, 9), "sm_90a", limit=None, ue8m0=True)``.
+    e.g. ``kernel_requests(6144, 1536, range(1, 9), "sm_90a", limit=None, ue8m0=True)``
+    (``ue8m0``: the layer's rule, ``DenseMlp.ue8m0``).
     """
     return dense_mlp_requests(
         hidden, intermediate, 1, _token_counts(tokens), arch, ue8m0=ue8m0, limit=limit, sms=sms
@@ -252,7 +254,9 @@ class DenseMlp:
         w2: float8_e4m3fn [hidden, inter], contiguous, on w13's device.
         w2_scale: block scales of w2, same forms ([hidden/128, inter/128] ...).
         limit: None, or L > 0 for the clamped SwiGLU (gate <= L, -L <= up <= L).
-        ue8m0: round activation scales up to powers of two (vLLM's default with DeepGEMM).
+        ue8m0: round activation scales up to powers of two (default True: vLLM's rule with
+            DeepGEMM on Hopper, and ``mlpjit warm``'s, so a warmed cache serves the layer;
+            see mlpjit.scale_rule).
 
     hidden and intermediate must be multiples of 128 (>= 128). Every block scale must be
     finite and >= 0 (no UE8M0 byte 0xFF, the e8m0 NaN code): checked once here, so a bad
@@ -269,7 +273,7 @@ class DenseMlp:
         w2: Tensor,
         w2_scale: Tensor,
         limit: float | None = None,
-        ue8m0: bool = False,
+        ue8m0: bool = DEFAULT_UE8M0,
     ) -> None:
         w13, w2, hidden, inter = _check_layer_weights(w13, w2)
         for scale, name in ((w13_scale, "w13_scale"), (w2_scale, "w2_scale")):
@@ -352,30 +356,37 @@ class DenseMlp:
         *,
         tp_rank: int = 0,
         tp_size: int = 1,
-        device: torch.device | str = "cuda",
+        device: torch.device | str | None = None,
         limit: float | None = None,
-        ue8m0: bool = False,
+        ue8m0: bool | None = None,
     ) -> DenseMlp:
         """One TP shard of a Hugging Face FP8 checkpoint's dense MLP (``model.layers.0.mlp``)
         or shared expert (``model.layers.5.mlp.shared_experts``), read with only the slices
         the shard needs (mlpjit.checkpoint.load_dense_mlp_weights: gate and up merged into
         w13, sharded along the intermediate size as vLLM does).
 
-        ``ue8m0`` is the activation-scale rule (powers of two, as vLLM and SGLang use with
-        DeepGEMM on Hopper), whatever form the checkpoint stores its weight scales in.
-        ValueError naming the tensor and the file for anything the checkpoint lacks, or
-        naming the argument for a bad device, limit or ue8m0 (checked before any file is
-        read).
+        ``device``: None (the default) is torch's current CUDA device when there is one,
+        else the CPU, so the same call works on a GPU server and on a CPU machine.
+        ``ue8m0`` is the activation-scale rule, whatever form the checkpoint stores its
+        weight scales in: None (the default) takes it from config.json's
+        ``quantization_config.scale_fmt`` where it says ("ue8m0": power-of-two scales,
+        anything else: float32 scales), else mlpjit.scale_rule.DEFAULT_UE8M0 (True), the
+        rule ``mlpjit warm`` uses too. ValueError naming the tensor and the file for
+        anything the checkpoint lacks, or naming the argument for a bad device, limit or
+        ue8m0 (checked before any file is read).
         """
-        from mlpjit.checkpoint import load_dense_mlp_weights
+        from mlpjit.checkpoint import checkpoint_ue8m0, load_dense_mlp_weights
+        from mlpjit.device import default_device
 
         _check_limit(limit)
-        if not isinstance(ue8m0, bool):
-            raise ValueError(f"ue8m0 must be a bool (True or False), got {ue8m0!r:.60}")
+        resolve_ue8m0(ue8m0)  # a bad value fails before any file is read
+        if device is None:
+            device = default_device()
         weights = load_dense_mlp_weights(
             path, prefix, tp_rank=tp_rank, tp_size=tp_size, device=device
         )
-        return cls(**weights, limit=limit, ue8m0=ue8m0)
+        rule = resolve_ue8m0(ue8m0, checkpoint_ue8m0(path) if ue8m0 is None else None)
+        return cls(**weights, limit=limit, ue8m0=rule)
 
     def prepare(self, tokens: Iterable[int]) -> None:
         """Compile (through the cache) and load the kernels for these token counts.

@@ -18,6 +18,7 @@ __all__ = [
     "KERNEL_ARCHS",
     "check_device",
     "current_cuda_device",
+    "default_device",
     "device_sms",
     "kernel_arch",
     "visible_gpus",
@@ -47,6 +48,13 @@ def current_cuda_device() -> torch.device | None:
     if not torch.cuda.is_available():
         return None
     return torch.device("cuda", torch.cuda.current_device())
+
+
+def default_device() -> torch.device:
+    """Where new tensors go when the caller names no device: torch's current CUDA device
+    when a GPU is visible, else the CPU (so a CPU-only machine never asks for CUDA)."""
+    device = current_cuda_device()
+    return torch.device("cpu") if device is None else device
 
 
 def visible_gpus() -> list[dict[str, Any]]:

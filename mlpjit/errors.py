@@ -12,6 +12,7 @@ __all__ = [
     "CompilerUnavailableError",
     "CaptureError",
     "CorruptEntryError",
+    "MissingDependencyError",
 ]
 
 
@@ -33,3 +34,8 @@ class CaptureError(MlpjitError):
 
 class CorruptEntryError(MlpjitError):
     """A cache entry failed verification (hash, manifest or key mismatch)."""
+
+
+class MissingDependencyError(MlpjitError, ImportError):
+    """An optional dependency a feature needs is not installed; the message names the
+    extra that installs it (e.g. ``pip install 'mlpjit[checkpoint]'``)."""

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from mlpjit.dense_mlp import DenseMlp
+from mlpjit.scale_rule import DEFAULT_UE8M0
 
 __all__ = [
     "DenseMlpOp",
@@ -95,7 +96,7 @@ def get_mlp(
     w2: Tensor,
     w2_scale: Tensor,
     limit: float | None = None,
-    ue8m0: bool = False,
+    ue8m0: bool = DEFAULT_UE8M0,
 ) -> DenseMlp:
     """The registry's DenseMlp for these weights, built (and validated) once on a miss."""
     _check_scale(w13_scale, "w13_scale")
@@ -123,7 +124,7 @@ def prepare(
     w2_scale: Tensor,
     tokens: Iterable[int],
     limit: float | None = None,
-    ue8m0: bool = False,
+    ue8m0: bool = DEFAULT_UE8M0,
 ) -> DenseMlp:
     """Compile and load the kernels the op will use for these weights (before graph capture)."""
     mlp = get_mlp(w13, w13_scale, w2, w2_scale, limit=limit, ue8m0=ue8m0)
@@ -169,7 +170,7 @@ def dense_mlp(
     w2: Tensor,
     w2_scale: Tensor,
     limit: float | None = None,
-    ue8m0: bool = False,
+    ue8m0: bool = DEFAULT_UE8M0,
 ) -> Tensor:
     """DenseMlp(w13, w13_scale, w2, w2_scale, limit, ue8m0)(x): bf16 [m, hidden], new tensor."""
     return get_mlp(w13, w13_scale, w2, w2_scale, limit=limit, ue8m0=ue8m0)(x)
@@ -183,7 +184,7 @@ def _dense_mlp_fake(
     w2: Tensor,
     w2_scale: Tensor,
     limit: float | None = None,
-    ue8m0: bool = False,
+    ue8m0: bool = DEFAULT_UE8M0,
 ) -> Tensor:
     # Shape checks only (they hold for symbolic m too); dtypes are DenseMlp's job at run time.
     if x.dim() != 2 or w13.dim() != 2 or w2.dim() != 2:
@@ -214,7 +215,7 @@ class DenseMlpOp(torch.nn.Module):
         w2: Tensor,
         w2_scale: Tensor,
         limit: float | None = None,
-        ue8m0: bool = False,
+        ue8m0: bool = DEFAULT_UE8M0,
     ) -> None:
         super().__init__()
         get_mlp(w13, w13_scale, w2, w2_scale, limit=limit, ue8m0=ue8m0)  # validate now

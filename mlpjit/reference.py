@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from mlpjit.scale_rule import DEFAULT_UE8M0
+
 __all__ = [
     "GROUP",
     "FP8_MAX",
@@ -135,7 +137,7 @@ def gemv_reference(
     *,
     swiglu: bool,
     limit: float | None = None,
-    ue8m0: bool = False,
+    ue8m0: bool = DEFAULT_UE8M0,
 ) -> Tensor:
     """What one fp8_gemv launch computes: BF16 [m, n], or with swiglu the BF16 act [m, n/2]."""
     xq, xs = quantize_activation(x, ue8m0)
@@ -154,7 +156,7 @@ def dense_mlp_reference(
     w2_scale: Tensor,
     *,
     limit: float | None = None,
-    ue8m0: bool = False,
+    ue8m0: bool = DEFAULT_UE8M0,
 ) -> Tensor:
     """The whole stock path in reference math: x [m, hidden] -> BF16 [m, hidden]."""
     act = gemv_reference(x, w13, w13_scale, swiglu=True, limit=limit, ue8m0=ue8m0)

@@ -25,6 +25,7 @@ from mlpjit.reference import (
     quantize_activation,
     swiglu,
 )
+from mlpjit.scale_rule import DEFAULT_UE8M0
 
 __all__ = [
     "StockLayer",
@@ -88,7 +89,7 @@ def forward(
     w2_scale_b: Tensor,
     *,
     limit: float | None = None,
-    ue8m0: bool = False,
+    ue8m0: bool = DEFAULT_UE8M0,
 ) -> tuple[Tensor, Tensor]:
     """The stock five kernels on a Hopper GPU -> (act BF16 [m, inter], out BF16 [m, hidden]).
 
@@ -110,7 +111,7 @@ def dense_mlp(
     w2_scale: Tensor,
     *,
     limit: float | None = None,
-    ue8m0: bool = False,
+    ue8m0: bool = DEFAULT_UE8M0,
 ) -> Tensor:
     """The stock path x [m, hidden] -> BF16 [m, hidden] with float32 block scales: torch's
     block-scaled _scaled_mm where available, else the reference (a one-call StockLayer)."""

@@ -524,7 +524,8 @@ def bench_mlp(shape: dict, args: argparse.Namespace, l2_bytes: int, bw: float) -
 
     def fp8_chain() -> None:
         mlps = [
-            DenseMlp(**random_fp8_layer(hidden, inter, gen, scale=TIMING_SCALE)) for _ in range(n)
+            DenseMlp(**random_fp8_layer(hidden, inter, gen, scale=TIMING_SCALE), ue8m0=False)
+            for _ in range(n)
         ]
         for mlp in mlps:
             mlp.prepare(DECODE_TOKENS)

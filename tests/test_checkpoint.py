@@ -236,7 +236,7 @@ def test_partial_outputs_sum_to_the_full_layer(checkpoint, prefix: str, tp: int)
 def test_from_checkpoint_builds_a_dense_mlp(checkpoint) -> None:
     root, tensors = checkpoint
     mlp = DenseMlp.from_checkpoint(root, SHARED, tp_rank=1, tp_size=2, device="cpu", limit=2.0)
-    assert (mlp.hidden, mlp.intermediate, mlp.limit, mlp.ue8m0) == (HIDDEN, 256, 2.0, False)
+    assert (mlp.hidden, mlp.intermediate, mlp.limit, mlp.ue8m0) == (HIDDEN, 256, 2.0, True)
     weights = load_dense_mlp_weights(root, SHARED, tp_rank=1, tp_size=2)
     x = x_tokens(3)
     assert torch.equal(mlp(x), ref.dense_mlp_reference(x, **weights, limit=2.0))
@@ -614,3 +614,81 @@ def test_warm_checkpoint_that_fits_no_kernel_says_why(checkpoint, tmp_path) -> N
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "no kernels to warm" in lines[0], run.stderr
     assert "takes the kernel path (1-8)" in lines[0]
+
+
+# ---- the scale rule, the default device ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("scale_fmt", "want"), [("ue8m0", True), ("float", False), (None, True)])
+def test_from_checkpoint_and_warm_take_the_scale_rule_from_config(tmp_path, scale_fmt, want):
+    """quantization_config.scale_fmt decides the rule ("ue8m0": power-of-two scales, any
+    other value float32 scales, none: the default, UE8M0) for from_checkpoint and for
+    `mlpjit warm --checkpoint` alike, so what warm compiled is what the layers ask for;
+    an explicit ue8m0 / --no-ue8m0 wins."""
+    from mlpjit.dense_mlp import kernel_requests
+    from mlpjit.jit.key import request_key
+
+    quant = {**QUANT, "weight_block_size": [128, 128]}
+    if scale_fmt is not None:
+        quant["scale_fmt"] = scale_fmt
+    root = write_small(tmp_path / "ckpt", config=small_config(quantization_config=quant))
+    mlp = DenseMlp.from_checkpoint(root, SMALL, tp_rank=0, tp_size=1, device="cpu")
+    assert mlp.ue8m0 is want
+    assert DenseMlp.from_checkpoint(root, SMALL, device="cpu", ue8m0=not want).ue8m0 is not want
+    run = _warm_checkpoint(root, tmp_path / "c", 1)
+    assert run.returncode == 0, run.stderr
+    warmed = {row["key"] for row in json.loads(run.stdout)["entries"]}
+    layer = kernel_requests(256, 512, range(1, 9), "sm_90a", limit=None, ue8m0=mlp.ue8m0)
+    assert {request_key(r) for r in layer} == warmed
+    flag = "--ue8m0" if not want else "--no-ue8m0"
+    run = _warm_checkpoint(root, tmp_path / "c", 1, flag)
+    assert {row["params"]["ue8m0"] for row in json.loads(run.stdout)["entries"]} == {not want}
+
+
+def test_from_checkpoint_device_defaults_to_the_cpu_without_cuda(checkpoint) -> None:
+    """No device given: the current CUDA device when there is one, else the CPU (never
+    "cuda" on a machine without it)."""
+    root, _ = checkpoint
+    mlp = DenseMlp.from_checkpoint(root, "model.layers.0.mlp", tp_rank=0, tp_size=1)
+    want = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    assert mlp.device == torch.device(want) and mlp.w13.device == torch.device(want)
+
+
+def test_warm_checkpoint_without_safetensors_names_the_extra(checkpoint, tmp_path) -> None:
+    root, _ = checkpoint
+    code = (
+        "import sys; sys.modules['safetensors'] = None; from mlpjit.cli import main; "
+        f"sys.exit(main(['warm', '--checkpoint', {str(root)!r}, '--arch', 'sm_90a', "
+        "'--dry-run']))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLPJIT_")}
+    env["MLPJIT_CACHE_DIR"] = str(tmp_path / "c")
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert run.returncode == 1
+    assert run.stderr.splitlines() == [
+        "mlpjit: error: reading a checkpoint needs safetensors: pip install 'mlpjit[checkpoint]'"
+    ]
+
+
+def test_checkpoint_errors_name_the_config_keys_that_decided(tmp_path) -> None:
+    """A layer the config makes MoE (n_routed_experts, first_k_dense_replace) whose shared
+    expert the files lack, and a size that does not match: the message names the keys and
+    their values."""
+    config = small_config(first_k_dense_replace=0)  # layer 0 becomes a MoE layer
+    root = write_small(tmp_path / "moe", config=config)
+    run = _warm_checkpoint(root, tmp_path / "c", 1)
+    assert run.returncode == 1
+    assert "n_routed_experts is 2, first_k_dense_replace 0, moe_layer_freq 1" in run.stderr
+    assert "moe_intermediate_size 512 * n_shared_experts 1" in run.stderr
+    config = deepseek_config(num_hidden_layers=1, hidden_size=256, intermediate_size=384)
+    root = write_small(tmp_path / "size", config=config)
+    run = _warm_checkpoint(root, tmp_path / "c", 1)
+    assert run.returncode == 1 and len(run.stderr.splitlines()) == 1
+    assert "n_routed_experts is 2, first_k_dense_replace 2" in run.stderr
+    assert "intermediate_size 384" in run.stderr
+    root = write_small(tmp_path / "tp")
+    run = _warm_checkpoint(root, tmp_path / "c", 8)
+    assert run.returncode == 1
+    assert "dense MLP (config.json intermediate_size 512)" in run.stderr

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -252,6 +253,23 @@ def test_warm_model_without_a_shared_expert_notes_it(tmp_path: Path) -> None:
     assert run.returncode == 0 and run.stderr == ""
 
 
+def test_warm_model_notes_each_layer_kind_on_the_stock_path(tmp_path: Path) -> None:
+    """GLM-4.5's shared expert at TP 8 (1536 / 8 = 192 rows, not a multiple of 128) runs
+    the stock path: warm says so in one note line and warms the dense layers; at TP 4 both
+    layer kinds have kernels and there is no note."""
+    args = ["warm", "--model", "glm4.5", "--tokens", "1-8", "--arch", "sm_90a", "--dry-run"]
+    run = mlpjit(tmp_path / "c", *args, "--tp", "8", "--json")
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines() == [
+        "mlpjit: note: glm4.5 shared expert runs the stock path at tp 8: tp 8 does not "
+        "divide intermediate 1536 into multiples of 128 (each rank gets 192)"
+    ]
+    rows = {(e["params"]["rows"], e["params"]["k"]) for e in json.loads(run.stdout)["entries"]}
+    assert rows == {(2 * 12288 // 8, 5120), (5120, 12288 // 8)}
+    run = mlpjit(tmp_path / "c", *args, "--tp", "4")
+    assert run.returncode == 0 and run.stderr == ""
+
+
 def test_warm_layers_usage_errors_name_the_option(tmp_path: Path) -> None:
     run = mlpjit(tmp_path / "c", "warm", "--model", "glm5", "--layers", "dense,moe")
     assert run.returncode == 2
@@ -266,14 +284,17 @@ def _planner_calls(monkeypatch, *args: str) -> list[tuple[int, int, int]]:
     which is stubbed: what the CLI asks for, whatever the kernels take."""
     calls: list[tuple[int, int, int]] = []
 
+    def planned(hidden: int, shard: int, m: int) -> types.SimpleNamespace:
+        return types.SimpleNamespace(shard=(hidden, shard), params={"tokens": m})
+
     def fake(hidden: int, intermediate: int, tp: int, tokens, arch: str, **kwargs) -> list:
         calls.append((hidden, intermediate, tp))
-        return [("kernels of", hidden, intermediate // tp)]
+        return [planned(hidden, intermediate // tp, m) for m in tokens]
 
     monkeypatch.setattr(fp8_plan, "dense_mlp_requests", fake)
     parsed = cli._build_parser().parse_args(["warm", *args, "--sms", "132"])
     requests = cli._warm_requests(parsed, "sm_90a")
-    assert requests == [("kernels of", h, i // tp) for h, i, tp in calls]
+    assert requests == [planned(h, i // tp, m) for h, i, tp in calls for m in range(1, 9)]
     return calls
 
 
@@ -411,9 +432,11 @@ def test_clear_removes_everything(cache_copy: Path) -> None:
         "temp_files",
         "orphan_cubins",
         "stale_aliases",
+        "stale_locks",
         "scratch_dirs",
     }
     assert list((cache_copy / "v1" / "aliases").iterdir()) == []
+    assert list((cache_copy / "v1" / "locks").iterdir()) == []  # lock files went too
     text = mlpjit(cache_copy, "cache", "clear").stdout
     assert text == "removed 0 entries and 0 quarantined; no leftovers removed\n"
 

@@ -403,7 +403,7 @@ def test_act_buffers_come_from_prepare_for_its_thread_and_stream(fake_kernel_pat
     mlp.streams["capturing"].clear()
     other.prepare([2])
     assert len(dense_mlp._KEPT_ACT) == 2
-    assert torch.equal(other(x), ref.dense_mlp_reference(x, ue8m0=False, **weights))
+    assert torch.equal(other(x), ref.dense_mlp_reference(x, **weights))
     assert log[-2][2][0] == kept[2]
 
 
@@ -552,7 +552,7 @@ def test_zero_scale_of_an_all_zero_block_is_accepted(weights) -> None:
     out = mlp(_x(3))
     assert torch.isfinite(out.float()).all()
     expected = ref.dense_mlp_reference(
-        _x(3), w13, scale, weights["w2"], weights["w2_scale"], limit=None, ue8m0=False
+        _x(3), w13, scale, weights["w2"], weights["w2_scale"], limit=None
     )
     assert torch.equal(out, expected)
 

@@ -87,3 +87,39 @@ def test_unusable_lock_dir_degrades_to_no_op(tmp_path):
 def test_bad_timeout(tmp_path):
     with pytest.raises(ValueError, match="timeout"):
         KeyLock(tmp_path / "k.lock").acquire(0)
+
+
+def test_a_lock_on_a_removed_file_is_taken_again(tmp_path):
+    """A process that locks a lock file just after its holder removed it (prune, clear) and
+    a newcomer made and locked a new one must not count as holding the key: it takes the
+    lock again, on the file now at the path."""
+    path = tmp_path / "k.lock"
+    waiter = KeyLock(path)
+    newcomer = KeyLock(path)
+    real = waiter._lock.acquire
+    raced: list[bool] = []
+
+    def acquire_on_the_removed_file(*args, **kw):
+        real(*args, **kw)  # locked the old file ...
+        if not raced:  # ... which the remover had unlinked, and a newcomer locked a new one
+            raced.append(True)
+            path.unlink()
+            assert newcomer.try_acquire()
+
+    waiter._lock.acquire = acquire_on_the_removed_file
+    assert not waiter.try_acquire()  # the file at the path is the newcomer's, held
+    assert not waiter.held
+    newcomer.release()
+    assert waiter.try_acquire() and path.exists()
+    waiter.release()
+
+
+def test_remove_lock_file_needs_the_lock_and_a_regular_file(tmp_path):
+    from mlpjit.jit.locks import remove_lock_file
+
+    path = tmp_path / "k.lock"
+    lock = KeyLock(path)
+    assert not remove_lock_file(lock)  # not held
+    assert lock.try_acquire()
+    assert remove_lock_file(lock) and not path.exists()
+    lock.release()

@@ -388,3 +388,79 @@ def test_verify_sees_a_symlinked_shard_and_clear_repairs_it(cache_dir, tmp_path)
     assert not shard.is_symlink() and (elsewhere / f"{key}.json").exists()
     assert run_cli(cache_dir, "cache", "verify").returncode == 0
     publish(cache_dir)  # and the cache works again
+
+
+# ---- last_used: only a load for a launch is a use ---------------------------------------------
+
+
+def _set_used(root: Path, key: str, hours_ago: float) -> None:
+    """Make ``key`` look last used ``hours_ago`` hours ago (manifest field and mtime)."""
+    mpath = paths(root, key)[0]
+    manifest = json.loads(mpath.read_text())
+    stamp = time.time() - hours_ago * HOUR
+    manifest["created"] = manifest["last_used"] = stamp
+    mpath.write_text(json.dumps(manifest, sort_keys=True, separators=(",", ":")))
+    os.utime(mpath, (stamp, stamp))
+
+
+@pytest.mark.parametrize("command", [("cache", "verify"), ("cache", "export", "ARCHIVE")])
+def test_verify_and_export_leave_last_used_alone(cache_dir, tmpdir_, tmp_path, command):
+    """After verify or export, prune --max-size still removes the least recently used
+    entries (verify and export read every entry; a read is not a use)."""
+    keys = [publish(cache_dir, i)[0] for i in range(4)]
+    for key, hours in zip(keys, (1, 4, 2, 3), strict=True):  # LRU order: 1, 3, 2, 0
+        _set_used(cache_dir, key, hours)
+    args = [str(tmp_path / "out.tar") if a == "ARCHIVE" else a for a in command]
+    _cli(cache_dir, tmpdir_, *args)
+    one = paths(cache_dir, keys[0])[1].stat().st_size
+    report = _cli(cache_dir, tmpdir_, "cache", "prune", "--max-size", str(2 * one))
+    assert report["removed"] == [keys[1], keys[3]]
+
+
+def test_a_load_for_a_launch_is_a_use(cache_dir):
+    """The compile manager's loads (prepare, warm) set last_used; a plain lookup does not."""
+    key = publish(cache_dir, 0)[0]
+    _set_used(cache_dir, key, 5)
+    store = CacheStore()
+    assert store.lookup(key) is not None
+    assert time.time() - paths(cache_dir, key)[0].stat().st_mtime > 4 * HOUR
+    assert CacheStore().lookup(key, use=True) is not None
+    assert time.time() - paths(cache_dir, key)[0].stat().st_mtime < 60
+
+
+# ---- lock files go with their entries ---------------------------------------------------------
+
+
+def _locks(root: Path) -> set[str]:
+    return {p.name for p in (root / "v1" / "locks").glob("*.lock")}
+
+
+def test_prune_and_clear_remove_lock_files_but_never_a_held_one(cache_dir, tmpdir_):
+    """Each removed entry's lock file goes, and so do lock files of keys without an entry
+    (a failed compile's); a lock file another process holds stays, with its entry."""
+    keys = [publish(cache_dir, i)[0] for i in range(4)]
+    store = CacheStore()
+    for key in keys:
+        with store.try_lock(key) as held:  # what a compile leaves behind
+            assert held
+    stale = "ab" * 32  # a key with a lock file and no entry
+    with store.try_lock(stale):
+        pass
+    assert _locks(cache_dir) == {f"{k}.lock" for k in [*keys, stale]}
+    for key, hours in zip(keys, (1, 4, 2, 3), strict=True):
+        _set_used(cache_dir, key, hours)
+    report = _cli(cache_dir, tmpdir_, "cache", "prune", "--older-than", "150m")
+    assert sorted(report["removed"]) == sorted([keys[1], keys[3]])
+    assert report["leftovers"]["stale_locks"] == {"removed": 1, "kept": 0}
+    assert _locks(cache_dir) == {f"{keys[0]}.lock", f"{keys[2]}.lock"}
+
+    holder = _start(HOLD_KEY_LOCK, str(cache_dir), keys[0])
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        report = _cli(cache_dir, tmpdir_, "cache", "clear")
+        assert report["removed"] == [keys[2]] and report["busy"] == [keys[0]]
+        assert _locks(cache_dir) == {f"{keys[0]}.lock"}  # held: never removed
+    finally:
+        _kill(holder)
+    report = _cli(cache_dir, tmpdir_, "cache", "clear")
+    assert report["removed"] == [keys[0]] and _locks(cache_dir) == set()

@@ -64,7 +64,7 @@ def test_schema() -> None:
     schema = str(torch.ops.mlpjit.dense_mlp.default._schema)
     assert schema == (
         "mlpjit::dense_mlp(Tensor x, Tensor w13, Tensor w13_scale, Tensor w2, "
-        "Tensor w2_scale, float? limit=None, bool ue8m0=False) -> Tensor"
+        "Tensor w2_scale, float? limit=None, bool ue8m0=True) -> Tensor"
     )
 
 

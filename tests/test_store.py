@@ -204,11 +204,13 @@ def test_last_used_is_touched_once_per_process_and_never_rewritten(cache_dir):
     old = time.time() - 3600
     os.utime(mpath, (old, old))
     store = CacheStore()
-    entry = store.lookup(key)
+    store.lookup(key)
+    assert mpath.stat().st_mtime == pytest.approx(old)  # a plain read is not a use
+    entry = store.lookup(key, use=True)  # a load for a launch is
     assert mpath.stat().st_mtime > old + 3000
     assert entry.manifest["last_used"] >= mpath.stat().st_mtime - 1
     os.utime(mpath, (old, old))
-    store.lookup(key)
+    store.lookup(key, use=True)
     assert mpath.stat().st_mtime == pytest.approx(old)  # once per process
     assert mpath.read_bytes() == content
 

@@ -36,9 +36,13 @@ apply(): a routed call whose weights were replaced since raises RuntimeError.
 mlpjit.ops's registry keeps a reference to the weights of each routed layer, so unloading a
 model frees them only after ``mlpjit.ops.clear_registry()`` (or LRU eviction).
 
-Activation scales: transformers' FP8 linears quantize activations with plain amax/448 scales
-on Hopper (DeepGEMM's and the Triton kernel's float32 recipe), hence ``ue8m0=False`` by
-default; pass ``ue8m0=True`` to match vLLM/SGLang with DeepGEMM's UE8M0 scales.
+Activation scales (mlpjit.scale_rule): by default (``ue8m0=None``) the rule the model's
+``config.quantization_config`` gives: its ``scale_fmt`` "ue8m0" means power-of-two scales,
+any other value float32 scales (transformers' FineGrainedFP8Config writes "float": its FP8
+linears quantize with plain amax/448 scales, DeepGEMM's and the Triton kernel's float32
+recipe, and the routed modules then compute the same). A model whose config gives no
+scale_fmt gets mlpjit's default, UE8M0 (vLLM's and SGLang's rule with DeepGEMM, and
+``mlpjit warm``'s). ``ue8m0=True`` or ``False`` overrides both.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ if TYPE_CHECKING:
 
     from mlpjit.dense_mlp import DenseMlp
 
-__all__ = ["apply", "remove", "routed"]
+__all__ = ["apply", "model_ue8m0", "remove", "routed"]
 
 logger = logging.getLogger(__name__)
 
@@ -284,8 +288,17 @@ def _candidates(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], list[str
     return todo, done
 
 
+def model_ue8m0(model: nn.Module) -> bool | None:
+    """The activation-scale rule ``model.config.quantization_config`` gives (its scale_fmt:
+    True for "ue8m0", False for any other value), or None when it gives none."""
+    from mlpjit.scale_rule import quantization_ue8m0
+
+    config = getattr(model, "config", None)
+    return quantization_ue8m0(getattr(config, "quantization_config", None))
+
+
 def apply(
-    model: nn.Module, tokens: Iterable[int] = range(1, 9), *, ue8m0: bool = False
+    model: nn.Module, tokens: Iterable[int] = range(1, 9), *, ue8m0: bool | None = None
 ) -> list[str]:
     """Route every dense MLP and shared expert of ``model`` (see the module docstring) to a
     DenseMlp on its own weights; return the routed modules' names, in model order.
@@ -294,7 +307,13 @@ def apply(
     already routed stay as they are (their kernels are prepared for ``tokens`` too); modules
     that do not qualify are left alone with a WARNING each. All-or-nothing: if building any
     layer fails (e.g. a NaN weight scale: ValueError), no module is routed.
+
+    ``ue8m0``: the activation-scale rule; None (the default) takes it from the model's
+    quantization_config (``model_ue8m0``), else mlpjit.scale_rule.DEFAULT_UE8M0.
     """
+    from mlpjit.scale_rule import resolve_ue8m0
+
+    ue8m0 = resolve_ue8m0(ue8m0, model_ue8m0(model) if ue8m0 is None else None)
     tokens = list(tokens)
     todo, done = _candidates(model)
     for name in done:

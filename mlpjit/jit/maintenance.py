@@ -292,14 +292,16 @@ def remove_leftovers(
     """Remove what killed processes left in the writable root and the temp dir.
 
     Returns {kind: {"removed": n, "kept": n}} for "temp_files", "orphan_cubins",
-    "stale_aliases" and "scratch_dirs"; "kept" counts the ones a live process may still
-    be using. ``scratch_base``: where compile scratch dirs are (default: the temp dir).
+    "stale_aliases", "stale_locks" and "scratch_dirs"; "kept" counts the ones a live
+    process may still be using. ``scratch_base``: where compile scratch dirs are (default:
+    the temp dir).
     """
     now = time.time() if now is None else now
     return {
         "temp_files": _remove_temp_files(store, now),
         "orphan_cubins": _remove_orphan_cubins(store, now),
         "stale_aliases": _remove_stale_aliases(store),
+        "stale_locks": _remove_stale_locks(store),
         "scratch_dirs": remove_dead_scratch(scratch_base, now),
     }
 
@@ -447,4 +449,29 @@ def _remove_stale_aliases(store: CacheStore) -> dict[str, int]:
             removed += 1
         else:
             kept += 1
+    return {"removed": removed, "kept": kept}
+
+
+def _remove_stale_locks(store: CacheStore) -> dict[str, int]:
+    """Remove the lock files of keys without a root entry (a failed compile's, or an entry
+    removed by an older mlpjit), each only while holding it (locks.remove_lock_file): a lock
+    somebody holds is kept, since that key is being compiled right now."""
+    from mlpjit.jit.locks import KeyLock, remove_lock_file
+
+    removed = kept = 0
+    if not _usable(store, "locks"):
+        return {"removed": 0, "kept": 0}
+    for path in _listdir(store.area("locks")):
+        key = path.name.removesuffix(".lock")
+        if not path.name.endswith(".lock") or not is_key(key) or _has_entry(store, key):
+            continue
+        lock = KeyLock(path)
+        if not lock.try_acquire():
+            kept += 1
+            continue
+        try:
+            if not _has_entry(store, key):  # published while we looked: a live lock
+                removed += remove_lock_file(lock)
+        finally:
+            lock.release()
     return {"removed": removed, "kept": kept}

@@ -232,10 +232,11 @@ class CompileManager:
         return _KeyedRequest(request, spec, components, cache_key(components), spec_key(components))
 
     def _lookup(self, r: _KeyedRequest) -> Entry | None:
+        # use=True: a load for a launch is what counts as a use (last_used, prune's LRU order).
         if toolchain():
-            return self.store.lookup(r.key)
+            return self.store.lookup(r.key, use=True)
         # No compiler installed: any toolchain's build of this exact spec will do.
-        return self.store.lookup_alias(r.spec_key)
+        return self.store.lookup_alias(r.spec_key, use=True)
 
     def _hit(self, r: _KeyedRequest, entry: Entry, count: bool = True) -> Entry:
         with self._mutex:

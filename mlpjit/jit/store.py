@@ -588,8 +588,9 @@ class CacheStore:
 
     # ----------------------------------------------------------------- reading
 
-    def _load(self, base: Path, key: str, writable: bool) -> Entry | None:
-        """The verified entry for ``key`` under ``base``, or None (quarantining a bad one)."""
+    def _load(self, base: Path, key: str, writable: bool, use: bool = False) -> Entry | None:
+        """The verified entry for ``key`` under ``base``, or None (quarantining a bad one);
+        ``use``: record the load as a use (see lookup)."""
         if not self._entry_dirs(base, writable, "entries", key[:2]):
             return None
         owners = self._owners(base, writable)
@@ -618,7 +619,7 @@ class CacheStore:
                         reason,
                     )
                 return None
-            if writable:
+            if writable and use:
                 self._touch(key, mpath)
             manifest = dict(manifest)
             manifest["last_used"] = max(_timestamp(manifest.get("last_used")), mstat.st_mtime)
@@ -635,11 +636,17 @@ class CacheStore:
         with contextlib.suppress(OSError):
             os.utime(mpath, follow_symlinks=False)
 
-    def lookup(self, key: str) -> Entry | None:
-        """The verified entry for ``key`` from the root or, failing that, a layer; else None."""
+    def lookup(self, key: str, *, use: bool = False) -> Entry | None:
+        """The verified entry for ``key`` from the root or, failing that, a layer; else None.
+
+        ``use``: the entry is loaded to be launched (the compile manager's loads), which sets
+        its last_used; ``cache prune`` removes the least recently used first. Every other
+        read (verify, export, push, import's check) leaves last_used alone, or reading the
+        whole cache would make every entry look just used.
+        """
         check_key(key)
         for base, writable in self._origins():
-            entry = self._load(base, key, writable)
+            entry = self._load(base, key, writable, use)
             if entry is not None:
                 return entry
         return None
@@ -659,14 +666,15 @@ class CacheStore:
         key = raw.decode("ascii", errors="replace").strip()
         return key if is_key(key) else None
 
-    def lookup_alias(self, spec: str) -> Entry | None:
-        """The entry an alias names for a toolchain-less spec key (for compiler-less hits)."""
+    def lookup_alias(self, spec: str, *, use: bool = False) -> Entry | None:
+        """The entry an alias names for a toolchain-less spec key (for compiler-less hits);
+        ``use`` as for lookup."""
         check_key(spec, "spec key")
         for base, writable in self._origins():
             key = self._read_alias(base, writable, spec)
             if key is None:
                 continue
-            entry = self._load(base, key, writable)
+            entry = self._load(base, key, writable, use)
             if entry is not None and spec_key(entry.manifest["components"]) == spec:
                 return entry
         return None
@@ -909,15 +917,19 @@ class CacheStore:
         """Delete the root's entry for ``key``; False if absent or being compiled right now.
 
         Takes the key's lock without waiting, so an entry is never removed halfway through
-        a publish (that would leave a manifest without its cubin).
+        a publish (that would leave a manifest without its cubin), and removes the key's
+        lock file while holding it (locks.remove_lock_file), so lock files do not pile up.
         """
         check_key(key)
         if not self._root_dirs("entries", key[:2]):
             return False
+        from mlpjit.jit.locks import KeyLock, remove_lock_file
+
         mpath, cpath = self._entry_paths(self.root, key)
-        with self.try_lock(key) as held:
-            if not held:
-                return False
+        lock = KeyLock(self.lock_path(key))
+        if not lock.try_acquire():
+            return False
+        try:
             spec = self._spec_of(mpath)
             removed = False
             for path in (mpath, cpath):  # manifest first: un-commit before deleting code
@@ -933,4 +945,7 @@ class CacheStore:
                         alias.unlink()
                 except (OSError, ValueError):
                     pass
+            remove_lock_file(lock)  # held, so nobody else holds it (see locks.py)
             return removed
+        finally:
+            lock.release()

@@ -77,7 +77,9 @@ ROUTED = [
 def to_fp8(model: torch.nn.Module) -> torch.nn.Module:
     """Convert ``model``'s dense MLPs and shared experts to FP8Linear in place, as
     FineGrainedFP8Config does: transformers' replace_with_fp8_linear, then its Fp8Quantize
-    on each bf16 weight (128x128 float32 weight_scale_inv)."""
+    on each bf16 weight (128x128 float32 weight_scale_inv). The model's
+    config.quantization_config is set as from_pretrained leaves it, so
+    mlpjit.integrations.transformers.apply reads its scale rule (float32 scales) there."""
     import torch
     import transformers
     from transformers.integrations import finegrained_fp8 as tf_fp8
@@ -94,6 +96,7 @@ def to_fp8(model: torch.nn.Module) -> torch.nn.Module:
             for attr in ("weight", "weight_scale_inv"):
                 value = tensors[f"{name}.{attr}"]
                 setattr(module, attr, torch.nn.Parameter(value, requires_grad=False))
+    model.config.quantization_config = quant
     return model
 
 
