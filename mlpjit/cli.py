@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
 
 from mlpjit.errors import MlpjitError
-from mlpjit.jit.bounds import bounded
+from mlpjit.jit.bounds import MAX_DIGITS, bounded
 from mlpjit.kernels.fp8_gemv.params import MAX_HIDDEN, MAX_INTERMEDIATE
 from mlpjit.kernels.hopper import MAX_SMS, MIN_SMS
 from mlpjit.models import LAYERS, PRESET_NAMES, PRESETS, get_preset
@@ -126,8 +126,6 @@ def _scalar(text: str, name: str) -> int | float | bool | str | None:
     """A value of option ``name``: int, float, true/false, none, else the string itself.
     What reads as a number goes through jit.bounds (finite, at most MAX_DIGITS long), so
     1e999, nan and 5000 digits are a one-line error naming the option, not inf or a crash."""
-    from mlpjit.jit.bounds import MAX_DIGITS
-
     stripped = text.strip()
     lowered = stripped.lower()
     if lowered in ("true", "false"):

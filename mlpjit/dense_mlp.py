@@ -197,13 +197,6 @@ def _check_layer_weights(w13: object, w2: object) -> tuple[Tensor, Tensor, int, 
     return w13, w2, hidden, inter
 
 
-def _check_limit(limit: object) -> float | None:
-    """limit as a float (None: no clamp): a finite BF16 number > 0 (params.check_limit);
-    NaN, infinities, 0, negatives, 10**400 and non-numbers (bool and str included) are
-    refused with a one-line ValueError."""
-    return check_limit(limit)
-
-
 def _token_counts(tokens: Iterable[int]) -> list[int]:
     """The distinct token counts, as ints in first-seen order; ValueError for anything else,
     an endless iterable included (fp8_gemv.plan.token_counts reads at most MAX_TOKEN_COUNTS
@@ -284,7 +277,7 @@ class DenseMlp:
 
         self.hidden = hidden
         self.intermediate = inter
-        self.limit = _check_limit(limit)
+        self.limit = check_limit(limit)
         self.ue8m0 = ue8m0
         self.device = w13.device
         self._w13 = w13
@@ -378,7 +371,7 @@ class DenseMlp:
         from mlpjit.checkpoint import checkpoint_ue8m0, load_dense_mlp_weights
         from mlpjit.device import default_device
 
-        _check_limit(limit)
+        check_limit(limit)
         resolve_ue8m0(ue8m0)  # a bad value fails before any file is read
         if device is None:
             device = default_device()

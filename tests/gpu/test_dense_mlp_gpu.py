@@ -9,7 +9,6 @@ need are listed by ``kernel_requests()`` (scripts/gpu_requests.py collects them 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -145,14 +144,6 @@ def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
 def poisoned(m: int, cols: int) -> torch.Tensor:
     return torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
 
-
-@pytest.fixture(scope="module", autouse=True)
-def exact_fp32_matmul() -> Iterator[None]:
-    """The reference's fp32 GEMMs must not run in TF32."""
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 _layers: dict[str, dict[str, torch.Tensor]] = {}

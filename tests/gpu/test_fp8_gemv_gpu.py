@@ -175,13 +175,6 @@ def _launch(request, out, x, w, w_scale) -> None:
     kernel.launch([out, x, w, w_scale])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def exact_fp32_matmul():
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = previous
-
 
 @pytest.mark.parametrize(
     "case", CASES, ids=[f"{s}-t{m}-{'ue8m0' if u else 'f32'}-lim{lim}" for s, m, u, lim in CASES]

@@ -96,13 +96,6 @@ def _workspace(shape: str) -> torch.Tensor:
     return torch.zeros(workspace_bytes(rows, k), dtype=torch.uint8, device="cuda")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def exact_fp32_matmul():
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = previous
-
 
 def _case_id(case) -> str:
     s, m, u, lim, *knobs = case
