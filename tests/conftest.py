@@ -100,3 +100,15 @@ def run_worker() -> Callable:
         )
 
     return start
+
+
+@pytest.fixture(scope="module")
+def exact_fp32_matmul():
+    """The reference's fp32 GEMMs must not run in TF32 (whatever an earlier test set); the
+    GPU test modules use it."""
+    import torch
+
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = previous

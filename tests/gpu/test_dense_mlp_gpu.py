@@ -22,6 +22,7 @@ from mlpjit.testing.layers import random_fp8_layer
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.usefixtures("exact_fp32_matmul"),
 ]
 
 TOL = 5e-3  # relative L2 error allowed against the reference, for act and out

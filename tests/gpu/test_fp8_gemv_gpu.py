@@ -24,6 +24,7 @@ from mlpjit.testing.layers import GEMV_SHAPES, block_scale, random_fp8_weight, r
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.usefixtures("exact_fp32_matmul"),
 ]
 
 ARCH = "sm_90a"

@@ -19,6 +19,7 @@ from mlpjit.testing.layers import block_scale, random_fp8_weight, rel_l2
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.usefixtures("exact_fp32_matmul"),
 ]
 
 ARCH = "sm_90a"
