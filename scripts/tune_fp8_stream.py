@@ -6,7 +6,10 @@ totalling >= --l2-multiple x L2) captured in one CUDA graph; the time per layer 
 median replay over the chain length, and its floor the layer's weight bytes over the
 device-to-device copy bandwidth measured in the same run. Variants: ``gemv`` (fp8_gemv as
 planned today) and ``WxR`` fp8_stream configs (W consumer warps, R ring stages; R 0: the
-planner's). Before timing, every variant's first layer is checked against
+planner's), and ``gN`` / ``dN``: fp8_gemv with its gate_up (g) or down (d) kernel on the
+N-th alternative decomposition (the planner model's best of each K-split count, slice size
+and slices per warp; `gemv_alternatives`), the other half as planned, which sweeps the
+planner's choices layer by layer (each row records both kernels' parameters). Before timing, every variant's first layer is checked against
 mlpjit.reference (relative L2 error printed).
 
 Compile here, time there (the GPU machine has no compiler):
@@ -32,6 +35,7 @@ from typing import Any
 
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.kernels.fp8_gemv import plan as gemv_plan
+from mlpjit.kernels.fp8_gemv import tuning
 from mlpjit.kernels.fp8_stream import plan as stream_plan
 from mlpjit.testing.layers import DENSE_SHAPES, GRID_SHAPES, layer_bytes
 
@@ -44,22 +48,57 @@ L2_BYTES_H200 = 60 * 1024 * 1024
 
 
 _VARIANT = re.compile(r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?$")
+_ALTERNATIVE = re.compile(r"^([gd])(\d+)$")
+# Decompositions a gN / dN variant draws from: the planner model's best of each (K splits,
+# slice size, slices per warp), in the model's order.
+ALTERNATIVES = 16
 
 
-def parse_variant(text: str) -> tuple[int, int, int, int] | None:
+def parse_variant(text: str) -> tuple | None:
     """'gemv' -> None; 'WxR[bB][cC]' -> (warps, stages, blocks_per_warp, ctas_per_sm)
-    (R 0: the planner's; B and C default to 1): '16x0', '8x0b2c2'."""
+    (R 0: the planner's; B and C default to 1): '16x0', '8x0b2c2'; 'gN' / 'dN' -> ('g', N) /
+    ('d', N): fp8_gemv with gate_up (g) or down (d) on the N-th of
+    ``gemv_alternatives`` and the other half as planned."""
     if text == "gemv":
         return None
+    alternative = _ALTERNATIVE.match(text)
+    if alternative is not None:
+        return alternative.group(1), int(alternative.group(2))
     match = _VARIANT.match(text)
     if match is None:
-        raise ValueError(f"variant must be 'gemv' or WxR[bB][cC] (16x0, 8x0b2c2), got {text!r}")
+        raise ValueError(
+            f"variant must be 'gemv', gN, dN or WxR[bB][cC] (g0, 16x0, 8x0b2c2), got {text!r}"
+        )
     warps, stages, bpw, cps = match.groups()
     return int(warps), int(stages), int(bpw or 1), int(cps or 1)
 
 
+def variant_label(variant: tuple | None) -> str:
+    if variant is None:
+        return "gemv"
+    if isinstance(variant[0], str):
+        return f"{variant[0]}{variant[1]}"
+    return "{}x{}b{}c{}".format(*variant)
+
+
+def gemv_alternatives(rows: int, k: int, tokens: int, swiglu: bool) -> list:
+    """fp8_gemv decompositions other than the planner's pick for one kernel: the model's
+    best of each (splits, slice_k, slices_per_warp), in the model's order."""
+    picked = tuning.choose_config(rows, k, tokens, swiglu)
+    seen = {(picked.splits, picked.slice_k, picked.slices_per_warp)}
+    found = []
+    for config in tuning.spread_configs(rows, k, tokens, count=100_000):
+        shape = (config.splits, config.slice_k, config.slices_per_warp)
+        if shape not in seen:
+            seen.add(shape)
+            found.append(config)
+    return found[:ALTERNATIVES]
+
+
 def shapes_of(args: argparse.Namespace) -> dict[str, tuple[int, int]]:
     names = args.shapes.split(",") if args.shapes else list(DEFAULT_SHAPES)
+    if names == ["grid"]:
+        return dict(GRID_SHAPES)
     unknown = [n for n in names if n not in DENSE_SHAPES]
     if unknown:
         raise SystemExit(f"--shapes: unknown {unknown}; known: {', '.join(DENSE_SHAPES)}")
@@ -79,12 +118,20 @@ def layer_requests(
 ) -> list[KernelRequest]:
     """(gate_up, down) requests of one variant (UE8M0 scales, no clamp); ``trace``: the
     fp8_stream builds that record timestamps."""
-    if variant is None:
+    if variant is None or isinstance(variant[0], str):
+        configs = [None, None]
+        if variant is not None:
+            half, rank = variant
+            rows, k = (2 * inter, hidden) if half == "g" else (hidden, inter)
+            found = gemv_alternatives(rows, k, tokens, half == "g")
+            if rank >= len(found):
+                raise ValueError(f"{half}{rank}: only {len(found)} alternatives")
+            configs[half == "d"] = found[rank]
         return [
             gemv_plan.gemv_request(2 * inter, hidden, tokens, swiglu=True, limit=None,
-                                   ue8m0=True, arch=arch),
+                                   ue8m0=True, arch=arch, config=configs[0]),
             gemv_plan.gemv_request(hidden, inter, tokens, swiglu=False, limit=None, ue8m0=True,
-                                   arch=arch),
+                                   arch=arch, config=configs[1]),
         ]  # fmt: skip
     warps, stages, bpw, cps = variant
     options = dict(
@@ -97,6 +144,10 @@ def layer_requests(
     ]
 
 
+def _is_stream(variant: tuple | None) -> bool:
+    return variant is not None and not isinstance(variant[0], str)
+
+
 def all_requests(args: argparse.Namespace) -> list[KernelRequest]:
     seen: list[KernelRequest] = []
     for hidden, inter in shapes_of(args).values():
@@ -104,7 +155,7 @@ def all_requests(args: argparse.Namespace) -> list[KernelRequest]:
             for variant in args.variants:
                 try:
                     reqs = layer_requests(hidden, inter, tokens, variant)
-                    if args.trace and variant is not None:
+                    if args.trace and _is_stream(variant):
                         reqs += layer_requests(hidden, inter, tokens, variant, trace=True)
                     for r in reqs:
                         if r not in seen:
@@ -150,7 +201,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
             want = ref.gemv_reference(want_act, layers[0]["w2"], layers[0]["w2_scale"],
                                       swiglu=False, ue8m0=True)  # fmt: skip
             for variant in args.variants:
-                label = "gemv" if variant is None else "{}x{}b{}c{}".format(*variant)
+                label = variant_label(variant)
                 try:
                     reqs = layer_requests(hidden, inter, tokens, variant)
                 except ValueError as err:
@@ -158,7 +209,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                     continue
                 gate_up, down = (load_kernel(manager.get(r), device) for r in reqs)
                 extra: tuple[list, list] = ([], [])
-                if variant is not None:
+                if _is_stream(variant):
                     extra = (
                         [torch.zeros(workspace_bytes(2 * inter, hidden), dtype=torch.uint8,
                                      device="cuda")],
@@ -172,7 +223,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                         gate_up.launch([act, x, layer["w13"], layer["w13_scale"], *extra[0]])
                         down.launch([out, act, layer["w2"], layer["w2_scale"], *extra[1]])
 
-                if args.trace and variant is not None:
+                if args.trace and _is_stream(variant):
                     print_trace(
                         name, tokens, label, manager, device,
                         layer_requests(hidden, inter, tokens, variant, trace=True),
@@ -191,7 +242,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                     shape=name, hidden=hidden, inter=inter, tokens=tokens, variant=label,
                     us=round(us, 3), floor_us=round(floor_us, 3), x_floor=round(us / floor_us, 3),
                     err_act=err_act, err_out=err_out, layers=n_layers,
-                    mbytes=round(nbytes / 1e6, 2),
+                    mbytes=round(nbytes / 1e6, 2), gate_up=dict(reqs[0].params),
+                    down=dict(reqs[1].params),
                 )  # fmt: skip
                 rows_out.append(row)
                 print(f"{name:24s} t{tokens} {label:6s} {us:8.2f} us  x{us / floor_us:5.2f} "
@@ -264,7 +316,9 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shapes", default="", help="DENSE_SHAPES names, comma-separated")
+    parser.add_argument(
+        "--shapes", default="", help="DENSE_SHAPES names, comma-separated; 'grid': the grid alone"
+    )
     parser.add_argument("--grid", action="store_true", help="add the off-table grid")
     parser.add_argument("--tokens", default="1,8", help="token counts, e.g. 1,8")
     parser.add_argument("--variants", default="gemv,4x0", help="gemv and WxR, e.g. gemv,4x6")

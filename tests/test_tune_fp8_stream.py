@@ -18,7 +18,9 @@ def test_variants_parse(tune) -> None:
     assert tune.parse_variant("gemv") is None
     assert tune.parse_variant("16x0") == (16, 0, 1, 1)
     assert tune.parse_variant("8x3b2c2") == (8, 3, 2, 2)
-    for bad in ("", "16", "x4", "8x0b", "8x0c2b2", "gemv2"):
+    assert tune.parse_variant("g0") == ("g", 0)
+    assert tune.parse_variant("d12") == ("d", 12)
+    for bad in ("", "16", "x4", "8x0b", "8x0c2b2", "gemv2", "g", "x1"):
         with pytest.raises(ValueError, match="variant must be"):
             tune.parse_variant(bad)
 
@@ -37,6 +39,33 @@ def test_emit_writes_both_kernels_of_every_layer(tune, tmp_path) -> None:
         ("fp8_stream", True, True), ("fp8_stream", False, True),
     }  # fmt: skip
     assert len(requests) == len(set(r.to_json_line() for r in requests)) == 2 * 2 * 2 * 3
+
+
+def test_gemv_alternatives_differ_from_the_pick_and_each_other(tune) -> None:
+    from mlpjit.kernels.fp8_gemv import tuning
+
+    for rows, k, tokens, swiglu in ((2304, 6144, 1, True), (7168, 1152, 8, False)):
+        pick = tuning.choose_config(rows, k, tokens, swiglu)
+        found = tune.gemv_alternatives(rows, k, tokens, swiglu)
+        families = [(c.splits, c.slice_k, c.slices_per_warp) for c in found]
+        assert 2 <= len(found) <= tune.ALTERNATIVES
+        assert len(set(families)) == len(families)
+        assert (pick.splits, pick.slice_k, pick.slices_per_warp) not in families
+
+
+def test_an_alternative_replaces_one_half_only(tune) -> None:
+    planned = tune.layer_requests(6144, 1152, 1, None)
+    gate_up = tune.layer_requests(6144, 1152, 1, ("g", 0))
+    down = tune.layer_requests(6144, 1152, 1, ("d", 1))
+    assert gate_up[0] != planned[0] and gate_up[1] == planned[1]
+    assert down[0] == planned[0] and down[1] != planned[1]
+    with pytest.raises(ValueError, match="alternatives"):
+        tune.layer_requests(6144, 1152, 1, ("d", 99))
+
+
+def test_grid_alone(tune) -> None:
+    shapes = tune.shapes_of(tune.argparse.Namespace(shapes="grid", grid=False))
+    assert len(shapes) == 36 and "glm5-tp8" not in shapes
 
 
 def test_grid_adds_the_off_table_shapes(tune) -> None:
