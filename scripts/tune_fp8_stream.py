@@ -9,8 +9,9 @@ planned today) and ``WxR`` fp8_stream configs (W consumer warps, R ring stages; 
 planner's), and ``gN`` / ``dN``: fp8_gemv with its gate_up (g) or down (d) kernel on the
 N-th alternative decomposition (the planner model's best of each K-split count, slice size
 and slices per warp; `gemv_alternatives`), the other half as planned, which sweeps the
-planner's choices layer by layer (each row records both kernels' parameters). Before timing, every variant's first layer is checked against
-mlpjit.reference (relative L2 error printed).
+planner's choices layer by layer (each row records both kernels' parameters). Before
+timing, every variant's first layer is checked against mlpjit.reference (relative L2 error
+printed).
 
 Compile here, time there (the GPU machine has no compiler):
 
