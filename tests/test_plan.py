@@ -546,3 +546,60 @@ def test_shard_requests_are_planned_once_per_shape(monkeypatch) -> None:
     assert fp8_plan.dense_mlp_requests(6144, 2048, 8, range(1, 9), "sm_90a") == second
     with pytest.raises(ValueError, match="ue8m0 must be a bool"):
         fp8_plan.dense_mlp_requests(6144, 2048, 8, [1], "sm_90a", ue8m0=[True])
+
+
+def test_modeled_us_follows_the_terms_it_names() -> None:
+    whole = GemvConfig(tiles=4, in_regs=1, ctas_per_sm=1, slices_per_warp=3, slice_k=128)
+    waves, us = tuning.modeled_us(7168, 1152, 1, whole)
+    p = gemv_params.GemvParams.of(7168, 1152, 1, whole, swiglu=False, limit=None, ue8m0=True)
+    assert waves == 1 and not p.persistent
+    rounds = -(-p.ctas // p.sms) * -(-p.row_tiles // p.ctas)
+    kb = rounds * 16 * p.tiles * p.kc / 1e3
+    assert us == pytest.approx(kb / tuning.HBM_KB_PER_US + tuning.ROUND_US * rounds)
+    split = GemvConfig(tiles=4, in_regs=1, ctas_per_sm=1, slice_k=128, splits=3)
+    s = gemv_params.GemvParams.of(7168, 1152, 1, split, swiglu=False, limit=None, ue8m0=True)
+    s_rounds = -(-s.ctas // s.sms) * -(-s.row_tiles * 3 // s.ctas)
+    s_kb = s_rounds * 16 * s.tiles * s.kc / 1e3
+    expected = (
+        s_kb / tuning.HBM_KB_PER_US
+        + tuning.ROUND_US * s_rounds
+        + 2 * tuning.SPLIT_US
+        + tuning.PERSISTENT_US * s.persistent
+    )
+    assert tuning.modeled_us(7168, 1152, 1, split)[1] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 8])
+@pytest.mark.parametrize(("rows", "k"), [(7168, 1152), (6144, 1152), (2304, 6144), (3072, 2816)])
+def test_spread_picks_are_the_fastest_modeled_and_never_split_persistent(rows, k, tokens) -> None:
+    """The off-table shapes where the model's pick won most on the H200 (variant 29)."""
+    pick = tuning._spread_pick(rows, k, tokens, hopper.SMS)
+    launch = gemv_params.GemvParams.of(rows, k, tokens, pick, swiglu=False, limit=None, ue8m0=True)
+    assert not (launch.persistent and pick.splits > 1)
+    assert tuning.config_fits(rows, k, tokens, pick)
+    best = tuning.modeled_us(rows, k, tokens, pick)
+    for _, other in tuning._spread_ranked(rows, k, tokens, hopper.SMS):
+        other_launch = tuning._launch(rows, k, tokens, other, hopper.SMS)
+        if other.splits == 1 or not other_launch.persistent:
+            assert best <= tuning.modeled_us(rows, k, tokens, other)
+
+
+def test_small_kernels_at_many_tokens_keep_the_cost_models_rank() -> None:
+    rows, k = 512, 6144  # a TP-8 shared expert's gate_up: 3 MB
+    assert rows * k < tuning.RERANK_MIN_BYTES
+    ranked = tuning._spread_ranked(rows, k, 8, hopper.SMS)
+    assert tuning._spread_pick(rows, k, 8, hopper.SMS) == ranked[0][1]
+    assert tuning._spread_pick(rows, k, 1, hopper.SMS) == min(
+        (config for _, config in ranked),
+        key=lambda c: tuning.modeled_us(rows, k, 1, c),
+    )
+
+
+def test_k1152_down_projections_are_one_wave_of_several_tiles() -> None:
+    """A 9-block K: one-slice warps in a persistent grid lost 2-3 us per layer on the H200
+    to one wave of multi-tile CTAs (variant 29)."""
+    for rows in (6144, 7168, 8192):
+        for tokens in (1, 8):
+            pick = tuning.choose_config(rows, 1152, tokens, swiglu=False)
+            launch = tuning._launch(rows, 1152, tokens, pick, hopper.SMS)
+            assert pick.tiles > 1 and not launch.persistent, (rows, tokens, pick)

@@ -200,6 +200,14 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
         (4, _config(2, 1, 1)),
         (8, _config(4, 2, 1, spw=7, slice_k=256, splits=2)),
     ),
+    # Where the old whole-K cost model's pick beat modeled_us's by more than 3% in the
+    # validation of variant 29 (same run, side by side): Qwen3-14B TP 8 down (17 K blocks)
+    # 15.91 vs 17.03 us per layer at 1 token, GLM-4.5 TP 1 down 58.00 vs 60.16 at 8.
+    (5120, 2176, False): ((8, _config(4, 0, 1, spw=17, slice_k=128)),),
+    (5120, 12288, False): (
+        (4, None),
+        (8, _config(1, 1, 1, spw=3, slice_k=256, splits=2)),
+    ),
     # Qwen3-32B (hidden 5120) TP 8.
     (6400, 5120, True): (
         (1, _config(1, 3, 1)),
@@ -333,6 +341,20 @@ SPREAD_GAIN = 0.9
 # whole-K heuristics were measured best on the evenly spread GLM shapes (persistent grids
 # of many row tiles per CTA, one-wave grids that fill the SMs).
 SPREAD_BELOW_BALANCE = 0.85
+# Where the rules above pick a _spread decomposition, it is the one modeled_us rates fastest
+# among those that fit (kernels of RERANK_MIN_BYTES of weights or more, or fewer than
+# HEURISTIC_CLUSTER_MIN_TOKENS tokens; below that the cost model above ranks them): an
+# estimate of the kernel's time in microseconds fitted to layer sweeps of the off-table grid
+# on the H200 (docs/KERNEL_NOTES.md, variant 29): the busiest SM's weight bytes at
+# HBM_KB_PER_US (4.1 TB/s over 132 SMs), PERSISTENT_US for a persistent grid, ROUND_US per
+# row tile (or K split) a CTA takes in turn, SPLIT_US per K split past the first. K splits in
+# persistent grids are left out (variant 20: each round's cluster barrier waits for the next
+# tile's weights in flight).
+RERANK_MIN_BYTES = 4 * 1024 * 1024
+HBM_KB_PER_US = 31.0
+PERSISTENT_US = 2.0
+ROUND_US = 0.25
+SPLIT_US = 0.4
 SPREAD_MAX_CTAS_PER_SM = 4
 # Where no one-wave decomposition fits (more weights than one wave's shared memory and
 # registers hold, and no persistent form: Qwen3-14B's TP-1 down projection, 5 waves), at
@@ -342,7 +364,7 @@ SPREAD_MAX_WAVES = 8
 # slices they were measured with (8 per slice, 2-3 slices per warp for the latter).
 # The K splits' extra (their reduction, and the split's offsets) from the spills of
 # ptxas 13.0 at the bounds just below these.
-SPREAD_BASE_REGS = 52
+SPREAD_BASE_REGS = 56
 SPREAD_PERSISTENT_BASE_REGS = 120
 SPREAD_SPLIT_REGS = 16
 SPREAD_PERSISTENT_SPLIT_REGS = 48
@@ -377,6 +399,38 @@ def _modeled_cost(
     quant = X_COST * tokens * kc * 2 * max(1.0, QUANT_WARPS / warps)
     split = SPLIT_COST + SPLIT_STEP * (splits - 2) if splits > 1 else 0
     return math.ceil(ctas / sms) * (rounds * (16 * tiles * kc + split) + quant)
+
+
+def modeled_us(
+    rows: int, k: int, tokens: int, config: GemvConfig, sms: int = hopper.SMS
+) -> tuple[int, float]:
+    """(waves, estimated microseconds) of a config in the model above."""
+    p = _launch(rows, k, tokens, config, sms)
+    waves = math.ceil(p.ctas / hopper.resident_ctas(sms * config.ctas_per_sm, p.cluster_ctas))
+    per_sm = math.ceil(p.ctas / sms)  # CTAs on the busiest SM
+    rounds = per_sm * math.ceil(p.row_tiles * p.splits / p.ctas)  # units it takes in turn
+    weight_kb = rounds * 16 * p.tiles * p.kc / 1e3
+    us = (
+        weight_kb / HBM_KB_PER_US
+        + PERSISTENT_US * p.persistent
+        + ROUND_US * rounds
+        + SPLIT_US * (p.splits - 1)
+    )
+    return waves, us
+
+
+def _spread_pick(rows: int, k: int, tokens: int, sms: int) -> GemvConfig:
+    """The _spread decomposition choose_config takes: by modeled_us where it applies
+    (RERANK_MIN_BYTES), else the cost model's best."""
+    ranked = _spread_ranked(rows, k, tokens, sms)
+    if rows * k < RERANK_MIN_BYTES and tokens >= HEURISTIC_CLUSTER_MIN_TOKENS:
+        return ranked[0][1]
+    rated = [
+        (modeled_us(rows, k, tokens, config, sms), rank, config)
+        for rank, config in ranked
+        if config.splits == 1 or not _launch(rows, k, tokens, config, sms).persistent
+    ]
+    return min(rated, key=lambda item: item[:2])[2] if rated else ranked[0][1]
 
 
 def _spread(rows: int, k: int, tokens: int, sms: int) -> tuple[float, GemvConfig] | None:
@@ -502,7 +556,8 @@ def choose_config(
     SMs; at most HEURISTIC_MAX_IN_REGS steps in registers, in clusters of 2 from
     HEURISTIC_CLUSTER_MIN_TOKENS tokens on), unless they leave SMs unevenly loaded and
     _spread's search over tiles, K splits and slice sizes models faster, or they do not
-    apply (k not a multiple of 512); no register spills either way.
+    apply (k not a multiple of 512); a _spread pick is then the fastest by modeled_us (see
+    RERANK_MIN_BYTES). No register spills either way.
 
     ``swiglu`` takes the same tiling (a CTA's 16-row tile is 8 gate + 8 up rows). ``sms``:
     the target GPU's SM count; TUNED_H200 only applies at hopper.SMS (132).
@@ -530,11 +585,11 @@ def choose_config(
             f"a {sms}-SM GPU"
         )
     if pick is None:
-        return spread[1]
+        return _spread_pick(rows, k, tokens, sms)
     launch = _launch(rows, k, tokens, pick, sms)
     uneven = _balance(launch) < SPREAD_BELOW_BALANCE
     if spread is not None and uneven and spread[0] < SPREAD_GAIN * _launch_cost(launch):
-        return spread[1]
+        return _spread_pick(rows, k, tokens, sms)
     if tokens >= HEURISTIC_CLUSTER_MIN_TOKENS:
         clustered = replace(pick, cluster=2)
         if config_fits(rows, k, tokens, clustered, sms):
