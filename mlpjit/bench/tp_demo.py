@@ -28,7 +28,6 @@ from mlpjit.bench.cli_args import positive_int, token_list
 from mlpjit.bench.tp_layers import (
     HIDDEN,
     INTERMEDIATE,
-    MAX_TOKENS,
     SEED,
     TOL,
     check_entry,
@@ -41,6 +40,7 @@ from mlpjit.bench.tp_layers import (
     shard_layer,
 )
 from mlpjit.kernels.blocks import BLOCK
+from mlpjit.kernels.fp8_gemv.params import MAX_TOKENS
 from mlpjit.testing.layers import (
     ms,
     output_digest,

@@ -11,13 +11,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from mlpjit.kernels.blocks import BLOCK
+from mlpjit.kernels.checks import check_int
+from mlpjit.kernels.fp8_gemv.params import MAX_TOKENS
 from mlpjit.models import MODELS
 from mlpjit.testing.layers import random_fp8_layer, rel_l2
 
 __all__ = [
     "HIDDEN",
     "INTERMEDIATE",
-    "MAX_TOKENS",
     "SEED",
     "TOL",
     "check_entry",
@@ -33,7 +34,6 @@ __all__ = [
 ]
 
 HIDDEN, INTERMEDIATE = MODELS["glm5"]
-MAX_TOKENS = 8  # the fused kernels take 1..8 tokens
 TOL = 1e-2  # relative L2 error allowed against the full TP=1 reference
 SEED = 1234
 
@@ -44,8 +44,7 @@ SEED = 1234
 def check_shapes(hidden: int, intermediate: int, tp: int) -> None:
     """ValueError unless the full layer shards evenly into 128-aligned TP slices."""
     for name, value in (("hidden", hidden), ("intermediate", intermediate), ("tp", tp)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int(name, value, 1)
     if hidden % BLOCK:
         raise ValueError(f"hidden must be a multiple of {BLOCK}, got {hidden}")
     if intermediate % tp or (intermediate // tp) % BLOCK:
@@ -87,10 +86,8 @@ def shard_layer(w13: Any, s13: Any, w2: Any, s2: Any, rank: int, tp: int) -> tup
     """
     import torch
 
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"tp must be a positive int, got {tp!r}")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < tp:
-        raise ValueError(f"rank must be an int in [0, {tp}), got {rank!r}")
+    check_int("tp", tp, 1)
+    check_int("rank", rank, 0, tp - 1)
     if w13.dim() != 2 or w13.shape[0] % 2:
         raise ValueError(f"w13 must be [2*intermediate, hidden], got {list(w13.shape)}")
     inter, hidden = w13.shape[0] // 2, w13.shape[1]
