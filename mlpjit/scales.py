@@ -21,18 +21,12 @@ import torch
 from torch import Tensor
 
 from mlpjit.jit.capture import current_stream_capturing
+from mlpjit.kernels.blocks import BLOCK, scale_shape
 
-__all__ = ["BLOCK", "ScaleForm", "check_scale_values", "scale_shape", "to_float32_scale"]
+__all__ = ["ScaleForm", "check_scale_values", "to_float32_scale"]
 
 # The form a block-scale tensor came in: decides how its bad values are described.
 ScaleForm = Literal["float32", "e8m0", "packed"]
-
-BLOCK = 128  # weight rows and columns per scale
-
-
-def scale_shape(rows: int, k: int) -> tuple[int, int]:
-    """The float32 block-scale shape of a weight [rows, k]."""
-    return (rows // BLOCK, k // BLOCK)
 
 
 def _unpack_ue8m0(packed: Tensor, blocks: int) -> Tensor:

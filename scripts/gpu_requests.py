@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Write the kernel requests the GPU tests and benchmarks need, as JSON lines.
 
-Each source below lists its kernels in ``kernel_requests(arch)``; the output feeds
+Each source below (a test module or script by file name, or a package module by name)
+lists its kernels in ``kernel_requests(arch)``; the output feeds
 ``mlpjit warm --from FILE`` on a machine without a GPU, so the GPU run needs no compiler
 (README: running the GPU tests and benchmarks on an H200):
 
@@ -20,6 +21,7 @@ tests/gpu/test_dense_mlp_gpu.py lists already.
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import sys
 from collections.abc import Sequence
@@ -29,20 +31,23 @@ from types import ModuleType
 from mlpjit.jit.spec import KernelRequest
 
 REPO = Path(__file__).resolve().parent.parent
-SOURCES = (
+SOURCES: tuple[Path | str, ...] = (
     REPO / "tests" / "gpu" / "test_dense_mlp_gpu.py",
     REPO / "tests" / "gpu" / "test_fp8_gemv_gpu.py",
     REPO / "tests" / "gpu" / "test_fp8_stream_gpu.py",
     REPO / "tests" / "gpu" / "test_launcher_gpu.py",
     REPO / "scripts" / "bench_dense_mlp.py",
-    REPO / "scripts" / "bench_launch.py",
+    "mlpjit.bench.launch",
     REPO / "tests" / "gpu" / "test_transformers_gpu.py",
-    REPO / "scripts" / "bench_transformers.py",
+    "mlpjit.bench.transformers_bench",
 )
 
 
-def _load(path: Path) -> ModuleType:
-    """Import a test module or script by file name (neither is a package module)."""
+def _load(source: Path | str) -> ModuleType:
+    """Import a package module by name, or a test module or script by file name."""
+    if isinstance(source, str):
+        return importlib.import_module(source)
+    path = source
     spec = importlib.util.spec_from_file_location(f"_requests_{path.stem}", path)
     if spec is None or spec.loader is None:
         raise ValueError(f"cannot import {path}")
@@ -54,8 +59,8 @@ def _load(path: Path) -> ModuleType:
 def requests(arch: str) -> list[KernelRequest]:
     """Distinct KernelRequests of every source's kernel_requests(arch), in source order."""
     seen: list[KernelRequest] = []
-    for path in SOURCES:
-        for r in _load(path).kernel_requests(arch):
+    for source in SOURCES:
+        for r in _load(source).kernel_requests(arch):
             if r not in seen:
                 seen.append(r)
     return seen

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from mlpjit.kernels.blocks import BLOCK
 from mlpjit.models import LAYERS, MODELS, PRESET_NAMES, PRESETS, ModelPreset, get_preset
-from mlpjit.testing.layers import BLOCK, DENSE_SHAPES, GEMV_SHAPES, dense_shard
+from mlpjit.testing.layers import DENSE_SHAPES, GEMV_SHAPES, dense_shard
 
 # name -> (hidden_size, intermediate_size, moe_intermediate_size * n_shared_experts or None),
 # as the models' Hugging Face config.json files give them.

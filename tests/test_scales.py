@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlpjit.scales import scale_shape, to_float32_scale
+from mlpjit.kernels.blocks import scale_shape
+from mlpjit.scales import to_float32_scale
 
 
 def _exponents(rows: int, k: int, seed: int = 0) -> torch.Tensor:

@@ -9,7 +9,7 @@ from typing import Any
 
 from mlpjit.jit.bounds import shown
 
-__all__ = ["check_bool", "check_int"]
+__all__ = ["check_bool", "check_choice", "check_int"]
 
 
 def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
@@ -26,3 +26,10 @@ def check_bool(name: str, value: Any) -> None:
     """Nothing if ``value`` is a bool (0 and 1 are not)."""
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be a bool, got {value!r}")
+
+
+def check_choice(name: str, value: Any, allowed: tuple[int, ...]) -> int:
+    """``value`` if it is an int (not a bool, not a float) among ``allowed``."""
+    if type(value) is not int or value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {shown(value)}")
+    return value

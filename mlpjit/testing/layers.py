@@ -23,8 +23,9 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
+from mlpjit.kernels.blocks import BLOCK, scale_shape
 from mlpjit.models import PRESETS, get_preset
 
 if TYPE_CHECKING:
@@ -32,16 +33,18 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 __all__ = [
-    "BLOCK",
     "DENSE_SHAPES",
     "GRID_SHAPES",
     "GEMV_SHAPES",
+    "L2_BYTES_H200",
     "TIMING_SCALE",
     "W_STD",
     "GemvShape",
     "block_scale",
+    "capture_graph",
     "copy_bandwidth",
     "dense_shard",
+    "device_l2_bytes",
     "gemv_shapes",
     "graph_times",
     "chain_length",
@@ -59,9 +62,10 @@ __all__ = [
     "weight_bytes",
 ]
 
+T = TypeVar("T")
+
 # ---- shapes ------------------------------------------------------------------------------
 
-BLOCK = 128  # weight-scale block (rows and K)
 TP_SIZES = (8, 4, 2, 1)
 
 
@@ -158,7 +162,7 @@ def random_fp8_weight(
     device = generator.device
     w = torch.randn(rows, k, generator=generator, device=device) * w_std
     w = w.clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    blocks = (rows // BLOCK, k // BLOCK)
+    blocks = scale_shape(rows, k)
     if pow2_exponents is not None:
         lo, hi = pow2_exponents
         exponents = torch.randint(lo, hi, blocks, generator=generator, device=device)
@@ -199,7 +203,8 @@ def random_fp8_layer(
 
 def weight_bytes(rows: int, k: int) -> int:
     """FP8 bytes of a weight [rows, k] plus its float32 block scales: what a GEMV reads."""
-    return rows * k + (rows // BLOCK) * (k // BLOCK) * 4
+    blocks_rows, blocks_k = scale_shape(rows, k)
+    return rows * k + blocks_rows * blocks_k * 4
 
 
 def layer_bytes(hidden: int, inter: int) -> int:
@@ -219,6 +224,17 @@ def layers_needed(hidden: int, inter: int, l2_bytes: int, multiple: float) -> in
 
 
 # ---- GPU timing (benchmarks) -------------------------------------------------------------
+
+L2_BYTES_H200 = 60 * 1024 * 1024  # device_l2_bytes where the device does not report its L2
+
+
+def device_l2_bytes(device: int = 0) -> int:
+    """The L2 cache size of CUDA device ``device`` in bytes (what timed chains must exceed),
+    or L2_BYTES_H200 where torch does not report it."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    return int(getattr(props, "L2_cache_size", 0) or L2_BYTES_H200)
 
 
 def replay_times(
@@ -243,24 +259,29 @@ def replay_times(
     return [start.elapsed_time(end) for start, end in events]
 
 
-def graph_times(fn: Callable[[], object], replays: int, warmup: int) -> list[float]:
-    """Capture fn() once into a CUDA graph; return each timed replay's milliseconds.
-
-    fn runs twice eagerly on a side stream first: cuBLAS handles, workspaces and lazy kernel
-    loads must not happen during capture.
-    """
+def capture_graph(fn: Callable[[], T], warmup: Callable[[], object] | None = None) -> tuple[Any, T]:
+    """(CUDA graph, fn's result in it): fn() captured once, after ``warmup()`` (default
+    fn) ran twice eagerly on a side stream: cuBLAS handles, workspaces and lazy kernel loads
+    must not happen during capture."""
     import torch
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(2):
-            fn()
+            (warmup or fn)()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        result = fn()
+    return graph, result
+
+
+def graph_times(fn: Callable[[], object], replays: int, warmup: int) -> list[float]:
+    """Capture fn() once into a CUDA graph (capture_graph); return each timed replay's
+    milliseconds."""
+    graph, _ = capture_graph(fn)
     times = replay_times(graph, replays, warmup)
     del graph
     return times

@@ -1,6 +1,7 @@
 """Tiny DeepSeek-V3- and GLM-5-architecture transformers models with the real MLP sizes of
 one TP shard: what tests/gpu/test_transformers_gpu.py and scripts/bench_transformers.py
-build (a few layers, small attention and vocab, random weights).
+build (a few layers, small attention and vocab, random weights; ``build_bf16``,
+``build_pair``).
 
 Also the FP8 conversion both use (transformers' own pieces, as FineGrainedFP8Config does at
 load) and its dequantized-bf16 counterpart. Test and tooling support only; torch and
@@ -9,20 +10,29 @@ transformers are imported inside the functions, so the configs cost nothing to i
 
 from __future__ import annotations
 
+import copy
+import math
 import types
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
     "ARCHS",
+    "MIN_POSITIONS",
     "MODELS",
     "NOT_CONVERTED",
+    "PROJS",
     "ROUTED",
     "TINY",
+    "build_bf16",
+    "build_pair",
     "dequantize_into",
     "fp8_linears",
+    "mlp_std",
+    "routed_prefixes",
+    "tiny_config",
     "to_fp8",
 ]
 
@@ -66,12 +76,20 @@ TINY: dict[str, int] = {
 # MLPs and shared experts. "mlp.gate$" is the router only: transformers 5.17 matches a
 # pattern as a prefix, so a bare "mlp.gate" also kept the dense gate_proj in bf16.
 NOT_CONVERTED = ["lm_head", r".*self_attn", r".*mlp\.gate$", r".*mlp\.experts"]
+PROJS = ("gate_proj", "up_proj", "down_proj")  # the projections of one MLP
+MIN_POSITIONS = 128  # max_position_embeddings unless a caller needs more
+
+
+def routed_prefixes(num_layers: int = TINY["num_hidden_layers"], first_dense: int = 1) -> list[str]:
+    """The modules apply() routes: the dense layers' MLPs, then the MoE layers' shared experts."""
+    return [
+        f"model.layers.{i}.mlp" if i < first_dense else f"model.layers.{i}.mlp.shared_experts"
+        for i in range(num_layers)
+    ]
+
+
 # The modules apply() routes in these models.
-ROUTED = [
-    "model.layers.0.mlp",
-    "model.layers.1.mlp.shared_experts",
-    "model.layers.2.mlp.shared_experts",
-]
+ROUTED = routed_prefixes()
 
 
 def to_fp8(model: torch.nn.Module) -> torch.nn.Module:
@@ -125,3 +143,74 @@ def dequantize_into(model: torch.nn.Module, fp8: torch.nn.Module) -> torch.nn.Mo
             w = ref.dequantize_weight(module.weight, module.weight_scale_inv.float())
             model.get_submodule(name).weight.copy_(w.to(torch.bfloat16))
     return model
+
+
+def tiny_config(
+    arch: str, hidden: int, dense: int, shared: int, positions: int = MIN_POSITIONS, **changes: Any
+):
+    """The transformers config of a tiny ``arch`` model with these MLP sizes."""
+    import transformers
+
+    config_cls, _, extra = ARCHS[arch]
+    extra = dict(extra)
+    if arch == "glm_moe_dsa":
+        extra["index_topk"] = positions  # every key kept: the indexer's top-k cannot flip
+    values = {
+        **TINY,
+        **extra,
+        "hidden_size": hidden,
+        "intermediate_size": dense,
+        "moe_intermediate_size": shared,
+        "max_position_embeddings": positions,
+        **changes,
+    }
+    return getattr(transformers, config_cls)(**values)
+
+
+def mlp_std(name: str, k: int) -> float:
+    """Weight std giving gate/up std ~2 and down output ~1 for unit-RMS input (the GPU test's)."""
+    return 1 / (3 * math.sqrt(k)) if name.endswith("down_proj") else 2 / math.sqrt(k)
+
+
+def build_bf16(
+    arch: str,
+    hidden: int,
+    dense: int,
+    shared: int,
+    *,
+    device: str | torch.device = "cuda",
+    positions: int = MIN_POSITIONS,
+    seed: int = 0,
+    experts_implementation: str | None = None,
+    **changes: Any,
+) -> torch.nn.Module:
+    """A tiny ``arch`` model in bf16 on ``device``, eval, seeded; its routed MLPs' weights
+    re-drawn with mlp_std (so the MLPs matter in the residual stream)."""
+    import torch
+    import transformers
+
+    config = tiny_config(arch, hidden, dense, shared, positions, **changes)
+    if experts_implementation is not None:
+        config._experts_implementation = experts_implementation
+    model_cls = getattr(transformers, ARCHS[arch][1])
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = model_cls(config).to(torch.bfloat16)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    with torch.no_grad():
+        for prefix in routed_prefixes(config.num_hidden_layers, config.first_k_dense_replace):
+            for proj in PROJS:
+                w = model.get_submodule(f"{prefix}.{proj}").weight
+                w.copy_(
+                    torch.randn(w.shape, generator=gen, device=device) * mlp_std(proj, w.shape[1])
+                )
+    return model.eval()
+
+
+def build_pair(
+    arch: str, hidden: int, dense: int, shared: int, **kwargs: Any
+) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(fp8 model, bf16 model with the same weights dequantized)."""
+    bf16 = build_bf16(arch, hidden, dense, shared, **kwargs)
+    fp8 = to_fp8(copy.deepcopy(bf16))
+    return fp8, dequantize_into(bf16, fp8)

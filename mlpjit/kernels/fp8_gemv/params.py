@@ -14,7 +14,8 @@ from typing import Any
 
 from mlpjit.jit.bounds import bounded, shown
 from mlpjit.kernels import hopper
-from mlpjit.kernels.checks import check_bool, check_int
+from mlpjit.kernels.blocks import BLOCK
+from mlpjit.kernels.checks import check_bool, check_choice, check_int
 
 __all__ = [
     "CLUSTER_SIZES",
@@ -36,6 +37,7 @@ __all__ = [
     "GemvConfig",
     "GemvParams",
     "check_limit",
+    "cta_threads",
     "grid_ctas",
     "smem_bytes",
 ]
@@ -44,7 +46,7 @@ SLICE = 512  # K per warp slice by default (slice_k)
 STEPS = 8  # 64-K steps per default slice
 STEP = 64  # K per step: one 16-byte load per lane covers 4 lanes x 16 K
 SLICE_SIZES = (128, 256, 512)  # slice_k: a power-of-two number of 128-groups
-GROUP = 128  # activation / weight scale group along K
+GROUP = BLOCK  # activation / weight scale group along K
 # K splits of a row tile: the CTAs of one thread block cluster (at most 8, the portable
 # cluster size) sum their partials in the first one's shared memory.
 SPLITS_MAX = 8
@@ -75,6 +77,14 @@ CLUSTER_SIZES = (1, 2, 4, 8)
 PERSISTENT_MIN_REGS = 136
 # The kernel's parameters, in order (all device pointers): output, input, weight, scales.
 KERNEL_ARGS = ("out", "x", "w", "w_scale")
+
+
+def cta_threads(
+    k: int, tiles: int, slices_per_warp: int = 1, *, slice_k: int = SLICE, splits: int = 1
+) -> int:
+    """Threads of one CTA: for each of its ``tiles`` 16-row tiles, one warp per
+    ``slices_per_warp`` slices of slice_k of its K part (k / splits)."""
+    return 32 * tiles * (k // splits // slice_k) // slices_per_warp
 
 
 def smem_bytes(
@@ -127,7 +137,7 @@ def grid_ctas(
     configs keep one CTA per tile. A K-split grid is made of clusters of ``splits`` CTAs.
     """
     tiles_total = rows // (16 * tiles) * splits
-    threads = 32 * tiles * (k // splits // slice_k) // slices_per_warp
+    threads = cta_threads(k, tiles, slices_per_warp, slice_k=slice_k, splits=splits)
     if in_regs >= slice_k // STEP or hopper.reg_budget(threads, ctas_per_sm) < PERSISTENT_MIN_REGS:
         return tiles_total
     # Whole clusters of the K splits, all resident: each takes row tiles c, c + clusters, ...
@@ -207,8 +217,7 @@ class GemvParams:
         check_int("k", self.k, GROUP, MAX_K)
         check_int("tokens", self.tokens, 1, MAX_TOKENS)
         check_int("tiles", self.tiles, 1)
-        if type(self.slice_k) is not int or self.slice_k not in SLICE_SIZES:
-            raise ValueError(f"slice_k must be one of {SLICE_SIZES}, got {self.slice_k!r}")
+        check_choice("slice_k", self.slice_k, SLICE_SIZES)
         check_int("splits", self.splits, 1, SPLITS_MAX)
         check_int("in_regs", self.in_regs, 0, self.steps)
         check_int("ctas_per_sm", self.ctas_per_sm, 1, 32)
@@ -244,8 +253,7 @@ class GemvParams:
                 "ptxas encodes): raise in_regs or lower slices_per_warp"
             )
         hopper.check_sms(self.sms)
-        if type(self.cluster) is not int or self.cluster not in CLUSTER_SIZES:
-            raise ValueError(f"cluster must be one of {CLUSTER_SIZES}, got {self.cluster!r}")
+        check_choice("cluster", self.cluster, CLUSTER_SIZES)
         if self.cluster > 1 and self.slice_k != SLICE:
             raise ValueError(
                 f"cluster must be 1 with slice_k={self.slice_k} (clusters share x in "

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from mlpjit.jit.bounds import shown
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.kernels import hopper
+from mlpjit.kernels.checks import check_bool, check_int
 from mlpjit.kernels.fp8_gemv.params import (
     MAX_HIDDEN,
     MAX_INTERMEDIATE,
@@ -57,13 +58,6 @@ def token_counts(tokens: Iterable[int]) -> list[int]:
             seen.add(t)
             counts.append(int(t))
     return counts
-
-
-def _check_size(name: str, value: object, high: int) -> int:
-    """A layer size: an int in [1, high], else ValueError naming it and the range."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-        raise ValueError(f"{name} must be an int in [1, {high}], got {shown(value)}")
-    return value
 
 
 def gemv_request(
@@ -110,15 +104,14 @@ def dense_mlp_requests(
     the stock path and need no compile).
     """
     hopper.check_sms(sms)
-    _check_size("hidden", hidden, MAX_HIDDEN)
-    _check_size("intermediate", intermediate, MAX_INTERMEDIATE)
-    _check_size("tp", tp, intermediate)
+    check_int("hidden", hidden, 1, MAX_HIDDEN)
+    check_int("intermediate", intermediate, 1, MAX_INTERMEDIATE)
+    check_int("tp", tp, 1, intermediate)
     if intermediate % tp:
         raise ValueError(f"tp must divide intermediate ({intermediate}), got {tp}")
     counts = token_counts([tokens] if isinstance(tokens, int) else tokens)
     limit = check_limit(limit)
-    if not isinstance(ue8m0, bool):
-        raise ValueError(f"ue8m0 must be a bool, got {ue8m0!r}")
+    check_bool("ue8m0", ue8m0)
     return list(_shard_requests(hidden, intermediate // tp, tuple(counts), arch, ue8m0, limit, sms))
 
 

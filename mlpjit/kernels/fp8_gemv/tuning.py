@@ -11,8 +11,8 @@ import math
 from dataclasses import replace
 
 from mlpjit.kernels import hopper
+from mlpjit.kernels.checks import check_bool, check_int
 from mlpjit.kernels.fp8_gemv.params import (
-    CLUSTER_SIZES,
     GROUP,
     MAX_K,
     MAX_PENDING_GROUPS,
@@ -25,6 +25,7 @@ from mlpjit.kernels.fp8_gemv.params import (
     STEP,
     GemvConfig,
     GemvParams,
+    cta_threads,
     grid_ctas,
     smem_bytes,
 )
@@ -60,7 +61,7 @@ def max_in_regs(
 ) -> int | None:
     """The most 64-K steps in registers that fit the register and shared-memory budgets
     of this tiling and launch bound, or None if none does."""
-    threads = 32 * tiles * (k // splits // slice_k) // slices_per_warp
+    threads = cta_threads(k, tiles, slices_per_warp, slice_k=slice_k, splits=splits)
     if threads * ctas_per_sm > hopper.THREADS_PER_SM:
         return None
     regs = hopper.reg_budget(threads, ctas_per_sm)
@@ -229,39 +230,21 @@ HEURISTIC_CLUSTER_MIN_TOKENS = 5
 
 
 def config_fits(rows: int, k: int, tokens: int, config: GemvConfig, sms: int = hopper.SMS) -> bool:
-    """Whether ``config`` compiles for this shape AND runs as planned: registers within the
-    launch bound (no spills), shared memory within the budget, and a cluster grid meant as
-    one wave resident at once."""
-    spw = config.slices_per_warp
-    slice_k, splits = config.slice_k, config.splits
-    if slice_k not in SLICE_SIZES or not 1 <= splits <= SPLITS_MAX or k % (splits * slice_k):
+    """Whether ``config`` compiles for this shape (GemvParams takes it) AND runs as planned:
+    registers within the launch bound (no spills) and a cluster grid meant as one wave
+    resident at once."""
+    try:
+        p = _launch(rows, k, tokens, config, sms)
+    except ValueError:
         return False
-    slices = k // splits // slice_k
-    if spw < 1 or slices % spw or spw * (slice_k // STEP - config.in_regs) > MAX_PENDING_GROUPS:
-        return False
-    if type(config.cluster) is not int or config.cluster not in CLUSTER_SIZES:
-        return False
-    if config.cluster > 1 and (splits > 1 or slice_k != SLICE):
-        return False
-    if rows % (16 * config.tiles) or config.tiles * slices // spw > MAX_WARPS:
-        return False
-    geometry = {"slice_k": slice_k, "splits": splits}
-    grid = grid_ctas(
-        rows, k, config.tiles, config.in_regs, config.ctas_per_sm, spw, sms, **geometry
-    )
-    cluster = max(config.cluster, splits)
-    slots = sms * config.ctas_per_sm
-    if grid % cluster or hopper.resident_ctas(slots, cluster) == 0:
-        return False
-    if cluster > MAX_PERSISTENT_CLUSTER and slots >= grid > hopper.resident_ctas(slots, cluster):
+    slots = sms * p.ctas_per_sm
+    if p.cluster_ctas > MAX_PERSISTENT_CLUSTER and (
+        slots >= p.ctas > hopper.resident_ctas(slots, p.cluster_ctas)
+    ):
         return False  # meant as one wave, but not resident at once
-    fit = max_in_regs(k, tokens, config.tiles, config.ctas_per_sm, spw, **geometry)
-    return (
-        fit is not None
-        and 0 <= config.in_regs <= fit
-        and smem_bytes(k, tokens, config.tiles, config.in_regs, spw, **geometry)
-        <= hopper.smem_budget(config.ctas_per_sm)
-    )
+    geometry = {"slice_k": p.slice_k, "splits": p.splits}
+    fit = max_in_regs(k, tokens, p.tiles, p.ctas_per_sm, p.spw, **geometry)
+    return fit is not None and p.in_regs <= fit
 
 
 def _tuned(rows: int, k: int, tokens: int, swiglu: bool, sms: int) -> GemvConfig | None:
@@ -274,14 +257,11 @@ def _tuned(rows: int, k: int, tokens: int, swiglu: bool, sms: int) -> GemvConfig
 
 
 def _check_shape(rows: int, k: int, tokens: int) -> None:
-    """Positive ints, rows and k at most MAX_ROWS and MAX_K: the searches below grow with
-    the sizes, so a huge one is refused here instead of never finishing."""
-    for name, value in (("rows", rows), ("k", k), ("tokens", tokens)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    for name, value, high in (("rows", rows, MAX_ROWS), ("k", k, MAX_K)):
-        if value > high:
-            raise ValueError(f"{name} must be in [1, {high}] (see MAX_{name.upper()}), got {value}")
+    """Ints >= 1, rows and k at most MAX_ROWS and MAX_K: the searches below grow with the
+    sizes, so a huge one is refused here instead of never finishing."""
+    check_int("rows", rows, 1, MAX_ROWS)
+    check_int("k", k, 1, MAX_K)
+    check_int("tokens", tokens, 1)
 
 
 def one_wave_candidates(
@@ -527,7 +507,7 @@ def _spread_grid(
     waves = math.ceil(ctas / hopper.resident_ctas(sms * cps, splits))
     if not persistent and waves > (SPREAD_MAX_WAVES if waves_ok else 1):
         return None
-    threads = 32 * tiles * (k // splits // slice_k) // spw
+    threads = cta_threads(k, tiles, spw, **geometry)
     if _spread_regs(spw, in_regs, slice_k, splits, persistent) > hopper.reg_budget(threads, cps):
         return None
     return ctas
@@ -564,8 +544,7 @@ def choose_config(
     ValueError if the kernel cannot take the shape (see kernel_supports).
     """
     hopper.check_sms(sms)
-    if not isinstance(swiglu, bool):
-        raise ValueError(f"swiglu must be a bool, got {swiglu!r}")
+    check_bool("swiglu", swiglu)
     if swiglu and rows % 2:
         raise ValueError(f"rows must be even with swiglu, got {rows}")
     if not kernel_supports(rows, k, tokens, sms):
@@ -650,7 +629,7 @@ def _wide_persistent(rows: int, k: int, tokens: int, sms: int = hopper.SMS) -> G
         for cps, spw in WIDE_ORDER:
             if slices % spw or grid_ctas(rows, k, 1, in_regs, cps, spw, sms) >= tiles_total:
                 continue  # not persistent: too few registers at this bound, or too few tiles
-            threads = 32 * slices // spw
+            threads = cta_threads(k, 1, spw)
             if threads * cps > hopper.THREADS_PER_SM:
                 continue
             regs = hopper.reg_budget(threads, cps)

@@ -1,0 +1,136 @@
+"""mlpjit/bench/gemv_sweep.py: the variants and pairs a tuning sweep times, the config labels
+(no GPU, no compile)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from mlpjit.bench import gemv_sweep
+from mlpjit.kernels.fp8_gemv import tuning
+
+
+def test_variants_are_valid_capped_and_start_with_default():
+    for rows, k, swiglu in gemv_sweep.KERNEL_SHAPES.values():
+        for m in (1, 8):
+            found = gemv_sweep.variants(rows, k, m, swiglu)
+            # k = 12288 leaves room for one warp per K slice only (tiles 1): one pair; k not
+            # a multiple of 512 has no whole-K candidates besides the default
+            assert (1 if k > 6144 or k % 512 else 2) <= len(found) <= gemv_sweep.MAX_VARIANTS
+            default = tuning.choose_config(rows, k, m, swiglu)
+            assert found[0] == dataclasses.replace(default, early_launch=False)
+            assert not any(c.early_launch for c in found)
+            assert len(set(found)) == len(found)
+            spread = tuning.spread_config(rows, k, m)
+            if spread is not None and spread != found[0]:
+                assert found[1] == spread  # the model's pick, measured beside the default
+            for c in found[1:]:  # the default may be any measured config (tuning.TUNED_H200)
+                if c == spread:
+                    continue
+                assert c.tiles in gemv_sweep.TILES and c.in_regs in gemv_sweep.IN_REGS
+                assert c.slices_per_warp == 1
+
+
+def test_slices_per_warp_variants_are_added_and_valid():
+    base = gemv_sweep.variants(6144, 12288, 1, False)
+    wide = gemv_sweep.variants(6144, 12288, 1, False, spws=(2, 3, 5))
+    assert wide[: len(base)] == base
+    added = wide[len(base) :]
+    assert added and {c.slices_per_warp for c in added} == {2, 3}  # 5 does not divide 24
+    for c in added:
+        assert tuning.config_fits(6144, 12288, 1, c) and c.tiles == 1
+
+
+def test_pairs_are_plans_defaults_with_every_trigger_combination() -> None:
+    hidden, inter = gemv_sweep.LAYER_SHAPES["glm5-tp8"]
+    found = gemv_sweep.pairs(hidden, inter, 8)
+    assert [(g.early_launch, d.early_launch) for g, d in found] == [
+        (False, False),
+        (False, True),
+        (True, False),
+        (True, True),
+    ]
+    gate_up = tuning.choose_config(2 * inter, hidden, 8, True)
+    down = tuning.choose_config(hidden, inter, 8, False)
+    for g, d in found:
+        assert (g.tiles, g.in_regs, g.ctas_per_sm) == (
+            gate_up.tiles,
+            gate_up.in_regs,
+            gate_up.ctas_per_sm,
+        )
+        assert (d.tiles, d.in_regs, d.ctas_per_sm) == (down.tiles, down.in_regs, down.ctas_per_sm)
+    assert gemv_sweep.label(found[1][1]).endswith("/early") and "/early" not in gemv_sweep.label(
+        found[0][1]
+    )
+
+
+def test_extra_down_configs_pair_with_both_triggers() -> None:
+    hidden, inter = gemv_sweep.LAYER_SHAPES["glm5-tp8"]
+    extra = [
+        gemv_sweep.parse_config("t2/r3/c4"),
+        gemv_sweep.parse_config("t8/r7/c8"),
+    ]  # 2nd cannot fit
+    found = gemv_sweep.pairs(hidden, inter, 1, extra)
+    assert len(found) == 4 + 2
+    assert [(g.early_launch, d) for g, d in found[4:]] == [(False, extra[0]), (True, extra[0])]
+
+
+@pytest.mark.parametrize("text", ["t4/r3", "x4/r3/c2", "t4/rx/c2", ""])
+def test_parse_config_rejects_malformed(text: str) -> None:
+    with pytest.raises(ValueError, match="t4/r3/c2"):
+        gemv_sweep.parse_config(text)
+
+
+def test_parse_config_slices_per_warp() -> None:
+    assert gemv_sweep.parse_config("t1/r0/c2/s3").slices_per_warp == 3
+    assert gemv_sweep.parse_config("t1/r0/c2").slices_per_warp == 1
+    assert gemv_sweep.label(gemv_sweep.parse_config("t1/r0/c2/s3")) == "t1/r0/c2/s3"
+    with pytest.raises(ValueError, match="t1/r0/c2/s3"):
+        gemv_sweep.parse_config("t1/r0/c2/q3")
+    with pytest.raises(ValueError, match="t1/r0/c2/s3"):
+        gemv_sweep.parse_config("t1/r0/c2/s3/s2")  # twice
+    with pytest.raises(ValueError, match="slices >= 1"):
+        gemv_sweep.parse_config("t4/r1/c2/s0")
+
+
+def test_extra_gate_up_configs_cross_with_every_down() -> None:
+    hidden, inter = gemv_sweep.LAYER_SHAPES["glm5-tp8"]
+    g2, d2 = gemv_sweep.parse_config("t2/r2/c1"), gemv_sweep.parse_config("t2/r2/c2")
+    found = gemv_sweep.pairs(hidden, inter, 1, [d2], [g2])
+    assert len(found) == len(set(found))
+    crossed = {(g.tiles, g.in_regs, g.ctas_per_sm, g.early_launch, d) for g, d in found}
+    for early in (False, True):
+        assert (2, 2, 1, early, d2) in crossed
+    assert all(not d.early_launch for g, d in found[4:])
+
+
+def test_parse_config_cluster() -> None:
+    both = gemv_sweep.parse_config("t1/r3/c1/s2/n4")
+    assert (both.slices_per_warp, both.cluster) == (2, 4)
+    alone = gemv_sweep.parse_config("t1/r3/c1/n2")
+    assert (alone.slices_per_warp, alone.cluster) == (1, 2)
+    assert gemv_sweep.label(both) == "t1/r3/c1/s2/n4" and gemv_sweep.label(alone) == "t1/r3/c1/n2"
+    with pytest.raises(ValueError, match="cluster"):
+        gemv_sweep.parse_config("t1/r3/c1/n3")
+    # optional parts in any order, K slices and splits too
+    assert gemv_sweep.parse_config("t1/r3/c1/n2/s2") == both.__class__(
+        1, 3, 1, slices_per_warp=2, cluster=2
+    )
+    split = gemv_sweep.parse_config("t2/r1/c2/x4/k256")
+    assert (split.splits, split.slice_k) == (4, 256)
+    assert gemv_sweep.label(split) == "t2/r1/c2/k256/x4"
+
+
+def test_cluster_pairs_set_each_kernel_and_both() -> None:
+    """GLM-5 TP8 at 8 tokens: plan's pair uses clusters of 2; --clusters 1 adds the
+    unclustered kernels, 4 only where the grid allows it (not gate_up's persistent grid)."""
+    hidden, inter = gemv_sweep.LAYER_SHAPES["glm5-tp8"]
+    found = gemv_sweep.pairs(hidden, inter, 8, clusters=[1, 4])
+    assert len(found) == len(set(found))
+    labels = {(gemv_sweep.label(g), gemv_sweep.label(d)) for g, d in found}
+    assert ("t1/r3/c1/n2", "t4/r1/c2/s3") in labels
+    assert ("t1/r3/c1", "t4/r1/c2/s3/n2") in labels
+    assert ("t1/r3/c1", "t4/r1/c2/s3") in labels
+    assert ("t1/r3/c1/n2", "t4/r1/c2/s3/n4") in labels
+    assert not any(g.cluster == 4 for g, _ in found)

@@ -1,0 +1,163 @@
+"""scripts/tune_fp8_gemv.py's code (mlpjit/bench/tune_gemv.py) without a GPU: --dry-run and
+--emit of both modes, bad arguments and the report table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlpjit.bench import gemv_sweep, tune_gemv
+from mlpjit.kernels import hopper
+from mlpjit.kernels.fp8_gemv import SPEC, tuning
+from mlpjit.kernels.fp8_gemv import params as gemv_params
+from mlpjit.kernels.fp8_gemv.params import GemvConfig
+
+
+def _valid(params: dict) -> bool:
+    """The plan's limits on one fp8_gemv specialization (what the kernel checks too)."""
+    rows, k, m = params["rows"], params["k"], params["tokens"]
+    tiles, in_regs, cps = params["tiles"], params["in_regs"], params["ctas_per_sm"]
+    if params.get("splits", 1) > 1 or params.get("slice_k", 512) != 512:
+        return tuning.config_fits(rows, k, m, GemvConfig(**{
+            f: params[f] for f in GemvConfig.__dataclass_fields__ if f in params
+        }))  # fmt: skip
+    spw = params.get("slices_per_warp", 1)
+    fit = tuning.max_in_regs(k, m, tiles, cps, spw)
+    return (
+        rows % (16 * tiles) == 0
+        and k % gemv_params.SLICE == 0
+        and (k // gemv_params.SLICE) % spw == 0
+        and fit is not None
+        and 0 <= in_regs <= fit
+        and gemv_params.smem_bytes(k, m, tiles, in_regs, spw) <= hopper.smem_budget(cps)
+    )
+
+
+def test_dry_run_lists_every_shape(capsys):
+    assert tune_gemv.main(["kernel", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    for name in gemv_sweep.DEFAULT_KERNEL_SHAPES:
+        assert f"{name} " in out
+    # one default per (shape, tokens) line, plus the legend
+    assert (
+        out.count("*") == len(gemv_sweep.DEFAULT_KERNEL_SHAPES) * len(gemv_sweep.KERNEL_TOKENS) + 1
+    )
+
+
+def test_emit_writes_valid_requests(tmp_path):
+    path = tmp_path / "tune_gemv.jsonl"
+    argv = ["kernel", "--emit", str(path), "--shapes", "glm5-tp8-down,glm5-tp4-gate_up"]
+    assert tune_gemv.main([*argv, "--tokens", "8"]) == 0
+    items = [json.loads(line) for line in path.read_text().splitlines()]
+    expected = len(gemv_sweep.variants(6144, 1536, 8, False)) + len(
+        gemv_sweep.variants(6144, 6144, 8, True)
+    )
+    assert len(items) == expected
+    allowed = set(SPEC.field_names())
+    seen = set()
+    for item in items:
+        assert set(item) == {"kernel", "params", "arch"}
+        assert item["kernel"] == "fp8_gemv" and item["arch"] == "sm_90a"
+        params = item["params"]
+        # early_launch is never set in a per-kernel sweep, sms stays the H200's (132);
+        # slices_per_warp and cluster only when not 1 (plan's default for TP8 down at 8
+        # tokens has clusters of 2)
+        optional = {"slices_per_warp", "cluster", "slice_k", "splits"}
+        assert set(params) - optional == allowed - {"early_launch", "sms"} - optional
+        assert params["tokens"] == 8 and params["ue8m0"] is True and params["limit"] is None
+        assert (params["rows"], params["k"], params["swiglu"]) in gemv_sweep.KERNEL_SHAPES.values()
+        assert _valid(params), params
+        seen.add(json.dumps(params, sort_keys=True))
+    assert len(seen) == len(items)  # no duplicate compiles
+
+
+def test_emit_matches_cli_reader(tmp_path):
+    from mlpjit.cli import _read_requests
+
+    path = tmp_path / "tune_gemv.jsonl"
+    assert tune_gemv.main(["kernel", "--emit", str(path), "--tokens", "1"]) == 0
+    requests = _read_requests(path)
+    assert requests == gemv_sweep.kernel_requests("sm_90a", gemv_sweep.DEFAULT_KERNEL_SHAPES, (1,))
+
+
+def test_bad_shape_is_rejected():
+    with pytest.raises(SystemExit):
+        tune_gemv.main(["kernel", "--dry-run", "--shapes", "tp3-down"])
+    with pytest.raises(SystemExit):
+        tune_gemv.main(["kernel", "--dry-run", "--tokens", "9"])
+
+
+def test_layer_emit_writes_distinct_valid_requests(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "pairs.jsonl"
+    argv = ["layer", "--shapes", "glm5-tp8,glm4.5-tp8", "--tokens", "1,8", "--emit", str(out)]
+    assert tune_gemv.main(argv) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    # 2 shapes x 2 token counts x (gate_up, down) x (trigger off, on)
+    assert len(lines) == 16 and len({json.dumps(x, sort_keys=True) for x in lines}) == 16
+    names = set(SPEC.field_names())
+    for item in lines:
+        assert item["kernel"] == "fp8_gemv" and item["arch"] == "sm_90a"
+        assert set(item["params"]) <= names
+    assert sum("early_launch" in x["params"] for x in lines) == 8
+    assert "16 requests" in capsys.readouterr().out
+
+
+def test_layer_dry_run_lists_every_pair(capsys) -> None:
+    assert tune_gemv.main(["layer", "--dry-run", "--shapes", "glm5-tp8", "--tokens", "1,8"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("glm5-tp8 (hidden=6144, intermediate=1536) m=1: ")
+    assert out[-1].startswith("8 (gate_up + down) pairs")
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--shapes", "glm9"], "unknown"),
+        (["--tokens", "1,x"], "comma list"),
+        (["--tokens", "0,9"], "must be in"),
+        (["--clusters", "3"], "--clusters"),
+        (["--down-configs", "t4/r3"], "--down-configs"),
+    ],
+)
+def test_layer_bad_arguments(argv, match, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        tune_gemv.main(["layer", *argv, "--emit", "/dev/null"])
+    assert exc.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_mode_is_required(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        tune_gemv.main(["--dry-run"])
+    assert exc.value.code == 2 and "kernel" in capsys.readouterr().err
+
+
+def test_bad_clusters_argument(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        tune_gemv.main(["layer", "--clusters", "3", "--emit", "/dev/null"])
+    assert exc.value.code == 2 and "--clusters" in capsys.readouterr().err
+
+
+def test_markdown_table_marks_default_and_best() -> None:
+    rows = [
+        {
+            "shape": "glm5-tp8",
+            "tokens": 1,
+            "gate_up": "a",
+            "down": "b",
+            "us": 10.0,
+            "default": True,
+        },
+        {
+            "shape": "glm5-tp8",
+            "tokens": 1,
+            "gate_up": "c",
+            "down": "d",
+            "us": 9.5,
+            "default": False,
+        },
+    ]
+    lines = tune_gemv.markdown_table(rows, "layer").splitlines()
+    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 7
+    assert lines[2].endswith("| 10.00 | default |") and lines[3].endswith("| 9.50 | **best** |")

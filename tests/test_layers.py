@@ -1,0 +1,33 @@
+"""mlpjit/testing/layers.py helpers the benchmarks share, without a GPU (the shard shapes are
+tested with the model presets, tests/test_models.py)."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from mlpjit.kernels.blocks import BLOCK
+from mlpjit.testing import layers
+
+
+def test_device_l2_bytes_falls_back_to_the_h200s(monkeypatch) -> None:
+    props = types.SimpleNamespace(name="FakeGPU", L2_cache_size=50 << 20)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: props)
+    assert layers.device_l2_bytes() == 50 << 20
+    props.L2_cache_size = 0  # not reported
+    assert layers.device_l2_bytes() == layers.L2_BYTES_H200
+
+
+def test_weight_bytes_count_the_float32_block_scales() -> None:
+    assert layers.weight_bytes(3072, 6144) == 3072 * 6144 + (3072 // BLOCK) * (6144 // BLOCK) * 4
+    assert layers.layer_bytes(6144, 1536) == (
+        layers.weight_bytes(3072, 6144) + layers.weight_bytes(6144, 1536)
+    )
+
+
+def test_random_weights_have_one_scale_per_block() -> None:
+    gen = torch.Generator().manual_seed(0)
+    w, s = layers.random_fp8_weight(256, 384, gen, scale=1.0)
+    assert w.shape == (256, 384) and w.dtype == torch.float8_e4m3fn
+    assert s.shape == (2, 3) and s.dtype == torch.float32
