@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from mlpjit.kernels.blocks import BLOCK
 from mlpjit.scale_rule import DEFAULT_UE8M0
 
 __all__ = [
@@ -35,7 +36,7 @@ __all__ = [
     "expand_block_rows",
 ]
 
-GROUP = 128  # activation quantization group and weight scale block (along K)
+GROUP = BLOCK  # activation quantization group and weight scale block (along K)
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 SCALE_FLOOR = 1e-10  # amax floor, so an all-zero group gets a finite, nonzero scale
 

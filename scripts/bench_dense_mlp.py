@@ -39,8 +39,10 @@ import torch
 from mlpjit.testing.layers import (
     DENSE_SHAPES,
     GRID_SHAPES,
+    L2_BYTES_H200,
     TIMING_SCALE,
     copy_bandwidth,
+    device_l2_bytes,
     graph_times,
     layer_bytes,
     layers_needed,
@@ -67,7 +69,6 @@ SHAPES = {
 # of the latter).
 ALL_SHAPES = {**DENSE_SHAPES, **GRID_SHAPES}
 DEFAULT_TOKENS = (1, 2, 4, 8)
-L2_BYTES_H200 = 60 * 1024 * 1024  # used when the device does not report its L2 size
 METHODS = ("mlpjit", "mlpjit_nopdl", "stock", "scaled_mm", "bf16")
 
 
@@ -405,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: no CUDA device (use --dry-run to check arguments)", file=sys.stderr)
         return 2
     props = torch.cuda.get_device_properties(0)
-    l2_bytes = int(getattr(props, "L2_cache_size", 0) or L2_BYTES_H200)
+    l2_bytes = device_l2_bytes()
     bw = copy_bandwidth()
     print(f"{props.name}: L2 {l2_bytes / 2**20:.0f} MiB, copy bandwidth {bw / 1e12:.2f} TB/s")
     rows = []

@@ -38,14 +38,13 @@ from mlpjit.jit.spec import KernelRequest
 from mlpjit.kernels.fp8_gemv import plan as gemv_plan
 from mlpjit.kernels.fp8_gemv import tuning
 from mlpjit.kernels.fp8_stream import plan as stream_plan
-from mlpjit.testing.layers import DENSE_SHAPES, GRID_SHAPES, layer_bytes
+from mlpjit.testing.layers import DENSE_SHAPES, GRID_SHAPES, device_l2_bytes, layer_bytes
 
 ARCH = "sm_90a"
 DEFAULT_SHAPES = (
     "glm5-tp8", "glm4.5-tp8", "deepseek-v3-tp8", "qwen3-32b-tp8", "glm5-tp4", "glm5-tp1",
     "deepseek-v3-shared-tp8", "deepseek-v3-shared-tp1",
 )  # fmt: skip
-L2_BYTES_H200 = 60 * 1024 * 1024
 
 
 _VARIANT = re.compile(r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?$")
@@ -182,7 +181,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
     )
 
     device = torch.device("cuda", 0)
-    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or L2_BYTES_H200
+    l2 = device_l2_bytes()
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s (read + write)", flush=True)
     manager = default_manager()

@@ -51,6 +51,8 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from mlpjit.kernels.blocks import BLOCK
+
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
@@ -60,7 +62,6 @@ __all__ = ["apply", "model_ue8m0", "remove", "routed"]
 
 logger = logging.getLogger(__name__)
 
-BLOCK = 128  # the only weight block size DenseMlp takes: 128x128
 _PROJS = ("gate_proj", "up_proj", "down_proj")
 _ROUTE = "_mlpjit_route"  # the attribute of a routed module holding its _Route
 _SILU_CLASSES = ("SiLU", "SiLUActivation")  # torch.nn.SiLU, transformers.activations'

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlpjit.kernels import hopper
+from mlpjit.kernels.blocks import BLOCK
 from mlpjit.kernels.checks import check_bool, check_int
 from mlpjit.kernels.fp8_gemv.params import MAX_K, MAX_ROWS, check_limit
 
@@ -23,7 +24,6 @@ __all__ = [
     "workspace_bytes",
 ]
 
-BLOCK = 128  # K per block: one weight-scale block and one activation-scale group
 TILE_ROWS = 16  # A rows of one m16n8k32 mma (SwiGLU: 8 gate rows and their 8 up rows)
 MAX_TOKENS = 8  # the mma's N
 # Shared-memory rows (weights and quantized x) are padded by half a bank line, so the 16-byte
