@@ -345,7 +345,7 @@ SPREAD_MAX_WAVES = 8
 # The K splits' extra (their reduction, and the split's offsets) from the spills of
 # ptxas 13.0 at the bounds just below these.
 SPREAD_BASE_REGS = 56
-SPREAD_PERSISTENT_BASE_REGS = 120
+SPREAD_PERSISTENT_BASE_REGS = 124
 SPREAD_SPLIT_REGS = 16
 SPREAD_PERSISTENT_SPLIT_REGS = 48
 
