@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -31,8 +30,6 @@ __all__ = ["Check", "DoctorReport", "format_report", "main", "run_doctor"]
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 _RANK = {OK: 0, WARN: 1, FAIL: 2}
-# The store's rule (mlpjit/jit/store.py): never run code from a dir others can write to.
-_UNSAFE_BITS = stat.S_IWGRP | stat.S_IWOTH
 
 
 @dataclass
@@ -218,9 +215,10 @@ def _check_settings() -> Check:
 
 def _check_cache_dir() -> Check:
     from mlpjit.errors import CacheDirError
-    from mlpjit.jit import config
+    from mlpjit.jit import config, layout
     from mlpjit.jit.maintenance import cache_stats
-    from mlpjit.jit.store import CacheStore, unsafe_dir_reason
+    from mlpjit.jit.store import CacheStore
+    from mlpjit.jit.trust import unsafe_dir_reason
 
     root = Path(os.path.realpath(config.cache_dir()))  # resolved once, as the store does
     details: dict[str, Any] = {"path": str(root)}
@@ -236,12 +234,13 @@ def _check_cache_dir() -> Check:
             )
         return Check("cache dir", OK, f"{root} (created 0700 on first compile)", details)
     # Every directory of the layout, under the same rule the store applies on each access.
-    dirs = [root, *sorted(p for p in (root / "v1").rglob("*") if p.is_dir())]
-    if (root / "v1").is_dir():
-        dirs.insert(1, root / "v1")
+    v1 = layout.version_dir(root)
+    dirs = [root, *sorted(p for p in v1.rglob("*") if p.is_dir())]
+    if v1.is_dir():
+        dirs.insert(1, v1)
     bad = [reason for reason in (unsafe_dir_reason(p) for p in dirs) if reason]
     try:
-        stats = cache_stats(CacheStore(root, layers=()))
+        stats = cache_stats(CacheStore(root, read_only=()))
     except CacheDirError as err:
         bad.insert(0, str(err))
         stats = None
@@ -268,18 +267,18 @@ def _check_cache_dir() -> Check:
     return Check("cache dir", OK, summary, details)
 
 
-def _check_layers() -> list[Check]:
-    from mlpjit.jit import config
-    from mlpjit.jit.store import tier_problem
+def _check_read_only_tiers() -> list[Check]:
+    from mlpjit.jit import config, layout
+    from mlpjit.jit.trust import tier_problem
 
     checks = []
-    for layer in config.cache_path():
-        layer = layer.absolute()
-        name = f"layer {layer}"
-        if not layer.exists():
-            checks.append(Check(name, WARN, "missing: skipped", {"path": str(layer)}))
+    for tier in config.cache_path():
+        tier = tier.absolute()
+        name = f"layer {tier}"  # the check's name, as users know it
+        if not tier.exists():
+            checks.append(Check(name, WARN, "missing: skipped", {"path": str(tier)}))
             continue
-        reason = tier_problem(Path(os.path.realpath(layer)))  # resolved, as the store does
+        reason = tier_problem(Path(os.path.realpath(tier)))  # resolved, as the store does
         if reason:
             checks.append(
                 Check(
@@ -291,11 +290,11 @@ def _check_layers() -> list[Check]:
                 )
             )
             continue
-        entries_dir = layer / "v1" / "entries"
-        if not os.access(layer, os.R_OK | os.X_OK) or (
+        entries_dir = layout.area(tier, "entries")
+        if not os.access(tier, os.R_OK | os.X_OK) or (
             entries_dir.exists() and not os.access(entries_dir, os.R_OK | os.X_OK)
         ):
-            checks.append(Check(name, FAIL, "not readable by this user", {"path": str(layer)}))
+            checks.append(Check(name, FAIL, "not readable by this user", {"path": str(tier)}))
             continue
         try:
             count = sum(1 for _ in entries_dir.glob("*/*.json"))
@@ -303,7 +302,7 @@ def _check_layers() -> list[Check]:
             count = 0
         status = OK if count else WARN
         summary = f"read-only layer, {count} entries" + ("" if count else " (empty?)")
-        checks.append(Check(name, status, summary, {"path": str(layer), "entries": count}))
+        checks.append(Check(name, status, summary, {"path": str(tier), "entries": count}))
     return checks
 
 
@@ -365,13 +364,13 @@ def _check_remote() -> list[Check]:
 
 
 def _check_locks() -> Check:
-    from mlpjit.jit import config
+    from mlpjit.jit import config, layout
     from mlpjit.jit.locks import KeyLock
 
-    locks = config.cache_dir().absolute() / "v1" / "locks"
+    locks = layout.area(config.cache_dir().absolute(), "locks")
     if not locks.is_dir():
         return Check("locks", OK, "no lock files yet", {"path": str(locks), "files": 0})
-    files = sorted(locks.glob("*.lock"))
+    files = sorted(locks.glob(f"*{layout.LOCK_SUFFIX}"))
     held = 0
     for path in files:
         lock = KeyLock(path)
@@ -397,9 +396,9 @@ def _check_locks() -> Check:
 
 
 def _check_leftovers() -> Check:
-    from mlpjit.jit import config
+    from mlpjit.jit import config, layout
 
-    v1 = config.cache_dir().absolute() / "v1"
+    root = config.cache_dir().absolute()
 
     def count(path: Path) -> int:
         try:
@@ -407,7 +406,8 @@ def _check_leftovers() -> Check:
         except OSError:
             return 0
 
-    tmp, quarantined = count(v1 / "tmp"), count(v1 / "quarantine")
+    quarantine = layout.area(root, "quarantine")
+    tmp, quarantined = count(layout.area(root, "tmp")), count(quarantine)
     details = {"temp_files": tmp, "quarantined": quarantined}
     if quarantined:
         return Check(
@@ -416,7 +416,7 @@ def _check_leftovers() -> Check:
             f"{quarantined} quarantined entries (failed verification; recompiled on use), "
             f"{tmp} temp files",
             details,
-            hint=f"reasons in {v1 / 'quarantine'}/*/reason.txt; safe to delete",
+            hint=f"reasons in {quarantine}/*/{layout.QUARANTINE_REASON}; safe to delete",
         )
     return Check("leftovers", OK, f"{tmp} temp files, no quarantined entries", details)
 
@@ -462,7 +462,7 @@ def run_doctor(verify: bool = False) -> DoctorReport:
     checks += _guarded("cuda-python", lambda: _check_cuda_python(gpus))
     checks += _guarded("settings", _check_settings)
     checks += _guarded("cache dir", _check_cache_dir)
-    checks += _guarded("layers", _check_layers)
+    checks += _guarded("layers", _check_read_only_tiers)
     checks += _guarded("remote", _check_remote)
     checks += _guarded("locks", _check_locks)
     if verify:  # before leftovers: it may quarantine entries

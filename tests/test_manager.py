@@ -57,7 +57,7 @@ def test_miss_compiles_once_then_hits(cache_dir, smoke_request, caplog):
 
 def test_compiles_are_deterministic(cache_dir, smoke_request, tmp_path):
     first = CompileManager().get(smoke_request(1)).cubin
-    other = CompileManager(CacheStore(root=tmp_path / "other-cache", layers=()))
+    other = CompileManager(CacheStore(root=tmp_path / "other-cache", read_only=()))
     assert other.get(smoke_request(1)).cubin == first
 
 
@@ -188,7 +188,7 @@ def test_hung_compiler_costs_one_timeout_not_one_per_process(cache_dir, run_work
     hold = (
         "import sys, time; from pathlib import Path; from mlpjit.jit.locks import KeyLock; "
         "from mlpjit.jit.store import CacheStore; "
-        "lock = KeyLock(CacheStore(Path(sys.argv[1]), layers=()).lock_path(sys.argv[2])); "
+        "lock = KeyLock(CacheStore(Path(sys.argv[1]), read_only=()).lock_path(sys.argv[2])); "
         "assert lock.try_acquire(); print('held', flush=True); time.sleep(120)"
     )
     holder = subprocess.Popen(
@@ -362,15 +362,15 @@ def test_without_a_remote_neither_the_remote_package_nor_redis_is_imported():
 
 
 def test_a_remote_layer_must_be_over_the_managers_store(tmp_path):
-    from mlpjit.jit.remote import RemoteCache, RemoteLayer
+    from mlpjit.jit.remote import RemoteCache, RemoteTier
 
-    store = CacheStore(root=tmp_path / "a", layers=())
-    layer = RemoteLayer(store, RemoteCache("redis://127.0.0.1:1/0"))
-    assert CompileManager(remote=layer).store is store
-    assert CompileManager(store, remote=layer).remote is layer
+    store = CacheStore(root=tmp_path / "a", read_only=())
+    tier = RemoteTier(store, RemoteCache("redis://127.0.0.1:1/0"))
+    assert CompileManager(remote=tier).store is store
+    assert CompileManager(store, remote=tier).remote is tier
     with pytest.raises(ValueError, match="same store"):
-        CompileManager(CacheStore(root=tmp_path / "b", layers=()), remote=layer)
-    stats = CompileManager(remote=layer).stats
+        CompileManager(CacheStore(root=tmp_path / "b", read_only=()), remote=tier)
+    stats = CompileManager(remote=tier).stats
     assert (stats.remote_hits, stats.remote_rejects, stats.uploads) == (0, 0, 0)
 
 
