@@ -215,7 +215,7 @@ def _check_settings() -> Check:
 
 def _check_cache_dir() -> Check:
     from mlpjit.errors import CacheDirError
-    from mlpjit.jit import config, layout
+    from mlpjit.jit import cache_layout, config
     from mlpjit.jit.maintenance import cache_stats
     from mlpjit.jit.store import CacheStore
     from mlpjit.jit.trust import unsafe_dir_reason
@@ -234,7 +234,7 @@ def _check_cache_dir() -> Check:
             )
         return Check("cache dir", OK, f"{root} (created 0700 on first compile)", details)
     # Every directory of the layout, under the same rule the store applies on each access.
-    v1 = layout.version_dir(root)
+    v1 = cache_layout.version_dir(root)
     dirs = [root, *sorted(p for p in v1.rglob("*") if p.is_dir())]
     if v1.is_dir():
         dirs.insert(1, v1)
@@ -268,7 +268,7 @@ def _check_cache_dir() -> Check:
 
 
 def _check_read_only_tiers() -> list[Check]:
-    from mlpjit.jit import config, layout
+    from mlpjit.jit import cache_layout, config
     from mlpjit.jit.trust import tier_problem
 
     checks = []
@@ -290,7 +290,7 @@ def _check_read_only_tiers() -> list[Check]:
                 )
             )
             continue
-        entries_dir = layout.area(tier, "entries")
+        entries_dir = cache_layout.area(tier, "entries")
         if not os.access(tier, os.R_OK | os.X_OK) or (
             entries_dir.exists() and not os.access(entries_dir, os.R_OK | os.X_OK)
         ):
@@ -364,13 +364,13 @@ def _check_remote() -> list[Check]:
 
 
 def _check_locks() -> Check:
-    from mlpjit.jit import config, layout
+    from mlpjit.jit import cache_layout, config
     from mlpjit.jit.locks import KeyLock
 
-    locks = layout.area(config.cache_dir().absolute(), "locks")
+    locks = cache_layout.area(config.cache_dir().absolute(), "locks")
     if not locks.is_dir():
         return Check("locks", OK, "no lock files yet", {"path": str(locks), "files": 0})
-    files = sorted(locks.glob(f"*{layout.LOCK_SUFFIX}"))
+    files = sorted(locks.glob(f"*{cache_layout.LOCK_SUFFIX}"))
     held = 0
     for path in files:
         lock = KeyLock(path)
@@ -396,7 +396,7 @@ def _check_locks() -> Check:
 
 
 def _check_leftovers() -> Check:
-    from mlpjit.jit import config, layout
+    from mlpjit.jit import cache_layout, config
 
     root = config.cache_dir().absolute()
 
@@ -406,8 +406,8 @@ def _check_leftovers() -> Check:
         except OSError:
             return 0
 
-    quarantine = layout.area(root, "quarantine")
-    tmp, quarantined = count(layout.area(root, "tmp")), count(quarantine)
+    quarantine = cache_layout.area(root, "quarantine")
+    tmp, quarantined = count(cache_layout.area(root, "tmp")), count(quarantine)
     details = {"temp_files": tmp, "quarantined": quarantined}
     if quarantined:
         return Check(
@@ -416,7 +416,7 @@ def _check_leftovers() -> Check:
             f"{quarantined} quarantined entries (failed verification; recompiled on use), "
             f"{tmp} temp files",
             details,
-            hint=f"reasons in {quarantine}/*/{layout.QUARANTINE_REASON}; safe to delete",
+            hint=f"reasons in {quarantine}/*/{cache_layout.QUARANTINE_REASON}; safe to delete",
         )
     return Check("leftovers", OK, f"{tmp} temp files, no quarantined entries", details)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from mlpjit.errors import CacheDirError
-from mlpjit.jit import layout, tiers
+from mlpjit.jit import tiers
 from mlpjit.jit.manager import CompileManager
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.jit.store import CacheStore

@@ -28,6 +28,7 @@ from mlpjit.jit import key as keymod
 from mlpjit.jit import manager as managermod
 from mlpjit.jit.archive import portable_manifest
 from mlpjit.jit.binary import binary_from_fields, launch_sha256
+from mlpjit.jit.cache_layout import MAX_MANIFEST_BYTES
 from mlpjit.jit.key import cache_key, canonical_json, request_key
 from mlpjit.jit.manager import CacheStats, CompileManager
 from mlpjit.jit.remote import (
@@ -46,7 +47,6 @@ from mlpjit.jit.remote import (
 from mlpjit.jit.remote import client as clientmod
 from mlpjit.jit.remote import tier as tiermod
 from mlpjit.jit.spec import KernelRequest
-from mlpjit.jit.layout import MAX_MANIFEST_BYTES
 from mlpjit.jit.store import CacheStore, Entry
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from mlpjit.errors import CacheDirError
-from mlpjit.jit import layout, tiers
+from mlpjit.jit import cache_layout, tiers
 from mlpjit.jit.binary import KernelBinary, KernelParam, launch_sha256
 from mlpjit.jit.key import FORMAT_VERSION, cache_key, key_components, spec_key
 from mlpjit.jit.locks import KeyLock
@@ -296,7 +296,7 @@ def test_manifest_on_disk_describes_its_entry(cache_dir, cluster):
 @pytest.mark.parametrize("bad", ["a" * 64 + "\n", "A" * 64, "a" * 63, "a" * 65, None])
 def test_check_key_takes_exactly_64_lowercase_hex(bad) -> None:
     """Keys become file names: a trailing newline ("$" would allow it) is refused too."""
-    assert layout.is_key("a" * 64) and layout.check_key("0" * 64) == "0" * 64
-    assert not layout.is_key(bad)
+    assert cache_layout.is_key("a" * 64) and cache_layout.check_key("0" * 64) == "0" * 64
+    assert not cache_layout.is_key(bad)
     with pytest.raises(ValueError, match="64 lowercase hex"):
-        layout.check_key(bad)
+        cache_layout.check_key(bad)

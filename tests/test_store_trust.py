@@ -21,8 +21,8 @@ from entries import OTHER_UID, as_other_user, limit_memory, made, paths, publish
 
 from mlpjit.errors import CacheDirError
 from mlpjit.jit.binary import KernelBinary
+from mlpjit.jit.cache_layout import MAX_CUBIN_BYTES
 from mlpjit.jit.key import canonical_json, spec_key
-from mlpjit.jit.layout import MAX_CUBIN_BYTES
 from mlpjit.jit.store import CacheStore
 
 CHILD_TIMEOUT = 30

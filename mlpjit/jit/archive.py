@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from mlpjit.errors import CorruptEntryError
+from mlpjit.jit.cache_layout import MAX_CUBIN_BYTES, MAX_MANIFEST_BYTES, is_key
 from mlpjit.jit.entry import Entry, compile_seconds_of, verify_manifest
 from mlpjit.jit.key import canonical_json, short_key
-from mlpjit.jit.layout import MAX_CUBIN_BYTES, MAX_MANIFEST_BYTES, is_key
 from mlpjit.jit.messages import one_line
 from mlpjit.jit.safe_fs import create_exclusive_at, lstat_at, open_dir, replace_at
 from mlpjit.jit.safe_read import loads_json, open_regular

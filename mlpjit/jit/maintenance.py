@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlpjit.jit import layout
-from mlpjit.jit.layout import MAX_ALIAS_BYTES, is_key
+from mlpjit.jit import cache_layout
+from mlpjit.jit.cache_layout import MAX_ALIAS_BYTES, is_key
 from mlpjit.jit.safe_fs import opened_dir, remove_at
 from mlpjit.jit.safe_read import read_regular
 from mlpjit.jit.scratch import pid_alive, remove_dead_scratch
@@ -124,7 +124,7 @@ def cache_stats(store: CacheStore, remote: RemoteCache | None = None) -> dict[st
         "kernels": dict(sorted(kernels.items())),
         "origins": origins,
         "quarantined": _count(store.area("quarantine"), "*"),
-        "lock_files": _count(store.area("locks"), f"*{layout.LOCK_SUFFIX}"),
+        "lock_files": _count(store.area("locks"), f"*{cache_layout.LOCK_SUFFIX}"),
         "temp_files": _count(store.area("tmp"), "*"),
     }
     if remote is not None:
@@ -274,7 +274,7 @@ def _empty_quarantine(store: CacheStore) -> int:
     """
     dropped = 0
     try:
-        with opened_dir(store.root, layout.VERSION_DIR, "quarantine") as quarantine:
+        with opened_dir(store.root, cache_layout.VERSION_DIR, "quarantine") as quarantine:
             for name in os.listdir(quarantine):
                 try:
                     dropped += remove_at(quarantine, name)
@@ -331,7 +331,7 @@ def _temp_in_use(name: str, st: os.stat_result, now: float) -> bool:
     the name carries one) alive on this host."""
     if now - st.st_mtime >= LIVE_TEMP_MAX_AGE:
         return False
-    pid = layout.temp_pid(name)
+    pid = cache_layout.temp_pid(name)
     return pid is None or pid_alive(pid)
 
 
@@ -404,7 +404,7 @@ def _alias_target(path: Path) -> str | None:
 
 
 def _has_entry(store: CacheStore, key: str) -> bool:
-    return os.path.lexists(layout.entry_paths(store.root, key)[0])
+    return os.path.lexists(cache_layout.entry_paths(store.root, key)[0])
 
 
 def _remove_alias(store: CacheStore, path: Path, key: str, st: os.stat_result) -> bool:
@@ -455,7 +455,7 @@ def _remove_stale_locks(store: CacheStore) -> dict[str, int]:
     if not store.writable.usable("locks"):
         return {"removed": 0, "kept": 0}
     for path in _listdir(store.area("locks")):
-        key = layout.key_of_lock_file(path.name)
+        key = cache_layout.key_of_lock_file(path.name)
         if key is None or _has_entry(store, key):
             continue
         lock = store.writable.lock(key)

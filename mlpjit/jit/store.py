@@ -2,7 +2,7 @@
 
 ``CacheStore`` walks its tiers in order (tiers.py: the WritableTier of MLPJIT_CACHE_DIR,
 then a ReadOnlyTier per MLPJIT_CACHE_PATH directory) and writes only to the first. The
-layout every tier has is layout.py's, the rules that decide whether a directory or file is
+layout every tier has is cache_layout.py's, the rules that decide whether a directory or file is
 trusted are trust.py's, and the check that makes bytes an entry is entry.verify_manifest.
 
 A cubin is code that will run in the caller's process (trust rules: docs/SERVER.md,
@@ -19,10 +19,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlpjit.jit import config, layout
+from mlpjit.jit import cache_layout, config
 from mlpjit.jit.binary import KernelBinary
+from mlpjit.jit.cache_layout import check_key
 from mlpjit.jit.entry import Entry
-from mlpjit.jit.layout import check_key
 from mlpjit.jit.tiers import DirectoryTier, ReadOnlyTier, WritableTier
 
 __all__ = ["CacheStore", "Entry"]
@@ -77,9 +77,9 @@ class CacheStore:
         return self.writable.quarantined
 
     def area(self, name: str) -> Path:
-        """The writable root's v1/<name> directory (one of layout.AREAS); not created or
+        """The writable root's v1/<name> directory (one of cache_layout.AREAS); not created or
         checked here."""
-        return layout.area(self.root, name)
+        return cache_layout.area(self.root, name)
 
     def lock_path(self, key: str) -> Path:
         """Path of the key's lock file in the writable root (its directory is created when

@@ -7,7 +7,7 @@ answer with a ``Lookup`` (an entry, nothing, or the reason a bad one was refused
 by a fleet (the Redis tier, remote/tier.py) also takes ``put``: a fresh compile is offered
 to it after it is published locally.
 
-The two local tiers here read the same layout (layout.py) under the same trust rules
+The two local tiers here read the same layout (cache_layout.py) under the same trust rules
 (trust.py) and differ in what they do about it:
 
 - ``WritableTier`` (MLPJIT_CACHE_DIR): an unsafe directory raises CacheDirError, a bad
@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mlpjit.errors import CacheDirError, CorruptEntryError
-from mlpjit.jit import layout, trust
+from mlpjit.jit import cache_layout, trust
 from mlpjit.jit.binary import KernelBinary, launch_fields, launch_sha256
+from mlpjit.jit.cache_layout import MAX_ALIAS_BYTES, MAX_CUBIN_BYTES, MAX_MANIFEST_BYTES, is_key
 from mlpjit.jit.entry import Entry, timestamp, verify_manifest
 from mlpjit.jit.key import FORMAT_VERSION, cache_key, canonical_json, short_key, spec_key
-from mlpjit.jit.layout import MAX_ALIAS_BYTES, MAX_CUBIN_BYTES, MAX_MANIFEST_BYTES, is_key
 from mlpjit.jit.safe_fs import create_exclusive_at, opened_dir
 from mlpjit.jit.safe_read import loads_json, read_regular
 
@@ -187,7 +187,7 @@ class DirectoryTier:
         """The verified entry for ``key`` in this tier (a bad one is refused: _refuse)."""
         if not self.dirs_ok("entries", key[:2]):
             return MISS
-        mpath, cpath = layout.entry_paths(self.path, key)
+        mpath, cpath = cache_layout.entry_paths(self.path, key)
         for _ in range(3):
             try:
                 mstat = os.lstat(mpath)
@@ -214,7 +214,7 @@ class DirectoryTier:
         """The full key this tier's alias file for ``spec`` names, or None."""
         if not self.dirs_ok("aliases"):
             return None
-        path = layout.alias_path(self.path, spec)
+        path = cache_layout.alias_path(self.path, spec)
         try:
             raw = trust.read_trusted(path, MAX_ALIAS_BYTES)
         except FileNotFoundError:
@@ -241,10 +241,12 @@ class DirectoryTier:
         named like a key's first two digits."""
         if not self._listable("entries"):
             return []
-        entries = layout.area(self.path, "entries")
+        entries = cache_layout.area(self.path, "entries")
         try:
             shards = sorted(
-                p for p in entries.iterdir() if layout.is_shard(p.name) and trust.is_real_dir(p)
+                p
+                for p in entries.iterdir()
+                if cache_layout.is_shard(p.name) and trust.is_real_dir(p)
             )
         except OSError:
             return []
@@ -317,7 +319,7 @@ class ReadOnlyTier(DirectoryTier):
         else could have put any cubin there."""
         if not self.usable():
             return False
-        dirs = [layout.version_dir(self.path)]
+        dirs = [cache_layout.version_dir(self.path)]
         for part in parts:
             dirs.append(dirs[-1] / part)
         for path in dirs:
@@ -400,7 +402,7 @@ class WritableTier(DirectoryTier):
         CacheDirError for one that breaks the trust rule."""
         if not self._check_root():
             return False
-        path = layout.version_dir(self.path)
+        path = cache_layout.version_dir(self.path)
         if not self._check_dir(path):
             return False
         for part in parts:
@@ -453,9 +455,9 @@ class WritableTier(DirectoryTier):
         the root itself is refused."""
         if not self._check_root():
             return []
-        v1 = layout.version_dir(self.path)
+        v1 = cache_layout.version_dir(self.path)
         problems: list[tuple[Path, str]] = []
-        for path in (v1, *(v1 / area for area in layout.AREAS)):
+        for path in (v1, *(v1 / area for area in cache_layout.AREAS)):
             try:
                 present = self._check_dir(path)
             except CacheDirError as err:
@@ -469,7 +471,7 @@ class WritableTier(DirectoryTier):
 
     def _shard_problems(self, entries: Path) -> list[tuple[Path, str]]:
         try:
-            names = sorted(n for n in os.listdir(entries) if layout.is_shard(n))
+            names = sorted(n for n in os.listdir(entries) if cache_layout.is_shard(n))
         except OSError:
             return []
         problems = []
@@ -484,8 +486,8 @@ class WritableTier(DirectoryTier):
 
     def lock_path(self, key: str) -> Path:
         """Path of the key's lock file (its directory is created when possible)."""
-        layout.check_key(key)
-        path = layout.lock_path(self.path, key)
+        cache_layout.check_key(key)
+        path = cache_layout.lock_path(self.path, key)
         # On failure the lock degrades to a no-op (see locks.py).
         with contextlib.suppress(OSError):
             self.make_dirs(path.parent)
@@ -530,10 +532,10 @@ class WritableTier(DirectoryTier):
 
         Created through an fd of v1/tmp (each directory opened without following a link)
         exclusively (O_EXCL | O_NOFOLLOW: never through a planted file or symlink), 0600,
-        named by layout.temp_prefix (maintenance tells a killed writer's leftovers by it).
+        named by cache_layout.temp_prefix (maintenance tells a killed writer's leftovers by it).
         """
-        with opened_dir(self.path, layout.VERSION_DIR, "tmp") as dir_fd:
-            fd, name = create_exclusive_at(dir_fd, layout.temp_prefix())
+        with opened_dir(self.path, cache_layout.VERSION_DIR, "tmp") as dir_fd:
+            fd, name = create_exclusive_at(dir_fd, cache_layout.temp_prefix())
             try:
                 _write_all(fd, data)
                 if durable:
@@ -544,7 +546,7 @@ class WritableTier(DirectoryTier):
                     os.unlink(name, dir_fd=dir_fd)
                 raise
             os.close(fd)
-        return layout.area(self.path, "tmp") / name
+        return cache_layout.area(self.path, "tmp") / name
 
     def _replace_with(self, data: bytes, dest: Path, durable: bool = True) -> None:
         tmp = self._write_temp(data, durable)
@@ -555,10 +557,10 @@ class WritableTier(DirectoryTier):
             raise
 
     def _write_entry(self, key: str, manifest: Mapping[str, Any], cubin: bytes) -> None:
-        mpath, cpath = layout.entry_paths(self.path, key)
+        mpath, cpath = cache_layout.entry_paths(self.path, key)
         self.make_dirs(mpath.parent)
-        self.make_dirs(layout.area(self.path, "tmp"))
-        self.make_dirs(layout.area(self.path, "aliases"))
+        self.make_dirs(cache_layout.area(self.path, "tmp"))
+        self.make_dirs(cache_layout.area(self.path, "aliases"))
         # Un-commit whatever was there first, so no reader pairs an old manifest with the
         # new cubin between the two renames below.
         mpath.unlink(missing_ok=True)
@@ -573,7 +575,7 @@ class WritableTier(DirectoryTier):
             raise
         _fsync_dir(mpath.parent)
         try:
-            alias = layout.alias_path(self.path, manifest["spec_key"])
+            alias = cache_layout.alias_path(self.path, manifest["spec_key"])
             # Not fsync-ed: a lost alias only costs a compiler-less hit after a power loss.
             self._replace_with(f"{key}\n".encode(), alias, durable=False)
         except OSError as err:
@@ -609,7 +611,7 @@ class WritableTier(DirectoryTier):
         returned with persisted=False, nothing partial is left, and one WARNING is logged per
         tier. An unsafe root still raises CacheDirError.
         """
-        layout.check_key(key)
+        cache_layout.check_key(key)
         components = dict(components)
         if cache_key(components) != key:
             raise ValueError("publish: key is not the cache_key of components")
@@ -646,10 +648,10 @@ class WritableTier(DirectoryTier):
         With ``expect``, only if the manifest is still that very file: a concurrent publish
         may have replaced the bad entry with a good one, which must not be moved.
         """
-        mpath, cpath = layout.entry_paths(self.path, key)
+        mpath, cpath = cache_layout.entry_paths(self.path, key)
         if expect is not None and not trust.same_file(mpath, expect):
             return False
-        qdir = layout.quarantine_dir(self.path, key)
+        qdir = cache_layout.quarantine_dir(self.path, key)
         try:
             self.make_dirs(qdir)
             os.replace(mpath, qdir / mpath.name)  # un-commit first
@@ -667,7 +669,7 @@ class WritableTier(DirectoryTier):
         with contextlib.suppress(OSError):
             os.replace(cpath, qdir / cpath.name)
         with contextlib.suppress(OSError):
-            (qdir / layout.QUARANTINE_REASON).write_text(reason + "\n")
+            (qdir / cache_layout.QUARANTINE_REASON).write_text(reason + "\n")
         with self._mutex:
             self.quarantined += 1
         log.warning(
@@ -680,7 +682,7 @@ class WritableTier(DirectoryTier):
 
     def quarantine(self, key: str, reason: str) -> None:
         """Move the entry for ``key`` (if any) to v1/quarantine/ with ``reason``."""
-        layout.check_key(key)
+        cache_layout.check_key(key)
         if self.dirs_ok("entries", key[:2]):
             self._quarantine(key, reason, expect=None)
 
@@ -691,12 +693,12 @@ class WritableTier(DirectoryTier):
         a publish (that would leave a manifest without its cubin), and removes the key's
         lock file while holding it (locks.remove_lock_file), so lock files do not pile up.
         """
-        layout.check_key(key)
+        cache_layout.check_key(key)
         if not self.dirs_ok("entries", key[:2]):
             return False
         from mlpjit.jit.locks import remove_lock_file
 
-        mpath, cpath = layout.entry_paths(self.path, key)
+        mpath, cpath = cache_layout.entry_paths(self.path, key)
         lock = self.lock(key)
         if not lock.try_acquire():
             return False
@@ -711,7 +713,7 @@ class WritableTier(DirectoryTier):
                     pass
             if spec is not None and self.alias_names(spec, key):
                 with contextlib.suppress(OSError):
-                    layout.alias_path(self.path, spec).unlink()
+                    cache_layout.alias_path(self.path, spec).unlink()
             remove_lock_file(lock)  # held, so nobody else holds it (see locks.py)
             return removed
         finally:
@@ -720,7 +722,7 @@ class WritableTier(DirectoryTier):
     def alias_names(self, spec: str, key: str) -> bool:
         """Whether the alias file of ``spec`` is a regular file naming ``key``."""
         try:
-            raw = read_regular(layout.alias_path(self.path, spec), MAX_ALIAS_BYTES)[0]
+            raw = read_regular(cache_layout.alias_path(self.path, spec), MAX_ALIAS_BYTES)[0]
         except (OSError, ValueError):
             return False
         return raw.strip() == key.encode()

@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 from mlpjit.errors import CorruptEntryError
 from mlpjit.jit import config
 from mlpjit.jit.bounds import clamped, seconds
+from mlpjit.jit.cache_layout import MAX_CUBIN_BYTES, MAX_MANIFEST_BYTES, check_key, is_key
 from mlpjit.jit.entry import compile_seconds_of, verify_manifest
 from mlpjit.jit.key import short_key
-from mlpjit.jit.layout import MAX_CUBIN_BYTES, MAX_MANIFEST_BYTES, check_key, is_key
 from mlpjit.jit.messages import error_line
 from mlpjit.jit.remote import lua
 from mlpjit.jit.remote.lock import RemoteLock

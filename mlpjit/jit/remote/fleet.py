@@ -17,7 +17,7 @@ from typing import Any
 
 from mlpjit.jit.archive import ImportReport, portable_manifest, publish_entry
 from mlpjit.jit.binary import binary_from_fields
-from mlpjit.jit.layout import is_key
+from mlpjit.jit.cache_layout import is_key
 from mlpjit.jit.remote.client import RemoteCache
 from mlpjit.jit.store import CacheStore
 

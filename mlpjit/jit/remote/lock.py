@@ -18,8 +18,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from mlpjit.jit.bounds import check_wait
+from mlpjit.jit.cache_layout import check_key
 from mlpjit.jit.key import short_key
-from mlpjit.jit.layout import check_key
 
 if TYPE_CHECKING:
     from mlpjit.jit.remote.client import RemoteCache
