@@ -8,7 +8,7 @@ means a cache can serve hits but nothing new can be compiled).
 Checks: the toolchain (torch, nvidia-cutlass-dsl*, cuda-python), the GPUs and the kernels'
 target arch, MLPJIT_* settings, the writable cache dir (the store's safety rules: a cubin is
 code, so a dir writable by group/other or owned by another user is refused), the read-only
-layers of MLPJIT_CACHE_PATH, the fleet cache when MLPJIT_REMOTE_CACHE is set (reachable,
+cache dirs of MLPJIT_CACHE_PATH, the fleet cache when MLPJIT_REMOTE_CACHE is set (reachable,
 login accepted, server version, entries, the fleet's hits and rejects), lock files (stale
 ones are harmless: flock locks die with their process), leftover temp files and quarantined
 entries, and optionally a full re-verification
@@ -262,7 +262,7 @@ def _check_cache_dir() -> Check:
             WARN,
             summary + "; not writable: new compiles are kept in memory only",
             details,
-            hint="make it writable, or list it in MLPJIT_CACHE_PATH as a read-only layer",
+            hint="make it writable, or list it in MLPJIT_CACHE_PATH as a read-only cache dir",
         )
     return Check("cache dir", OK, summary, details)
 
@@ -274,7 +274,7 @@ def _check_read_only_tiers() -> list[Check]:
     checks = []
     for tier in config.cache_path():
         tier = tier.absolute()
-        name = f"layer {tier}"  # the check's name, as users know it
+        name = f"read-only dir {tier}"
         if not tier.exists():
             checks.append(Check(name, WARN, "missing: skipped", {"path": str(tier)}))
             continue
@@ -285,8 +285,8 @@ def _check_read_only_tiers() -> list[Check]:
                     name,
                     WARN,
                     f"skipped by the store: {reason}",
-                    hint="a layer must be owned by you or root, and neither it nor a directory "
-                    "above it writable by other users (chmod go-w, or chmod +t above)",
+                    hint="a read-only cache dir must be owned by you or root, and neither it nor "
+                    "a directory above it writable by other users (chmod go-w, or chmod +t above)",
                 )
             )
             continue
@@ -301,7 +301,7 @@ def _check_read_only_tiers() -> list[Check]:
         except OSError:
             count = 0
         status = OK if count else WARN
-        summary = f"read-only layer, {count} entries" + ("" if count else " (empty?)")
+        summary = f"{count} entries" + ("" if count else " (empty?)")
         checks.append(Check(name, status, summary, {"path": str(tier), "entries": count}))
     return checks
 
@@ -462,7 +462,7 @@ def run_doctor(verify: bool = False) -> DoctorReport:
     checks += _guarded("cuda-python", lambda: _check_cuda_python(gpus))
     checks += _guarded("settings", _check_settings)
     checks += _guarded("cache dir", _check_cache_dir)
-    checks += _guarded("layers", _check_read_only_tiers)
+    checks += _guarded("read-only dirs", _check_read_only_tiers)
     checks += _guarded("remote", _check_remote)
     checks += _guarded("locks", _check_locks)
     if verify:  # before leftovers: it may quarantine entries

@@ -149,7 +149,7 @@ def test_bad_setting_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     assert check.status == "fail" and "MLPJIT_LOCK_TIMEOUT" in check.summary
 
 
-def test_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_read_only_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     good = tmp_path / "good"
     _publish(CacheStore(good, read_only=()))
     empty = tmp_path / "empty"
@@ -162,14 +162,14 @@ def test_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "MLPJIT_CACHE_PATH", os.pathsep.join(map(str, (good, empty, shared, missing)))
     )
     report = doctor.run_doctor()
-    status = {c.name: c.status for c in report.checks if c.name.startswith("layer ")}
+    status = {c.name: c.status for c in report.checks if c.name.startswith("read-only dir ")}
     assert status == {
-        f"layer {good}": "ok",
-        f"layer {empty}": "warn",
-        f"layer {shared}": "warn",
-        f"layer {missing}": "warn",
+        f"read-only dir {good}": "ok",
+        f"read-only dir {empty}": "warn",
+        f"read-only dir {shared}": "warn",
+        f"read-only dir {missing}": "warn",
     }
-    assert _check(report, f"layer {good}").details["entries"] == 1
+    assert _check(report, f"read-only dir {good}").details["entries"] == 1
 
 
 def test_quarantine_is_reported(cache_dir: Path) -> None:

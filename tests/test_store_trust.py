@@ -97,7 +97,7 @@ def test_unsafe_dir_inside_a_layer_skips_its_entries(tmp_path, cache_dir, caplog
         assert store.lookup_alias(spec_key(components)) is None
         assert key not in dict(store.iter_manifests())
     assert len(_warnings(caplog)) == 1, _warnings(caplog)  # warned once, not per lookup
-    assert "read-only cache layer" in _warnings(caplog)[0]
+    assert "read-only cache dir" in _warnings(caplog)[0]
     assert _paths(layer, key)[1].exists()  # a layer is never modified
 
 

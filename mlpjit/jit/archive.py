@@ -147,7 +147,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 def export_archive(
     store: CacheStore, path: Path, keys: Iterable[str] | None = None
 ) -> ExportReport:
-    """Write every verified entry of ``store`` (root and layers), or only ``keys``, to ``path``.
+    """Write every verified entry of ``store`` (every local tier), or only ``keys``, to ``path``.
 
     The archive is written to a temp file next to ``path`` and renamed into place, so a
     failed export leaves no half archive behind; the file gets mode 0644. Entries that fail

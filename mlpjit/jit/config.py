@@ -172,7 +172,7 @@ def cache_dir() -> Path:
 
 
 def cache_path() -> tuple[Path, ...]:
-    """Read-only cache layers from MLPJIT_CACHE_PATH (os.pathsep list, empty items ignored)."""
+    """Read-only cache dirs from MLPJIT_CACHE_PATH (os.pathsep list, empty items ignored)."""
     value = _get("MLPJIT_CACHE_PATH")
     if value is None:
         return ()

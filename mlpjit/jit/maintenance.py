@@ -100,7 +100,7 @@ def find_entry(store: CacheStore, prefix: str) -> tuple[str, dict[str, Any]]:
 
 def cache_stats(store: CacheStore, remote: RemoteCache | None = None) -> dict[str, Any]:
     """Entries and bytes (total, per kernel, per origin), quarantined entries, lock files;
-    "layers" lists the read-only tiers;
+    "layers" lists the read-only dirs (the key users know);
     with ``remote`` also "remote": the fleet cache's report (remote.remote_report: entries,
     the fleet-wide hits, rejected and uploads, reachable, error)."""
     kernels: dict[str, dict[str, int]] = {}

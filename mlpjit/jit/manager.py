@@ -570,12 +570,13 @@ def default_manager() -> CompileManager:
     Rebuilt if those variables changed since (tests, or a server that re-points its cache).
     """
     global _DEFAULT, _DEFAULT_SETTINGS
-    root, layers = config.cache_dir().absolute(), tuple(p.absolute() for p in config.cache_path())
+    root = config.cache_dir().absolute()
+    read_only = tuple(p.absolute() for p in config.cache_path())
     # Compared as configured: the store resolves symlinks once, which must not rebuild it.
-    settings = (root, layers, _remote_settings())
+    settings = (root, read_only, _remote_settings())
     with _DEFAULT_MUTEX:
         if _DEFAULT is None or settings != _DEFAULT_SETTINGS:
-            store = CacheStore(root, layers)
+            store = CacheStore(root, read_only)
             _DEFAULT = CompileManager(store, remote=remote_tier(store))
             _DEFAULT_SETTINGS = settings
         return _DEFAULT

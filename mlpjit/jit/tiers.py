@@ -304,7 +304,7 @@ class ReadOnlyTier(DirectoryTier):
         if problem and problem != "missing":
             self._warn_once(
                 "tier",
-                "mlpjit: skipping cache layer %s: %s (a layer must be owned by you or root, "
+                "mlpjit: skipping read-only cache dir %s: %s (it must be owned by you or root, "
                 "with no directory from / down to it writable by other users)",
                 self.path,
                 problem,
@@ -333,8 +333,8 @@ class ReadOnlyTier(DirectoryTier):
             if problem:
                 self._warn_once(
                     ("dir", path),
-                    "mlpjit: skipping %s in read-only cache layer %s: it is %s (fix: chmod "
-                    "go-w, or chown it to the layer's owner)",
+                    "mlpjit: skipping %s in read-only cache dir %s: it is %s (fix: chmod "
+                    "go-w, or chown it to the dir's owner)",
                     path,
                     self.path,
                     problem,
@@ -346,7 +346,7 @@ class ReadOnlyTier(DirectoryTier):
     def _refuse(self, key: str, reason: str, mstat: os.stat_result) -> None:
         self._warn_once(
             ("entry", key, reason),
-            "mlpjit: skipping bad entry %s in read-only cache layer %s: %s",
+            "mlpjit: skipping bad entry %s in read-only cache dir %s: %s",
             short_key(key),
             self.path,
             reason,
