@@ -47,10 +47,10 @@ def verify_manifest(key: str, raw: bytes, cubin: bytes) -> dict[str, Any]:
     """The manifest parsed from ``raw`` if it and ``cubin`` are a valid entry for ``key``.
 
     One check for every origin (the writable root, a read-only dir, the Redis tier, an
-    imported archive): format and key fields, components that hash to ``key`` (and spec_key derived from
-    them), the cubin's size and sha256, well-typed launch fields, and launch_sha256 over
-    them, so no manifest change can make the cubin launch differently. CorruptEntryError
-    with the reason otherwise.
+    imported archive): format and key fields, components that hash to ``key`` (and
+    spec_key derived from them), the cubin's size and sha256, well-typed launch fields, and
+    launch_sha256 over them, so no manifest change can make the cubin launch differently.
+    CorruptEntryError with the reason otherwise.
     """
     try:
         manifest = loads_json(raw)
