@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from mlpjit.errors import CacheDirError
-from mlpjit.jit import tiers
+from mlpjit.jit import writable_tier
 from mlpjit.jit.manager import CompileManager
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.jit.store import CacheStore
@@ -174,7 +174,7 @@ def test_enospc_serves_with_one_warning(cache_dir, monkeypatch, smoke_request, c
     def no_space(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(tiers, "_write_all", no_space)
+    monkeypatch.setattr(writable_tier, "_write_all", no_space)
     manager = CompileManager()
     with caplog.at_level(logging.WARNING, logger="mlpjit"):
         entries = [manager.get(smoke_request(i)) for i in range(2)]

@@ -410,3 +410,25 @@ def test_record_file_is_created_private(cache_dir, smoke_request, monkeypatch, t
     finally:
         os.umask(old)
     assert stat.S_IMODE(record.stat().st_mode) == 0o600 and record.read_text().count("\n") == 1
+
+
+def test_obtain_says_how_the_flow_ended(cache_dir, smoke_request):
+    from mlpjit.jit.manager import How
+
+    manager, req = CompileManager(), smoke_request(7)
+    lock = manager.store.writable.lock(request_key(req))
+    assert lock.try_acquire()  # as if another process were compiling the key
+    try:
+        assert manager.obtain(req, wait=0) == managermod.BUSY
+    finally:
+        lock.release()
+    compiled = manager.obtain(req, wait=0)
+    assert compiled.how is How.COMPILED and compiled.entry is not None
+    hit = CompileManager().obtain(req)
+    assert hit.how is How.HIT and hit.entry.cubin == compiled.entry.cubin
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), 1e308, "0", True])
+def test_obtain_refuses_a_bad_wait(cache_dir, smoke_request, bad):
+    with pytest.raises(ValueError, match="wait"):
+        CompileManager().obtain(smoke_request(0), wait=bad)

@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from mlpjit.errors import CacheDirError
-from mlpjit.jit import cache_layout, tiers
+from mlpjit.jit import cache_layout, writable_tier
 from mlpjit.jit.binary import KernelBinary, KernelParam, launch_sha256
 from mlpjit.jit.key import FORMAT_VERSION, cache_key, key_components, spec_key
 from mlpjit.jit.locks import KeyLock
@@ -219,7 +219,7 @@ def test_enospc_serves_in_memory_with_one_warning(cache_dir, monkeypatch, caplog
     def full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(tiers, "_write_all", full)
+    monkeypatch.setattr(writable_tier, "_write_all", full)
     store = CacheStore()
     with caplog.at_level(logging.WARNING, logger="mlpjit"):
         for i in range(3):
@@ -237,7 +237,7 @@ def test_enospc_serves_in_memory_with_one_warning(cache_dir, monkeypatch, caplog
 
 def test_manifest_failure_after_cubin_leaves_nothing(cache_dir, monkeypatch):
     calls = []
-    real = tiers._write_all
+    real = writable_tier._write_all
 
     def second_write_fails(fd, data):
         calls.append(len(data))
@@ -245,7 +245,7 @@ def test_manifest_failure_after_cubin_leaves_nothing(cache_dir, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
         real(fd, data)
 
-    monkeypatch.setattr(tiers, "_write_all", second_write_fails)
+    monkeypatch.setattr(writable_tier, "_write_all", second_write_fails)
     key, components, binary = _made()
     assert CacheStore().publish(key, components, binary, 0.1).persisted is False
     mpath, cpath = _paths(cache_dir, key)

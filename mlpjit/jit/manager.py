@@ -204,9 +204,22 @@ class CompileManager:
 
     def get(self, request: KernelRequest) -> Entry:
         """The entry for ``request``: a cache hit, or a single-flight compile and publish."""
-        outcome = self._get(self._resolve(request), wait=self._timeout())
+        outcome = self.obtain(request)
         assert outcome.entry is not None  # BUSY only when not waiting
         return outcome.entry
+
+    def obtain(self, request: KernelRequest, wait: float | None = None) -> Outcome:
+        """The compile-once flow for ``request`` and how it ended (see _get).
+
+        ``wait``: seconds to wait for another process's or node's compile of the key (None:
+        the lock timeout; 0: none at all, and the outcome is BUSY while one compiles it).
+        ValueError for a wait outside 0 to config.LOCK_TIMEOUT_RANGE's end.
+        """
+        if wait is None:
+            wait = self._timeout()
+        else:
+            wait = seconds(wait, "wait", (0.0, config.LOCK_TIMEOUT_RANGE[1]))
+        return self._get(self._resolve(request), wait)
 
     def warm(
         self, requests: Sequence[KernelRequest], progress: Progress | None = None

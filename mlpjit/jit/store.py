@@ -22,8 +22,9 @@ from typing import Any
 from mlpjit.jit import cache_layout, config
 from mlpjit.jit.binary import KernelBinary
 from mlpjit.jit.cache_layout import check_key
+from mlpjit.jit.directory_tier import DirectoryTier, ReadOnlyTier
 from mlpjit.jit.entry import Entry
-from mlpjit.jit.tiers import DirectoryTier, ReadOnlyTier, WritableTier
+from mlpjit.jit.writable_tier import WritableTier
 
 __all__ = ["CacheStore", "Entry"]
 
