@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlpjit.jit.messages import error_line
+
 __all__ = ["Check", "DoctorReport", "format_report", "main", "run_doctor"]
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -443,7 +445,7 @@ def _guarded(name: str, run: Callable[[], Check | list[Check]]) -> list[Check]:
     try:
         found = run()
     except Exception as err:  # noqa: BLE001 (the doctor must report, not crash)
-        return [Check(name, FAIL, f"check crashed: {type(err).__name__}: {err}")]
+        return [Check(name, FAIL, f"check crashed: {error_line(err)}")]
     return found if isinstance(found, list) else [found]
 
 
@@ -456,7 +458,7 @@ def run_doctor(verify: bool = False) -> DoctorReport:
     try:
         gpus = _gpus()
     except Exception as err:  # noqa: BLE001 (a broken driver is a finding)
-        checks.append(Check("gpu", FAIL, f"cannot query GPUs: {type(err).__name__}: {err}"))
+        checks.append(Check("gpu", FAIL, f"cannot query GPUs: {error_line(err)}"))
     else:
         checks += _guarded("gpu", lambda: _check_gpu(gpus))
     checks += _guarded("cuda-python", lambda: _check_cuda_python(gpus))

@@ -322,7 +322,7 @@ def test_request_json_line_round_trip() -> None:
 # ------------------------------------------------------------------ the fleet cache's wiring
 
 
-def test_default_manager_builds_the_remote_layer_from_env(monkeypatch, caplog):
+def test_default_manager_builds_the_redis_tier_from_env(monkeypatch, caplog):
     """Nothing connects until a miss, so no Redis is needed to check the wiring."""
     for name in ("MLPJIT_REMOTE_PREFIX", "MLPJIT_REMOTE_TTL", "MLPJIT_REMOTE_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
@@ -361,7 +361,7 @@ def test_without_a_remote_neither_the_remote_package_nor_redis_is_imported():
     assert out.stdout.strip() == "[]"
 
 
-def test_a_remote_layer_must_be_over_the_managers_store(tmp_path):
+def test_a_redis_tier_must_be_over_the_managers_store(tmp_path):
     from mlpjit.jit.remote import RemoteCache, RemoteTier
 
     store = CacheStore(root=tmp_path / "a", read_only=())

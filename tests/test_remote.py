@@ -1036,7 +1036,7 @@ def test_remote_report_for_doctor(redis_server, redis_auth_server, tmp_path):
 # ------------------------------------------------------------------ settings
 
 
-def test_an_unsigned_layer_warns_once_per_process_and_a_signed_one_never(
+def test_an_unsigned_tier_warns_once_per_process_and_a_signed_one_never(
     redis_server, tmp_path, monkeypatch, caplog
 ):
     monkeypatch.setattr(tiermod, "_UNSIGNED_WARNED", False)
@@ -1121,7 +1121,7 @@ def test_remote_from_env_names_a_bad_variable(monkeypatch, name, value):
 def test_a_bad_remote_url_leaves_a_serving_process_on_its_local_cache(
     monkeypatch, tmp_path, caplog, url
 ):
-    """prepare() and warm build their manager through remote_layer: the fleet is optional
+    """prepare() and warm build their manager through remote_tier: the fleet is optional
     there, so a bad URL is one warning naming the variable, and kernels still come."""
     monkeypatch.setenv("MLPJIT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("MLPJIT_REMOTE_CACHE", url)

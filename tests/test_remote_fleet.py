@@ -210,7 +210,7 @@ def test_a_process_with_an_unusable_remote_warns_once_and_compiles_locally(
     verify_node(CacheStore(tmp_path / "node0", read_only=()), set(smoke_keys().values()))
 
 
-def test_push_uploads_nothing_from_an_untrusted_layer(redis_server, tmp_path):
+def test_push_uploads_nothing_from_an_untrusted_read_only_dir(redis_server, tmp_path):
     """A read-only layer another user owns is not trusted, so push never spreads its
     entries to the fleet; our own entries still go."""
     from entries import OTHER_UID, publish

@@ -110,7 +110,7 @@ def test_keys_are_validated(bad):
         CacheStore().lookup(bad)
 
 
-def test_layers_are_searched_after_the_root_and_never_modified(tmp_path, cache_dir):
+def test_read_only_dirs_are_searched_after_the_root_and_never_modified(tmp_path, cache_dir):
     layer = tmp_path / "layer"
     key, components, binary = _made(0)
     key2, components2, binary2 = _made(1)
@@ -133,7 +133,7 @@ def test_layers_are_searched_after_the_root_and_never_modified(tmp_path, cache_d
     assert CacheStore(read_only=[layer]).lookup(key2) is None
 
 
-def test_layers_come_from_env(tmp_path, monkeypatch):
+def test_read_only_dirs_come_from_env(tmp_path, monkeypatch):
     layer = tmp_path / "layer"
     key, components, binary = _made()
     CacheStore(root=layer, read_only=()).publish(key, components, binary, 0.1)

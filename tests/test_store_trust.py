@@ -76,7 +76,9 @@ def _layer_dir(layer: Path, key: str, which: str) -> Path:
 
 @pytest.mark.parametrize("which", ["v1", "entries", "shard"])
 @pytest.mark.parametrize("how", ["group-writable", "other-writable", "other-owner", "symlink"])
-def test_unsafe_dir_inside_a_layer_skips_its_entries(tmp_path, cache_dir, caplog, which, how):
+def test_unsafe_dir_inside_a_read_only_dir_skips_its_entries(
+    tmp_path, cache_dir, caplog, which, how
+):
     layer = tmp_path / "layer"
     key, components, binary = _publish(layer)
     path = _layer_dir(layer, key, which)
@@ -102,7 +104,7 @@ def test_unsafe_dir_inside_a_layer_skips_its_entries(tmp_path, cache_dir, caplog
 
 
 @pytest.mark.parametrize("how", ["group-writable", "other-owner"])
-def test_unsafe_aliases_dir_of_a_layer_is_not_used(tmp_path, cache_dir, how):
+def test_unsafe_aliases_dir_of_a_read_only_dir_is_not_used(tmp_path, cache_dir, how):
     layer = tmp_path / "layer"
     key, components, _ = _publish(layer)
     aliases = _layer_dir(layer, key, "aliases")
@@ -115,7 +117,9 @@ def test_unsafe_aliases_dir_of_a_layer_is_not_used(tmp_path, cache_dir, how):
     assert store.lookup(key) is not None  # the entry itself is still fine
 
 
-def test_layer_owned_by_root_is_served_one_owned_by_another_user_is_not(tmp_path, cache_dir):
+def test_read_only_dir_owned_by_root_is_served_one_owned_by_another_user_is_not(
+    tmp_path, cache_dir
+):
     """A layer is trusted by the writable root's rule: owned by us or root, nobody else."""
     layer = tmp_path / "layer"
     key, components, binary = _publish(layer)
@@ -132,7 +136,9 @@ def test_layer_owned_by_root_is_served_one_owned_by_another_user_is_not(tmp_path
 @pytest.mark.parametrize(
     "mode, owner", [(0o777, 0), (0o770, 0), (0o757, 0), (0o1777, OTHER_UID)], ids=str
 )
-def test_layer_inside_a_dir_others_can_write_is_skipped(tmp_path, cache_dir, caplog, mode, owner):
+def test_read_only_dir_inside_a_dir_others_can_write_is_skipped(
+    tmp_path, cache_dir, caplog, mode, owner
+):
     """Whoever can write a directory above a layer can rename it away and put theirs there."""
     shared = tmp_path / "shared"
     layer = shared / "deep" / "layer"
@@ -145,7 +151,7 @@ def test_layer_inside_a_dir_others_can_write_is_skipped(tmp_path, cache_dir, cap
     assert len(_warnings(caplog)) == 1 and str(shared) in _warnings(caplog)[0]
 
 
-def test_layer_inside_a_sticky_dir_of_root_is_served(tmp_path, cache_dir):
+def test_read_only_dir_inside_a_sticky_dir_of_root_is_served(tmp_path, cache_dir):
     sticky = tmp_path / "sticky"
     layer = sticky / "layer"
     key, _, binary = _publish(layer)
@@ -162,7 +168,7 @@ print(publish(Path(sys.argv[1]))[0])
 """
 
 
-def test_missing_layer_filled_by_another_user_later_is_never_trusted(cache_dir):
+def test_missing_read_only_dir_filled_by_another_user_later_is_never_trusted(cache_dir):
     """A layer path that is missing when the store starts is skipped for good: another user
     who creates it later with self-consistent entries gets none of them served."""
     shared = world_dir("layer")
@@ -181,7 +187,7 @@ def test_missing_layer_filled_by_another_user_later_is_never_trusted(cache_dir):
         shutil.rmtree(shared)
 
 
-def test_missing_layer_is_not_trusted_later_even_if_ours(tmp_path, cache_dir):
+def test_missing_read_only_dir_is_not_trusted_later_even_if_ours(tmp_path, cache_dir):
     layer = tmp_path / "layer"
     store = CacheStore(read_only=[layer])
     assert store.lookup(made(0)[0]) is None
@@ -192,7 +198,7 @@ def test_missing_layer_is_not_trusted_later_even_if_ours(tmp_path, cache_dir):
 
 @pytest.mark.parametrize("name", ["cubin", "manifest"])
 @pytest.mark.parametrize("how", ["other-owner", "group-writable", "other-writable"])
-def test_untrusted_entry_file_in_a_layer_is_skipped(tmp_path, cache_dir, caplog, name, how):
+def test_untrusted_entry_file_in_a_read_only_dir_is_skipped(tmp_path, cache_dir, caplog, name, how):
     layer = tmp_path / "layer"
     key, _, _ = _publish(layer)
     mpath, cpath = _paths(layer, key)
@@ -388,7 +394,7 @@ def test_deeply_nested_manifest_is_a_corrupt_entry(cache_dir):
     assert store.lookup(key) is None and store.quarantined == 1
 
 
-def test_deeply_nested_manifest_in_a_layer_is_skipped(tmp_path, cache_dir):
+def test_deeply_nested_manifest_in_a_read_only_dir_is_skipped(tmp_path, cache_dir):
     layer = tmp_path / "layer"
     key, _, _ = _publish(layer)
     _paths(layer, key)[0].write_bytes(DEEP)
@@ -448,7 +454,7 @@ def test_non_regular_or_huge_file_in_the_root_is_quarantined(cache_dir, name, ho
 
 
 @pytest.mark.parametrize(("name", "how"), HOSTILE)
-def test_non_regular_or_huge_file_in_a_layer_is_skipped(tmp_path, cache_dir, name, how):
+def test_non_regular_or_huge_file_in_a_read_only_dir_is_skipped(tmp_path, cache_dir, name, how):
     layer = tmp_path / "layer"
     key, components, _ = _publish(layer)
     mpath, cpath = _paths(layer, key)

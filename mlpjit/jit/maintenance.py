@@ -13,6 +13,7 @@ only when no live process can still be using it: see the rules in each helper.
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 import time
@@ -21,12 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlpjit.jit import cache_layout
-from mlpjit.jit.cache_layout import MAX_ALIAS_BYTES, is_key
+from mlpjit.jit.bounds import seconds
+from mlpjit.jit.cache_layout import is_key
 from mlpjit.jit.safe_fs import opened_dir, remove_at
-from mlpjit.jit.safe_read import read_regular
 from mlpjit.jit.scratch import pid_alive, remove_dead_scratch
 from mlpjit.jit.store import CacheStore
 from mlpjit.jit.trust import same_file, tier_problem
+from mlpjit.jit.writable_tier import alias_file_key
 
 if TYPE_CHECKING:
     from mlpjit.jit.remote import RemoteCache
@@ -201,8 +203,8 @@ def prune_cache(
         raise ValueError("prune needs max_bytes and/or older_than")
     if max_bytes is not None and max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-    if older_than is not None and older_than < 0:
-        raise ValueError(f"older_than must be >= 0 seconds, got {older_than}")
+    if older_than is not None:
+        older_than = seconds(older_than, "older_than", (0.0, math.inf))
     now = time.time() if now is None else now
     entries = sorted(_root_entries(store), key=lambda e: (e[1], e[0]))  # LRU first
     total = sum(size for _, _, size in entries)
@@ -394,15 +396,6 @@ def _remove_orphan_cubins(store: CacheStore, now: float) -> dict[str, int]:
     return {"removed": removed, "kept": kept}
 
 
-def _alias_target(path: Path) -> str | None:
-    """The key an alias file names, or None if it names none (unreadable, not a key)."""
-    try:
-        key = read_regular(path, MAX_ALIAS_BYTES)[0].decode("ascii").strip()
-    except (OSError, ValueError):  # a FIFO, device or link is refused unopened
-        return None
-    return key if is_key(key) else None
-
-
 def _has_entry(store: CacheStore, key: str) -> bool:
     return os.path.lexists(cache_layout.entry_paths(store.root, key)[0])
 
@@ -433,7 +426,7 @@ def _remove_stale_aliases(store: CacheStore) -> dict[str, int]:
             continue
         if stat.S_ISDIR(st.st_mode):
             continue
-        key = _alias_target(path) if is_key(path.name) else None
+        key = alias_file_key(path) if is_key(path.name) else None
         if key is not None and _has_entry(store, key):
             continue  # a live alias
         if key is None:

@@ -32,7 +32,7 @@ from mlpjit.jit.safe_read import loads_json, read_regular
 if TYPE_CHECKING:
     from mlpjit.jit.locks import KeyLock
 
-__all__ = ["WritableTier"]
+__all__ = ["WritableTier", "alias_file_key"]
 
 log = logging.getLogger("mlpjit.jit.store")
 
@@ -419,12 +419,18 @@ class WritableTier(DirectoryTier):
             lock.release()
 
     def alias_names(self, spec: str, key: str) -> bool:
-        """Whether the alias file of ``spec`` is a regular file naming ``key``."""
-        try:
-            raw = read_regular(cache_layout.alias_path(self.path, spec), MAX_ALIAS_BYTES)[0]
-        except (OSError, ValueError):
-            return False
-        return raw.strip() == key.encode()
+        """Whether the alias file of ``spec`` names ``key``."""
+        return alias_file_key(cache_layout.alias_path(self.path, spec)) == key
+
+
+def alias_file_key(path: Path) -> str | None:
+    """The key the alias file ``path`` names, or None if it names none (not a regular
+    file, over the cap, not a key). Ownership is not checked: for removing, not serving."""
+    try:
+        key = read_regular(path, MAX_ALIAS_BYTES)[0].decode("ascii").strip()
+    except (OSError, ValueError):  # a FIFO, device or link is refused unopened
+        return None
+    return key if is_key(key) else None
 
 
 def _spec_named_by(mpath: Path) -> str | None:

@@ -74,7 +74,7 @@ MAX_COUNT = 2**63 - 1  # what INCR counts up to
 MAX_COUNTER_BYTES = 20  # the digits of MAX_COUNT, and a sign
 # An alias' value: a key (64 hex digits), then ":" and a signature of at most
 # MAX_SIGNATURE_BYTES; a longer value is refused on the server, unread.
-MAX_ALIAS_BYTES = 64 + 1 + MAX_SIGNATURE_BYTES
+MAX_REMOTE_ALIAS_BYTES = 64 + 1 + MAX_SIGNATURE_BYTES
 
 _TAKEOVER_WARNED = False  # this process logged a lock taken over (RemoteCache.set_lock)
 _TAKEOVER_MUTEX = threading.Lock()
@@ -475,7 +475,7 @@ class RemoteCache:
         remote is off, or, with a fleet secret, its signature does not verify: rejected).
         Even a signed alias may be an old one: verify what it names with ``spec_key``."""
         name = self.alias_name(spec_key)
-        cap = [MAX_ALIAS_BYTES]
+        cap = [MAX_REMOTE_ALIAS_BYTES]
         ok, value = self._run("alias", lambda: self._scripts["alias"](keys=[name], args=cap))
         if ok and isinstance(value, list) and len(value) == 2 and value[0] == b"bad":
             self._reject(spec_key, bytes(value[1]).decode("ascii", "replace"), what="alias")
