@@ -256,14 +256,12 @@ class CompileManager:
         return _KeyedRequest(request, spec, components, cache_key(components), spec_key(components))
 
     def _lookup(self, r: _KeyedRequest) -> Entry | None:
-        """The first local tier's verified entry for ``r`` (no lock taken)."""
+        """The verified entry for ``r`` from the store's local tiers (no lock taken)."""
         # use=True: a load for a launch is what counts as a use (last_used, prune's LRU order).
-        for tier in self.store.tiers:
-            # No compiler installed: any toolchain's build of this exact spec will do.
-            found = tier.get(r.key, use=True) if toolchain() else tier.get_alias(r.spec_key)
-            if found.entry is not None:
-                return found.entry
-        return None
+        if toolchain():
+            return self.store.lookup(r.key, use=True)
+        # No compiler installed: any toolchain's build of this exact spec will do.
+        return self.store.lookup_alias(r.spec_key, use=True)
 
     def _done(self, r: _KeyedRequest, entry: Entry, how: How) -> Outcome:
         """Remember ``entry`` for this process and record the request."""
