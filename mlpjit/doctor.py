@@ -8,7 +8,7 @@ means a cache can serve hits but nothing new can be compiled).
 Checks: the toolchain (torch, nvidia-cutlass-dsl*, cuda-python), the GPUs and the kernels'
 target arch, MLPJIT_* settings, the writable cache dir (the store's safety rules: a cubin is
 code, so a dir writable by group/other or owned by another user is refused), the read-only
-layers of MLPJIT_CACHE_PATH, the fleet cache when MLPJIT_REMOTE_CACHE is set (reachable,
+cache dirs of MLPJIT_CACHE_PATH, the fleet cache when MLPJIT_REMOTE_CACHE is set (reachable,
 login accepted, server version, entries, the fleet's hits and rejects), lock files (stale
 ones are harmless: flock locks die with their process), leftover temp files and quarantined
 entries, and optionally a full re-verification
@@ -20,19 +20,18 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlpjit.jit.messages import error_line
+
 __all__ = ["Check", "DoctorReport", "format_report", "main", "run_doctor"]
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 _RANK = {OK: 0, WARN: 1, FAIL: 2}
-# The store's rule (mlpjit/jit/store.py): never run code from a dir others can write to.
-_UNSAFE_BITS = stat.S_IWGRP | stat.S_IWOTH
 
 
 @dataclass
@@ -218,9 +217,10 @@ def _check_settings() -> Check:
 
 def _check_cache_dir() -> Check:
     from mlpjit.errors import CacheDirError
-    from mlpjit.jit import config
+    from mlpjit.jit import cache_layout, config
     from mlpjit.jit.maintenance import cache_stats
-    from mlpjit.jit.store import CacheStore, unsafe_dir_reason
+    from mlpjit.jit.store import CacheStore
+    from mlpjit.jit.trust import unsafe_dir_reason
 
     root = Path(os.path.realpath(config.cache_dir()))  # resolved once, as the store does
     details: dict[str, Any] = {"path": str(root)}
@@ -236,12 +236,13 @@ def _check_cache_dir() -> Check:
             )
         return Check("cache dir", OK, f"{root} (created 0700 on first compile)", details)
     # Every directory of the layout, under the same rule the store applies on each access.
-    dirs = [root, *sorted(p for p in (root / "v1").rglob("*") if p.is_dir())]
-    if (root / "v1").is_dir():
-        dirs.insert(1, root / "v1")
+    v1 = cache_layout.version_dir(root)
+    dirs = [root, *sorted(p for p in v1.rglob("*") if p.is_dir())]
+    if v1.is_dir():
+        dirs.insert(1, v1)
     bad = [reason for reason in (unsafe_dir_reason(p) for p in dirs) if reason]
     try:
-        stats = cache_stats(CacheStore(root, layers=()))
+        stats = cache_stats(CacheStore(root, read_only=()))
     except CacheDirError as err:
         bad.insert(0, str(err))
         stats = None
@@ -263,47 +264,47 @@ def _check_cache_dir() -> Check:
             WARN,
             summary + "; not writable: new compiles are kept in memory only",
             details,
-            hint="make it writable, or list it in MLPJIT_CACHE_PATH as a read-only layer",
+            hint="make it writable, or list it in MLPJIT_CACHE_PATH as a read-only cache dir",
         )
     return Check("cache dir", OK, summary, details)
 
 
-def _check_layers() -> list[Check]:
-    from mlpjit.jit import config
-    from mlpjit.jit.store import tier_problem
+def _check_read_only_tiers() -> list[Check]:
+    from mlpjit.jit import cache_layout, config
+    from mlpjit.jit.trust import tier_problem
 
     checks = []
-    for layer in config.cache_path():
-        layer = layer.absolute()
-        name = f"layer {layer}"
-        if not layer.exists():
-            checks.append(Check(name, WARN, "missing: skipped", {"path": str(layer)}))
+    for tier in config.cache_path():
+        tier = tier.absolute()
+        name = f"read-only dir {tier}"
+        if not tier.exists():
+            checks.append(Check(name, WARN, "missing: skipped", {"path": str(tier)}))
             continue
-        reason = tier_problem(Path(os.path.realpath(layer)))  # resolved, as the store does
+        reason = tier_problem(Path(os.path.realpath(tier)))  # resolved, as the store does
         if reason:
             checks.append(
                 Check(
                     name,
                     WARN,
                     f"skipped by the store: {reason}",
-                    hint="a layer must be owned by you or root, and neither it nor a directory "
-                    "above it writable by other users (chmod go-w, or chmod +t above)",
+                    hint="a read-only cache dir must be owned by you or root, and neither it nor "
+                    "a directory above it writable by other users (chmod go-w, or chmod +t above)",
                 )
             )
             continue
-        entries_dir = layer / "v1" / "entries"
-        if not os.access(layer, os.R_OK | os.X_OK) or (
+        entries_dir = cache_layout.area(tier, "entries")
+        if not os.access(tier, os.R_OK | os.X_OK) or (
             entries_dir.exists() and not os.access(entries_dir, os.R_OK | os.X_OK)
         ):
-            checks.append(Check(name, FAIL, "not readable by this user", {"path": str(layer)}))
+            checks.append(Check(name, FAIL, "not readable by this user", {"path": str(tier)}))
             continue
         try:
             count = sum(1 for _ in entries_dir.glob("*/*.json"))
         except OSError:
             count = 0
         status = OK if count else WARN
-        summary = f"read-only layer, {count} entries" + ("" if count else " (empty?)")
-        checks.append(Check(name, status, summary, {"path": str(layer), "entries": count}))
+        summary = f"{count} entries" + ("" if count else " (empty?)")
+        checks.append(Check(name, status, summary, {"path": str(tier), "entries": count}))
     return checks
 
 
@@ -365,13 +366,13 @@ def _check_remote() -> list[Check]:
 
 
 def _check_locks() -> Check:
-    from mlpjit.jit import config
+    from mlpjit.jit import cache_layout, config
     from mlpjit.jit.locks import KeyLock
 
-    locks = config.cache_dir().absolute() / "v1" / "locks"
+    locks = cache_layout.area(config.cache_dir().absolute(), "locks")
     if not locks.is_dir():
         return Check("locks", OK, "no lock files yet", {"path": str(locks), "files": 0})
-    files = sorted(locks.glob("*.lock"))
+    files = sorted(locks.glob(f"*{cache_layout.LOCK_SUFFIX}"))
     held = 0
     for path in files:
         lock = KeyLock(path)
@@ -397,9 +398,9 @@ def _check_locks() -> Check:
 
 
 def _check_leftovers() -> Check:
-    from mlpjit.jit import config
+    from mlpjit.jit import cache_layout, config
 
-    v1 = config.cache_dir().absolute() / "v1"
+    root = config.cache_dir().absolute()
 
     def count(path: Path) -> int:
         try:
@@ -407,7 +408,8 @@ def _check_leftovers() -> Check:
         except OSError:
             return 0
 
-    tmp, quarantined = count(v1 / "tmp"), count(v1 / "quarantine")
+    quarantine = cache_layout.area(root, "quarantine")
+    tmp, quarantined = count(cache_layout.area(root, "tmp")), count(quarantine)
     details = {"temp_files": tmp, "quarantined": quarantined}
     if quarantined:
         return Check(
@@ -416,7 +418,7 @@ def _check_leftovers() -> Check:
             f"{quarantined} quarantined entries (failed verification; recompiled on use), "
             f"{tmp} temp files",
             details,
-            hint=f"reasons in {v1 / 'quarantine'}/*/reason.txt; safe to delete",
+            hint=f"reasons in {quarantine}/*/{cache_layout.QUARANTINE_REASON}; safe to delete",
         )
     return Check("leftovers", OK, f"{tmp} temp files, no quarantined entries", details)
 
@@ -443,7 +445,7 @@ def _guarded(name: str, run: Callable[[], Check | list[Check]]) -> list[Check]:
     try:
         found = run()
     except Exception as err:  # noqa: BLE001 (the doctor must report, not crash)
-        return [Check(name, FAIL, f"check crashed: {type(err).__name__}: {err}")]
+        return [Check(name, FAIL, f"check crashed: {error_line(err)}")]
     return found if isinstance(found, list) else [found]
 
 
@@ -456,13 +458,13 @@ def run_doctor(verify: bool = False) -> DoctorReport:
     try:
         gpus = _gpus()
     except Exception as err:  # noqa: BLE001 (a broken driver is a finding)
-        checks.append(Check("gpu", FAIL, f"cannot query GPUs: {type(err).__name__}: {err}"))
+        checks.append(Check("gpu", FAIL, f"cannot query GPUs: {error_line(err)}"))
     else:
         checks += _guarded("gpu", lambda: _check_gpu(gpus))
     checks += _guarded("cuda-python", lambda: _check_cuda_python(gpus))
     checks += _guarded("settings", _check_settings)
     checks += _guarded("cache dir", _check_cache_dir)
-    checks += _guarded("layers", _check_layers)
+    checks += _guarded("read-only dirs", _check_read_only_tiers)
     checks += _guarded("remote", _check_remote)
     checks += _guarded("locks", _check_locks)
     if verify:  # before leftovers: it may quarantine entries

@@ -44,7 +44,7 @@ def made(i: int = 0) -> tuple[str, dict, KernelBinary]:
 def publish(root: Path, i: int = 0) -> tuple[str, dict, KernelBinary]:
     """Publish hand-made entry ``i`` into the cache at ``root``."""
     entry = made(i)
-    assert CacheStore(root=root, layers=()).publish(*entry, 0.1).persisted
+    assert CacheStore(root=root, read_only=()).publish(*entry, 0.1).persisted
     return entry
 
 

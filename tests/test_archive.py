@@ -28,7 +28,7 @@ from mlpjit.jit.store import CacheStore
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> CacheStore:
     """A store holding two real smoke-kernel entries."""
-    store = CacheStore(tmp_path_factory.mktemp("src") / "cache", layers=())
+    store = CacheStore(tmp_path_factory.mktemp("src") / "cache", read_only=())
     manager = CompileManager(store)
     for n in (256, 512):
         manager.get(KernelRequest("smoke", {"n": n, "scale": 3.0, "block": 64}, "sm_90a"))
@@ -61,7 +61,7 @@ def regular(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
 
 
 def target_store(tmp_path: Path) -> CacheStore:
-    return CacheStore(tmp_path / "target", layers=())
+    return CacheStore(tmp_path / "target", read_only=())
 
 
 def keys_in(store: CacheStore) -> list[str]:
@@ -219,7 +219,7 @@ def test_not_a_tar_is_a_value_error(tmp_path: Path) -> None:
 def test_export_skips_a_corrupt_entry(source: CacheStore, tmp_path: Path) -> None:
     import shutil
 
-    copy = CacheStore(tmp_path / "copy", layers=())
+    copy = CacheStore(tmp_path / "copy", read_only=())
     shutil.copytree(source.root, copy.root)
     key = keys_in(copy)[0]
     cubin = copy.root / "v1" / "entries" / key[:2] / f"{key}.cubin"
@@ -426,7 +426,7 @@ def _import_in_child(path: Path, target: Path) -> subprocess.CompletedProcess:
         "from mlpjit.jit.archive import import_archive\n"
         "from mlpjit.jit.store import CacheStore\n"
         "try:\n"
-        "    import_archive(CacheStore(sys.argv[2], layers=()), sys.argv[1])\n"
+        "    import_archive(CacheStore(sys.argv[2], read_only=()), sys.argv[1])\n"
         "except ValueError as err:\n"
         "    print(err)\n"
     )

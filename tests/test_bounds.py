@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlpjit.jit.bounds import bounded, clamped
+from mlpjit.jit.bounds import bounded, check_wait, clamped, seconds
 
 
 @pytest.mark.parametrize(
@@ -42,3 +42,21 @@ def test_bounded_never_crashes_otherwise(value):
 def test_bounded_shows_integer_ranges_in_full_and_huge_values_briefly():
     with pytest.raises(ValueError, match=r"in \[1, 1048576\] \(got an integer of 16610 bits\)$"):
         bounded(10**5000, "n", 1, 1 << 20, integer=True)
+
+
+def test_seconds_reads_numbers_and_only_text_when_told():
+    assert seconds(2, "wait", (0.01, 10.0)) == 2.0
+    assert seconds("2.5", "MLPJIT_X", (0.01, 10.0), text=True) == 2.5
+    for bad in ("2.5", True, None):
+        with pytest.raises(ValueError, match="wait must be a number of seconds"):
+            seconds(bad, "wait", (0.01, 10.0))
+    for bad in (0, 11, float("nan"), 1e308):
+        with pytest.raises(ValueError, match=r"wait must be a number in \[0.01, 10\]"):
+            seconds(bad, "wait", (0.01, 10.0))
+
+
+def test_a_lock_waits_a_positive_time():
+    assert check_wait(0.5) == 0.5
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="timeout must be > 0 seconds"):
+            check_wait(bad)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from mlpjit.errors import CacheDirError
-from mlpjit.jit import store as storemod
+from mlpjit.jit import writable_tier
 from mlpjit.jit.manager import CompileManager
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.jit.store import CacheStore
@@ -41,7 +41,7 @@ def _assert_consistent(root: Path) -> int:
     manifests = {p.stem for p in entries.rglob("*.json")}
     cubins = {p.stem for p in entries.rglob("*.cubin")}
     assert cubins <= manifests, f"cubins without a manifest: {cubins - manifests}"
-    store = CacheStore(root=root, layers=())
+    store = CacheStore(root=root, read_only=())
     for key in manifests:
         assert store.lookup(key) is not None, key
     assert store.quarantined == 0
@@ -174,7 +174,7 @@ def test_enospc_serves_with_one_warning(cache_dir, monkeypatch, smoke_request, c
     def no_space(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(storemod, "_write_all", no_space)
+    monkeypatch.setattr(writable_tier, "_write_all", no_space)
     manager = CompileManager()
     with caplog.at_level(logging.WARNING, logger="mlpjit"):
         entries = [manager.get(smoke_request(i)) for i in range(2)]
@@ -187,7 +187,7 @@ def test_enospc_serves_with_one_warning(cache_dir, monkeypatch, smoke_request, c
 
 def test_removals_while_workers_warm(cache_dir, run_worker):
     procs = [run_worker(_spec(count=16, mode="warm", rounds=2)) for _ in range(3)]
-    store = CacheStore(root=cache_dir, layers=())
+    store = CacheStore(root=cache_dir, read_only=())
     removed = 0
     while any(p.poll() is None for p in procs):
         for key, _ in list(store.iter_manifests()):

@@ -57,7 +57,7 @@ def test_fresh_machine_is_ok_apart_from_the_gpu(cache_dir: Path) -> None:
 
 
 def test_populated_cache_counts_entries_and_locks(cache_dir: Path) -> None:
-    store = CacheStore(cache_dir, layers=())
+    store = CacheStore(cache_dir, read_only=())
     keys = [_publish(store, i) for i in range(3)]
     held = KeyLock(store.lock_path(keys[0]))
     assert held.try_acquire()
@@ -77,7 +77,7 @@ def test_populated_cache_counts_entries_and_locks(cache_dir: Path) -> None:
 
 
 def test_group_writable_cache_dir_fails(cache_dir: Path) -> None:
-    _publish(CacheStore(cache_dir, layers=()))
+    _publish(CacheStore(cache_dir, read_only=()))
     os.chmod(cache_dir, 0o770)
     report = doctor.run_doctor()
     check = _check(report, "cache dir")
@@ -89,7 +89,7 @@ def test_group_writable_cache_dir_fails(cache_dir: Path) -> None:
 
 
 def test_group_writable_subdir_fails(cache_dir: Path) -> None:
-    key = _publish(CacheStore(cache_dir, layers=()))
+    key = _publish(CacheStore(cache_dir, read_only=()))
     os.chmod(cache_dir / "v1" / "entries" / key[:2], 0o777)
     check = _check(doctor.run_doctor(), "cache dir")
     assert check.status == "fail"
@@ -149,9 +149,9 @@ def test_bad_setting_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     assert check.status == "fail" and "MLPJIT_LOCK_TIMEOUT" in check.summary
 
 
-def test_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_read_only_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     good = tmp_path / "good"
-    _publish(CacheStore(good, layers=()))
+    _publish(CacheStore(good, read_only=()))
     empty = tmp_path / "empty"
     empty.mkdir(mode=0o755)
     shared = tmp_path / "shared"
@@ -162,18 +162,18 @@ def test_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "MLPJIT_CACHE_PATH", os.pathsep.join(map(str, (good, empty, shared, missing)))
     )
     report = doctor.run_doctor()
-    status = {c.name: c.status for c in report.checks if c.name.startswith("layer ")}
+    status = {c.name: c.status for c in report.checks if c.name.startswith("read-only dir ")}
     assert status == {
-        f"layer {good}": "ok",
-        f"layer {empty}": "warn",
-        f"layer {shared}": "warn",
-        f"layer {missing}": "warn",
+        f"read-only dir {good}": "ok",
+        f"read-only dir {empty}": "warn",
+        f"read-only dir {shared}": "warn",
+        f"read-only dir {missing}": "warn",
     }
-    assert _check(report, f"layer {good}").details["entries"] == 1
+    assert _check(report, f"read-only dir {good}").details["entries"] == 1
 
 
 def test_quarantine_is_reported(cache_dir: Path) -> None:
-    store = CacheStore(cache_dir, layers=())
+    store = CacheStore(cache_dir, read_only=())
     key = _publish(store)
     (cache_dir / "v1" / "entries" / key[:2] / f"{key}.cubin").write_bytes(b"tampered")
     report = doctor.run_doctor(verify=True)
@@ -239,7 +239,7 @@ def test_remote_check_reports_the_server_entries_and_fleet_counters(
     from mlpjit.jit.archive import portable_manifest
     from mlpjit.jit.remote import RemoteCache
 
-    store = CacheStore(tmp_path / "node", layers=())
+    store = CacheStore(tmp_path / "node", read_only=())
     key_file = write_key_file(tmp_path / "fleet.key")
     remote = RemoteCache(redis_auth_server.url(), secret=key_file.read_bytes())
     for i in range(2):

@@ -3,6 +3,7 @@ without a compiler, and `import mlpjit` stays cheap."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -52,3 +53,47 @@ def test_import_mlpjit_is_cheap():
     heavy = [m for m in loaded if m.split(".")[0] in ("cutlass", "cuda", "torch", "filelock")]
     assert heavy == []
     assert [m for m in loaded if m.startswith("mlpjit.")] == []
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _ours(module: str | None) -> bool:
+    return (module or "").split(".")[0] == "mlpjit"
+
+
+def _foreign_names(tree: ast.AST) -> set[str]:
+    """Names a module binds to other packages' modules and objects (torch, filelock, ...)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bound = [(a.name, (a.asname or a.name).split(".")[0]) for a in node.names]
+            names |= {name for module, name in bound if not _ours(module)}
+        elif isinstance(node, ast.ImportFrom) and not (node.level or _ours(node.module)):
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def test_no_jit_module_uses_another_modules_private_names():
+    """Inside mlpjit/jit a module reaches another one only through its public names: no
+    ``from m import _name``, and no ``obj._name`` on anything but ``self``, ``cls`` or
+    another package's module (torch._C is torch's business)."""
+    jit = REPO / "mlpjit" / "jit"
+    found = []
+    for path in sorted(jit.rglob("*.py")):
+        where = path.relative_to(REPO)
+        tree = ast.parse(path.read_text(), str(path))
+        allowed = {"self", "cls"} | _foreign_names(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.level or _ours(node.module)):
+                found += [
+                    f"{where}:{node.lineno} imports {a.name}"
+                    for a in node.names
+                    if _private(a.name)
+                ]
+            elif isinstance(node, ast.Attribute) and _private(node.attr):
+                owner = node.value.id if isinstance(node.value, ast.Name) else None
+                if owner not in allowed:
+                    found.append(f"{where}:{node.lineno} uses .{node.attr}")
+    assert found == []

@@ -34,10 +34,10 @@ PUBLISHER = """
 import sys, time
 from pathlib import Path
 from mlpjit.jit.store import CacheStore
-store = CacheStore(Path(sys.argv[1]), layers=())
-store._make_dirs(store.root / "v1" / "tmp")
+store = CacheStore(Path(sys.argv[1]), read_only=())
+store.writable.make_dirs(store.root / "v1" / "tmp")
 for _ in range(int(sys.argv[2])):
-    print(store._write_temp(b"half a publish"), flush=True)
+    print(store.writable._write_temp(b"half a publish"), flush=True)
 time.sleep(120)
 """
 
@@ -46,7 +46,7 @@ import sys, time
 from pathlib import Path
 from mlpjit.jit.locks import KeyLock
 from mlpjit.jit.store import CacheStore
-lock = KeyLock(CacheStore(Path(sys.argv[1]), layers=()).lock_path(sys.argv[2]))
+lock = KeyLock(CacheStore(Path(sys.argv[1]), read_only=()).lock_path(sys.argv[2]))
 assert lock.try_acquire()
 print("held", flush=True)
 time.sleep(120)
@@ -159,7 +159,7 @@ def test_orphan_cubins_and_stale_aliases_go_unless_in_use(cache_dir, tmpdir_, sm
         _entry(cache_dir, entry.key, "json").unlink()
     for entry in (old, locked):
         _age(_entry(cache_dir, entry.key, "cubin"), HOUR)
-    CacheStore(cache_dir, layers=()).quarantine(quarantined.key, "test")  # keeps the alias
+    CacheStore(cache_dir, read_only=()).quarantine(quarantined.key, "test")  # keeps the alias
     garbage = cache_dir / "v1" / "aliases" / ("f" * 64)
     garbage.write_text("not a key\n")
     holder = _start(HOLD_KEY_LOCK, str(cache_dir), locked.key)
@@ -178,7 +178,7 @@ def test_orphan_cubins_and_stale_aliases_go_unless_in_use(cache_dir, tmpdir_, sm
     assert report["leftovers"]["stale_aliases"] == {"removed": 4, "kept": 1}
     aliases = {p.name for p in (cache_dir / "v1" / "aliases").iterdir()}
     assert aliases == {_alias(cache_dir, e).name for e in (locked, intact)}
-    store = CacheStore(cache_dir, layers=())
+    store = CacheStore(cache_dir, read_only=())
     assert store.lookup_alias(intact.manifest["spec_key"]).cubin == intact.cubin
     assert store.lookup(intact.key).cubin == intact.cubin
 

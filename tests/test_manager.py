@@ -57,7 +57,7 @@ def test_miss_compiles_once_then_hits(cache_dir, smoke_request, caplog):
 
 def test_compiles_are_deterministic(cache_dir, smoke_request, tmp_path):
     first = CompileManager().get(smoke_request(1)).cubin
-    other = CompileManager(CacheStore(root=tmp_path / "other-cache", layers=()))
+    other = CompileManager(CacheStore(root=tmp_path / "other-cache", read_only=()))
     assert other.get(smoke_request(1)).cubin == first
 
 
@@ -188,7 +188,7 @@ def test_hung_compiler_costs_one_timeout_not_one_per_process(cache_dir, run_work
     hold = (
         "import sys, time; from pathlib import Path; from mlpjit.jit.locks import KeyLock; "
         "from mlpjit.jit.store import CacheStore; "
-        "lock = KeyLock(CacheStore(Path(sys.argv[1]), layers=()).lock_path(sys.argv[2])); "
+        "lock = KeyLock(CacheStore(Path(sys.argv[1]), read_only=()).lock_path(sys.argv[2])); "
         "assert lock.try_acquire(); print('held', flush=True); time.sleep(120)"
     )
     holder = subprocess.Popen(
@@ -322,7 +322,7 @@ def test_request_json_line_round_trip() -> None:
 # ------------------------------------------------------------------ the fleet cache's wiring
 
 
-def test_default_manager_builds_the_remote_layer_from_env(monkeypatch, caplog):
+def test_default_manager_builds_the_redis_tier_from_env(monkeypatch, caplog):
     """Nothing connects until a miss, so no Redis is needed to check the wiring."""
     for name in ("MLPJIT_REMOTE_PREFIX", "MLPJIT_REMOTE_TTL", "MLPJIT_REMOTE_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
@@ -361,16 +361,16 @@ def test_without_a_remote_neither_the_remote_package_nor_redis_is_imported():
     assert out.stdout.strip() == "[]"
 
 
-def test_a_remote_layer_must_be_over_the_managers_store(tmp_path):
-    from mlpjit.jit.remote import RemoteCache, RemoteLayer
+def test_a_redis_tier_must_be_over_the_managers_store(tmp_path):
+    from mlpjit.jit.remote import RemoteCache, RemoteTier
 
-    store = CacheStore(root=tmp_path / "a", layers=())
-    layer = RemoteLayer(store, RemoteCache("redis://127.0.0.1:1/0"))
-    assert CompileManager(remote=layer).store is store
-    assert CompileManager(store, remote=layer).remote is layer
+    store = CacheStore(root=tmp_path / "a", read_only=())
+    tier = RemoteTier(store, RemoteCache("redis://127.0.0.1:1/0"))
+    assert CompileManager(remote=tier).store is store
+    assert CompileManager(store, remote=tier).remote is tier
     with pytest.raises(ValueError, match="same store"):
-        CompileManager(CacheStore(root=tmp_path / "b", layers=()), remote=layer)
-    stats = CompileManager(remote=layer).stats
+        CompileManager(CacheStore(root=tmp_path / "b", read_only=()), remote=tier)
+    stats = CompileManager(remote=tier).stats
     assert (stats.remote_hits, stats.remote_rejects, stats.uploads) == (0, 0, 0)
 
 
@@ -410,3 +410,25 @@ def test_record_file_is_created_private(cache_dir, smoke_request, monkeypatch, t
     finally:
         os.umask(old)
     assert stat.S_IMODE(record.stat().st_mode) == 0o600 and record.read_text().count("\n") == 1
+
+
+def test_obtain_says_how_the_flow_ended(cache_dir, smoke_request):
+    from mlpjit.jit.manager import How
+
+    manager, req = CompileManager(), smoke_request(7)
+    lock = manager.store.writable.lock(request_key(req))
+    assert lock.try_acquire()  # as if another process were compiling the key
+    try:
+        assert manager.obtain(req, wait=0) == managermod.BUSY
+    finally:
+        lock.release()
+    compiled = manager.obtain(req, wait=0)
+    assert compiled.how is How.COMPILED and compiled.entry is not None
+    hit = CompileManager().obtain(req)
+    assert hit.how is How.HIT and hit.entry.cubin == compiled.entry.cubin
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), 1e308, "0", True])
+def test_obtain_refuses_a_bad_wait(cache_dir, smoke_request, bad):
+    with pytest.raises(ValueError, match="wait"):
+        CompileManager().obtain(smoke_request(0), wait=bad)

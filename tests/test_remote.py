@@ -2,7 +2,7 @@
 
 Every test starts Debian's redis-server (tests/redis_server.py: 127.0.0.1, a random free
 port, a temp dir) and kills it at teardown; nothing is mocked and nothing on the wire is
-hand-made. Entries are hand-made (no compile) where only the layer is under test; where the
+hand-made. Entries are hand-made (no compile) where only the tier is under test; where the
 compile manager recompiles, the kernels are real smoke kernels (mlpjit.testing.smoke). Fleets
 of processes are in test_remote_fleet.py.
 """
@@ -28,6 +28,7 @@ from mlpjit.jit import key as keymod
 from mlpjit.jit import manager as managermod
 from mlpjit.jit.archive import portable_manifest
 from mlpjit.jit.binary import binary_from_fields, launch_sha256
+from mlpjit.jit.cache_layout import MAX_MANIFEST_BYTES
 from mlpjit.jit.key import cache_key, canonical_json, request_key
 from mlpjit.jit.manager import CacheStats, CompileManager
 from mlpjit.jit.remote import (
@@ -35,7 +36,7 @@ from mlpjit.jit.remote import (
     FleetSigner,
     Flight,
     RemoteCache,
-    RemoteLayer,
+    RemoteTier,
     check_prefixes,
     pull,
     push,
@@ -44,9 +45,9 @@ from mlpjit.jit.remote import (
     remote_report,
 )
 from mlpjit.jit.remote import client as clientmod
-from mlpjit.jit.remote import layer as layermod
+from mlpjit.jit.remote import tier as tiermod
 from mlpjit.jit.spec import KernelRequest
-from mlpjit.jit.store import MAX_MANIFEST_BYTES, CacheStore, Entry
+from mlpjit.jit.store import CacheStore, Entry
 
 REPO = Path(__file__).resolve().parent.parent
 CHILD_TIMEOUT = 120
@@ -60,12 +61,12 @@ FORGED = b"\x7fELF any code at all"
 @pytest.fixture(autouse=True)
 def no_remote_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """The remote is what each test builds, never one the caller's shell configured. The
-    once-per-process "not authenticated" warning counts as given (most layers here are
+    once-per-process "not authenticated" warning counts as given (most tiers here are
     unsigned): the tests that count warnings see only their own."""
     for name in (*REMOTE_VARS, "MLPJIT_REMOTE_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(layermod, "_UNSIGNED_WARNED", True)
-    monkeypatch.setattr(layermod, "_WAIT_BUDGET", layermod.WaitBudget())
+    monkeypatch.setattr(tiermod, "_UNSIGNED_WARNED", True)
+    monkeypatch.setattr(tiermod, "_WAIT_BUDGET", tiermod.WaitBudget())
     monkeypatch.setattr(clientmod, "_TAKEOVER_WARNED", False)
 
 
@@ -101,7 +102,7 @@ def smoke(i: int = 0, arch: str = "sm_90a") -> KernelRequest:
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Entry]:
     """Smoke kernel 0 compiled once per module for sm_90a and for sm_100a (real compiles)."""
-    store = CacheStore(root=tmp_path_factory.mktemp("compiled") / "cache", layers=())
+    store = CacheStore(root=tmp_path_factory.mktemp("compiled") / "cache", read_only=())
     manager = CompileManager(store)
     return {arch: manager.get(smoke(0, arch)) for arch in ("sm_90a", "sm_100a")}
 
@@ -117,7 +118,7 @@ def child_env() -> dict[str, str]:
 
 def node(tmp_path: Path, name: str) -> CacheStore:
     """The local cache of one simulated node."""
-    return CacheStore(root=tmp_path / name, layers=())
+    return CacheStore(root=tmp_path / name, read_only=())
 
 
 def publish(store: CacheStore, i: int, arch: str = "sm_90a") -> Entry:
@@ -130,7 +131,7 @@ def publish(store: CacheStore, i: int, arch: str = "sm_90a") -> Entry:
 
 def fleet_manager(store: CacheStore, url: str, **remote_args: object) -> CompileManager:
     """The compile manager of one node with the fleet cache at ``url``."""
-    return CompileManager(store, remote=RemoteLayer(store, RemoteCache(url, **remote_args)))
+    return CompileManager(store, remote=RemoteTier(store, RemoteCache(url, **remote_args)))
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -168,8 +169,8 @@ def test_upload_then_fetch_publishes_a_verified_entry(redis_server, tmp_path):
     a, b = node(tmp_path, "a"), node(tmp_path, "b")
     remote = RemoteCache(redis_server.url())
     entry = publish(a, 0)
-    assert RemoteLayer(a, remote).after_compile(entry)
-    got = RemoteLayer(b, RemoteCache(redis_server.url())).lookup(entry.key)
+    assert RemoteTier(a, remote).put(entry)
+    got = RemoteTier(b, RemoteCache(redis_server.url())).get(entry.key).entry
     assert got is not None and got.persisted and got.origin == b.root
     assert got.binary() == entry.binary()
     local = b.lookup(entry.key)  # now a local hit on node b, verified from disk
@@ -187,7 +188,7 @@ def test_fetch_of_an_absent_key_is_a_miss(redis_server, tmp_path):
     remote = RemoteCache(redis_server.url())
     key = cache_key(components(0))
     assert remote.fetch(key) is None and remote.fetch_verified(key) is None
-    assert RemoteLayer(node(tmp_path, "b"), remote).lookup(key) is None
+    assert RemoteTier(node(tmp_path, "b"), remote).get(key).entry is None
     stats = remote.stats
     assert (stats.misses, stats.hits, stats.rejected, stats.errors) == (3, 0, 0, 0)
 
@@ -271,9 +272,9 @@ def test_poisoned_remote_entry_is_rejected_then_recompiled_and_replaced(
         raw.set(name, bad)
     else:
         raw.hset(name, mapping=bad)
-    layer_b = RemoteLayer(b, remote_b)
+    tier_b = RemoteTier(b, remote_b)
     with caplog.at_level(logging.WARNING):
-        assert layer_b.lookup(good.key) is None
+        assert tier_b.get(good.key).entry is None
     word, discarded = POISONS[how]
     assert remote_b.stats.rejected == 1 and remote_b.stats.hits == 0
     rejections = [w for w in warnings_of(caplog) if "rejected remote cache entry" in w]
@@ -288,7 +289,7 @@ def test_poisoned_remote_entry_is_rejected_then_recompiled_and_replaced(
     assert (stats.compiles, stats.remote_hits, stats.uploads) == (1, 0, 1)
     assert stats.remote_rejects == (0 if discarded else 1)  # what was left is refused again
     fresh = RemoteCache(redis_server.url()).fetch_verified(good.key)
-    assert fresh is not None and fresh[1] == entry.cubin
+    assert fresh is not None and fresh.cubin == entry.cubin
     assert int(raw.get(f"{DEFAULT_PREFIX}stats:rejected")) == (1 if discarded else 2)
     # The next node gets the replacement: a remote hit, no compile.
     other_node = fleet_manager(node(tmp_path, "c"), redis_server.url())
@@ -306,7 +307,7 @@ def test_an_unsigned_fleet_accepts_a_forgery(redis_server, tmp_path):
     redis_server.client().hset(
         remote.entry_name(entry.key), mapping={"manifest": forge(entry, FORGED), "cubin": FORGED}
     )
-    got = RemoteLayer(node(tmp_path, "b"), remote).lookup(entry.key)
+    got = RemoteTier(node(tmp_path, "b"), remote).get(entry.key).entry
     assert got is not None and got.cubin == FORGED and remote.stats.rejected == 0
 
 
@@ -363,10 +364,10 @@ def test_a_node_with_another_key_rejects_the_other_fleets_entries(redis_server, 
     entry = publish(node(tmp_path, "a"), 0)
     assert fleet_a.upload(entry.key, portable_manifest(entry), entry.cubin)
     # A node without a key file (one not given it yet, in a roll-out) still takes it.
-    assert RemoteLayer(node(tmp_path, "u"), RemoteCache(url)).lookup(entry.key) is not None
+    assert RemoteTier(node(tmp_path, "u"), RemoteCache(url)).get(entry.key).entry is not None
     b = node(tmp_path, "b")
     with caplog.at_level(logging.WARNING):
-        assert RemoteLayer(b, fleet_b).lookup(entry.key) is None
+        assert RemoteTier(b, fleet_b).get(entry.key).entry is None
     assert fleet_b.stats.rejected == 1 and fleet_b.stats.hits == 0 and local_files(b) == []
     (rejected,) = rejections(caplog)
     assert "does not verify" in rejected
@@ -405,7 +406,7 @@ def test_unchecked_manifest_fields_cannot_crash_a_pull_or_lookup(redis_server, t
     redis_server.client().hset(
         remote.entry_name(entry.key), mapping={"manifest": hostile, "cubin": entry.cubin}
     )
-    got = RemoteLayer(node(tmp_path, "b"), remote).lookup(entry.key)
+    got = RemoteTier(node(tmp_path, "b"), remote).get(entry.key).entry
     assert got is not None and got.manifest["compile_seconds"] == 0.0
     assert pull(node(tmp_path, "c"), remote)["pulled"] == [entry.key]
     assert remote.stats.rejected == 0
@@ -447,7 +448,7 @@ def test_a_node_without_the_compiler_gets_remote_hits_through_the_alias(
 ):
     built, key = compiled["sm_90a"], secret() if signed else None
     uploader = RemoteCache(redis_server.url(), secret=key)
-    assert RemoteLayer(node(tmp_path, "a"), uploader).after_compile(built)
+    assert RemoteTier(node(tmp_path, "a"), uploader).put(built)
     _no_toolchain(monkeypatch)
     b = node(tmp_path, "b")
     manager = fleet_manager(b, redis_server.url(), secret=key)
@@ -467,22 +468,22 @@ def test_an_alias_naming_another_kernels_entry_is_rejected(redis_server, tmp_pat
         assert remote.upload(entry.key, portable_manifest(entry), entry.cubin)
     raw, spec = redis_server.client(), wanted.manifest["spec_key"]
     raw.set(remote.alias_name(spec), other.key)  # a valid entry, of another kernel
-    layer = RemoteLayer(node(tmp_path, "b"), RemoteCache(redis_server.url()))
+    tier = RemoteTier(node(tmp_path, "b"), RemoteCache(redis_server.url()))
     with caplog.at_level(logging.WARNING):
-        assert layer.lookup_alias(spec) is None
-    assert layer.remote.stats.rejected == 1 and layer.remote.stats.hits == 0
+        assert tier.get_alias(spec).entry is None
+    assert tier.remote.stats.rejected == 1 and tier.remote.stats.hits == 0
     assert any("not a build of spec" in w for w in warnings_of(caplog))
-    assert layer.store.lookup(other.key) is None  # nothing published
+    assert tier.store.lookup(other.key) is None  # nothing published
     assert remote.fetch_verified(other.key) is not None  # the entry itself is fine: kept
     for junk in (b"not a key", b"", None):
         raw.delete(remote.alias_name(spec))
         if junk is not None:
             raw.set(remote.alias_name(spec), junk)
-        assert layer.lookup_alias(spec) is None
+        assert tier.get_alias(spec).entry is None
     raw.delete(remote.alias_name(spec))
     raw.hset(remote.alias_name(spec), "k", "v")  # another type: a miss, not a failure
-    assert layer.lookup_alias(spec) is None and layer.remote.available
-    assert layer.remote.stats.errors == 0
+    assert tier.get_alias(spec).entry is None and tier.remote.available
+    assert tier.remote.stats.errors == 0
 
 
 def _rebuild(store: CacheStore, i: int, toolchain: str) -> Entry:
@@ -506,8 +507,8 @@ def test_aliases_are_signed_and_a_forged_alias_is_rejected(redis_server, tmp_pat
     assert spec == old.manifest["spec_key"] and new.key != old.key
     assert signed.upload(new.key, portable_manifest(new), new.cubin)
     assert raw.get(alias) == new.key.encode() + b":" + FleetSigner(key).sign_alias(spec, new.key)
-    follow = RemoteLayer(node(tmp_path, "b"), RemoteCache(url, secret=key))
-    assert follow.lookup_alias(spec).key == new.key
+    follow = RemoteTier(node(tmp_path, "b"), RemoteCache(url, secret=key))
+    assert follow.get_alias(spec).entry.key == new.key
     new_sig = raw.get(alias).split(b":")[1]
     forged = {  # alias value -> a word of its rejection
         old.key.encode(): "not signed",
@@ -517,22 +518,22 @@ def test_aliases_are_signed_and_a_forged_alias_is_rejected(redis_server, tmp_pat
     }
     for i, (value, word) in enumerate(forged.items()):
         raw.set(alias, value)
-        layer = RemoteLayer(node(tmp_path, f"c{i}"), RemoteCache(url, secret=key))
+        tier = RemoteTier(node(tmp_path, f"c{i}"), RemoteCache(url, secret=key))
         caplog.clear()
         with caplog.at_level(logging.WARNING):
-            assert layer.lookup_alias(spec) is None
+            assert tier.get_alias(spec).entry is None
         (rejected,) = rejections(caplog)
         assert "remote cache alias" in rejected and word in rejected, rejected
-        assert layer.remote.stats.rejected == 1 and local_files(layer.store) == []
+        assert tier.remote.stats.rejected == 1 and local_files(tier.store) == []
     assert int(raw.get(f"{DEFAULT_PREFIX}stats:rejected")) == len(forged)
-    unsigned = RemoteLayer(node(tmp_path, "u"), RemoteCache(url))
+    unsigned = RemoteTier(node(tmp_path, "u"), RemoteCache(url))
     raw.set(alias, old.key)
-    assert unsigned.lookup_alias(spec).key == old.key  # integrity only: it is a build of spec
+    assert unsigned.get_alias(spec).entry.key == old.key  # integrity only: it is a build of spec
     # Documented limit: a signed alias of the past can be put back. It names an older build
     # of the same spec that the fleet itself signed (no foreign code), e.g. an older toolchain.
     raw.set(alias, old_alias)
-    replayed = RemoteLayer(node(tmp_path, "r"), RemoteCache(url, secret=key))
-    assert replayed.lookup_alias(spec).key == old.key
+    replayed = RemoteTier(node(tmp_path, "r"), RemoteCache(url, secret=key))
+    assert replayed.get_alias(spec).entry.key == old.key
 
 
 # ------------------------------------------------------------------ fleet-wide counters
@@ -543,10 +544,10 @@ def test_fleet_counters_add_up_over_every_process(redis_server, tmp_path):
     remote_a = RemoteCache(redis_server.url())
     entries = [publish(a, i) for i in range(2)]
     for entry in entries:
-        assert RemoteLayer(a, remote_a).after_compile(entry)
+        assert RemoteTier(a, remote_a).put(entry)
     for store in (b, c):
-        layer = RemoteLayer(store, RemoteCache(redis_server.url()))
-        assert all(layer.lookup(e.key) is not None for e in entries)
+        tier = RemoteTier(store, RemoteCache(redis_server.url()))
+        assert all(tier.get(e.key).entry is not None for e in entries)
     raw = redis_server.client()
     raw.hset(remote_a.entry_name(entries[0].key), "cubin", b"\x7fELF poisoned")
     assert RemoteCache(redis_server.url()).fetch_verified(entries[0].key) is None
@@ -555,7 +556,7 @@ def test_fleet_counters_add_up_over_every_process(redis_server, tmp_path):
     assert remote_report(RemoteCache(redis_server.url()))["fleet"] == counters
     assert remote_a.stats.hits == 0  # this process's own counters stay its own
     raw.set(remote_a.counter_name("hits"), "not a number")  # best effort: no failure
-    assert RemoteLayer(node(tmp_path, "d"), remote_a).lookup(entries[1].key) is not None
+    assert RemoteTier(node(tmp_path, "d"), remote_a).get(entries[1].key).entry is not None
     assert remote_a.available and remote_a.stats.errors == 0
     assert remote_a.fleet_counters()["hits"] == 0
 
@@ -709,19 +710,19 @@ def test_single_flight_waits_for_another_nodes_upload(redis_server, tmp_path):
     remote_a, remote_b = RemoteCache(redis_server.url()), RemoteCache(redis_server.url())
     holder = remote_a.lock(entry.key)
     assert holder.try_acquire()
-    layer_b = RemoteLayer(b, remote_b)
-    with layer_b.single_flight(entry.key, wait=0) as flight:
+    tier_b = RemoteTier(b, remote_b)
+    with tier_b.single_flight(entry.key, wait=0) as flight:
         assert flight == Flight(busy=True)
 
     def finish() -> None:
         time.sleep(0.5)
-        RemoteLayer(a, remote_a).after_compile(entry)
+        RemoteTier(a, remote_a).put(entry)
         holder.release()
 
     thread = threading.Thread(target=finish)
     thread.start()
     t0 = time.monotonic()
-    with layer_b.single_flight(entry.key, wait=30) as flight:
+    with tier_b.single_flight(entry.key, wait=30) as flight:
         assert flight.entry is not None and flight.entry.cubin == entry.cubin
     thread.join()
     assert time.monotonic() - t0 < 10
@@ -742,12 +743,12 @@ def test_a_waiter_on_a_bad_entry_waits_for_the_lock_instead_of_rejecting_it_agai
 
     def finish() -> None:
         time.sleep(1.0)
-        RemoteLayer(a, remote_a).after_compile(entry)  # replaces the bad value
+        RemoteTier(a, remote_a).put(entry)  # replaces the bad value
         holder.release()
 
     thread = threading.Thread(target=finish)
     thread.start()
-    with RemoteLayer(b, remote_b).single_flight(entry.key, wait=30) as flight:
+    with RemoteTier(b, remote_b).single_flight(entry.key, wait=30) as flight:
         assert flight.entry is not None and flight.entry.cubin == entry.cubin
     thread.join()
     assert remote_b.stats.rejected == 1 and remote_b.stats.hits == 1
@@ -757,9 +758,9 @@ def test_single_flight_waiter_compiles_after_its_timeout(redis_server, tmp_path,
     key = cache_key(components(0))
     holder = RemoteCache(redis_server.url()).lock(key)
     assert holder.try_acquire()  # a holder that never uploads
-    layer = RemoteLayer(node(tmp_path, "b"), RemoteCache(redis_server.url()))
+    tier = RemoteTier(node(tmp_path, "b"), RemoteCache(redis_server.url()))
     t0 = time.monotonic()
-    with caplog.at_level(logging.WARNING), layer.single_flight(key, wait=0.5) as flight:
+    with caplog.at_level(logging.WARNING), tier.single_flight(key, wait=0.5) as flight:
         assert flight == Flight()  # neither an entry nor busy: compile here
     assert 0.5 <= time.monotonic() - t0 < 5
     assert any("compiling it here" in w for w in warnings_of(caplog))
@@ -782,14 +783,14 @@ def test_a_planted_lock_is_taken_over_without_waiting(redis_server, tmp_path, pl
     """Whoever can write Redis cannot stall every node with locks nobody holds: a value that
     is not a live holder's is taken over at once, for each kernel, and released after."""
     remote = RemoteCache(redis_server.url())
-    raw, layer = redis_server.client(), RemoteLayer(node(tmp_path, "b"), remote)
+    raw, tier = redis_server.client(), RemoteTier(node(tmp_path, "b"), remote)
     keys = [cache_key(components(i)) for i in range(4)]
     for key in keys:
         PLANTED_LOCKS[planted](raw, remote.lock_name(key))
     t0 = time.monotonic()
     with caplog.at_level(logging.WARNING):
         for key in keys:
-            with layer.single_flight(key, wait=2.0) as flight:
+            with tier.single_flight(key, wait=2.0) as flight:
                 assert flight == Flight()  # this process compiles it, holding the lock
                 value, ttl = raw.get(remote.lock_name(key)), raw.pttl(remote.lock_name(key))
                 assert len(value) == 32 and 0 < ttl <= remote.lock_ttl_ms
@@ -805,12 +806,12 @@ def test_waits_for_other_nodes_share_one_budget_per_process(redis_server, tmp_pa
     keys = [cache_key(components(i)) for i in range(4)]
     holders = [RemoteCache(redis_server.url()).lock(key) for key in keys]
     assert all(holder.try_acquire() for holder in holders)
-    layer = RemoteLayer(node(tmp_path, "b"), RemoteCache(redis_server.url()))
+    tier = RemoteTier(node(tmp_path, "b"), RemoteCache(redis_server.url()))
     t0 = time.monotonic()
     try:
         with caplog.at_level(logging.WARNING):
             for key in keys:
-                with layer.single_flight(key, wait=1.0) as flight:
+                with tier.single_flight(key, wait=1.0) as flight:
                     assert flight == Flight()
     finally:
         for holder in holders:
@@ -852,24 +853,24 @@ def _unusable_url(case: str, tmp_path: Path) -> tuple[str, RedisServer | None]:
 
 
 def _everything(manager: CompileManager) -> None:
-    """Every public call of the remote layer, through the manager first; each must degrade
+    """Every public call of the remote tier, through the manager first; each must degrade
     to local behaviour."""
-    store, layer = manager.store, manager.remote
-    assert layer is not None
-    remote, key = layer.remote, request_key(smoke(0))
+    store, tier = manager.store, manager.remote
+    assert tier is not None
+    remote, key = tier.remote, request_key(smoke(0))
     entry = manager.get(smoke(0))
     assert entry.persisted  # compiled and published locally
     assert remote.fetch(key) is None and remote.fetch_verified(key) is None
     assert not remote.exists(key)
     assert not remote.upload(key, portable_manifest(entry), entry.cubin)
-    assert not layer.after_compile(entry)
+    assert not tier.put(entry)
     lock = remote.lock(key)
     assert lock.acquire(timeout=5) and not lock.shared  # excludes nobody
     lock.release()
-    with layer.single_flight(key, wait=5) as flight:
+    with tier.single_flight(key, wait=5) as flight:
         assert flight == Flight()
     assert remote.entry_keys() is None
-    assert layer.lookup_alias(entry.manifest["spec_key"]) is None
+    assert tier.get_alias(entry.manifest["spec_key"]).entry is None
     assert remote.fleet_counters() is None
     assert push(store, remote)["failed"] == [key]
     assert pull(store, remote)["error"]
@@ -930,8 +931,8 @@ def test_tls_round_trip(redis_tls_server, tmp_path):
     url = redis_tls_server.url()
     assert url.startswith("rediss://")
     entry = publish(a, 0)
-    assert RemoteLayer(a, RemoteCache(url)).after_compile(entry)
-    got = RemoteLayer(b, RemoteCache(url)).lookup(entry.key)
+    assert RemoteTier(a, RemoteCache(url)).put(entry)
+    got = RemoteTier(b, RemoteCache(url)).get(entry.key).entry
     assert got is not None and got.cubin == entry.cubin
     assert remote_report(RemoteCache(url))["entries"] == 1
 
@@ -1035,16 +1036,16 @@ def test_remote_report_for_doctor(redis_server, redis_auth_server, tmp_path):
 # ------------------------------------------------------------------ settings
 
 
-def test_an_unsigned_layer_warns_once_per_process_and_a_signed_one_never(
+def test_an_unsigned_tier_warns_once_per_process_and_a_signed_one_never(
     redis_server, tmp_path, monkeypatch, caplog
 ):
-    monkeypatch.setattr(layermod, "_UNSIGNED_WARNED", False)
+    monkeypatch.setattr(tiermod, "_UNSIGNED_WARNED", False)
     url = redis_server.url()
     with caplog.at_level(logging.WARNING):
-        RemoteLayer(node(tmp_path, "a"), RemoteCache(url, secret=secret()))
+        RemoteTier(node(tmp_path, "a"), RemoteCache(url, secret=secret()))
         assert warnings_of(caplog) == []
         for name in ("b", "c"):
-            RemoteLayer(node(tmp_path, name), RemoteCache(url, prefix="fleet:"))
+            RemoteTier(node(tmp_path, name), RemoteCache(url, prefix="fleet:"))
     (warned,) = warnings_of(caplog)
     assert "not authenticated" in warned and "MLPJIT_REMOTE_KEY_FILE is unset" in warned
     assert url in warned and "fleet:*" in warned
@@ -1120,7 +1121,7 @@ def test_remote_from_env_names_a_bad_variable(monkeypatch, name, value):
 def test_a_bad_remote_url_leaves_a_serving_process_on_its_local_cache(
     monkeypatch, tmp_path, caplog, url
 ):
-    """prepare() and warm build their manager through remote_layer: the fleet is optional
+    """prepare() and warm build their manager through remote_tier: the fleet is optional
     there, so a bad URL is one warning naming the variable, and kernels still come."""
     monkeypatch.setenv("MLPJIT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("MLPJIT_REMOTE_CACHE", url)

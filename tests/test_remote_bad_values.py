@@ -28,7 +28,7 @@ from redis_server import RedisServer, start_redis
 
 from mlpjit.jit.key import key_components, request_key, spec_key
 from mlpjit.jit.remote import COUNTERS, RemoteCache
-from mlpjit.jit.remote import layer as layermod
+from mlpjit.jit.remote import tier as tiermod
 from mlpjit.jit.spec import KernelRequest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,20 +80,20 @@ logging.disable(logging.CRITICAL)  # warnings are expected; tracebacks go to std
 import mlpjit.testing.smoke
 from mlpjit import cli, doctor
 from mlpjit.jit.manager import CompileManager
-from mlpjit.jit.remote import RemoteCache, RemoteLayer, pull, push, remote_report
+from mlpjit.jit.remote import RemoteCache, RemoteTier, pull, push, remote_report
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.jit.store import CacheStore
 url, root, spec_key = sys.argv[1:4]
 out = {}
 remote = RemoteCache(url)
-store = CacheStore(root=root, layers=())
+store = CacheStore(root=root, read_only=())
 t0 = time.monotonic()
-entry = CompileManager(store, remote=RemoteLayer(store, remote), lock_timeout=30).get(
+entry = CompileManager(store, remote=RemoteTier(store, remote), lock_timeout=30).get(
     KernelRequest("smoke", {"n": 1024, "scale": 2.0, "block": 128}, "sm_90a")
 )
 out["manager"] = [entry.key, time.monotonic() - t0]
-other = CacheStore(root=root + "-other", layers=())
-out["alias"] = RemoteLayer(other, remote).lookup_alias(spec_key) is not None
+other = CacheStore(root=root + "-other", read_only=())
+out["alias"] = RemoteTier(other, remote).get_alias(spec_key).entry is not None
 out["push"] = sorted(push(store, remote)["pushed"])
 out["pull"] = sorted(pull(other, remote)["pulled"])
 out["report"] = remote_report(remote)["fleet"]
@@ -195,7 +195,7 @@ def test_any_bytes_in_an_alias_counter_or_lock_is_read_safely(
     """Whatever bytes sit under an alias, a counter or a lock: the alias names a key or
     nothing, the counters are counts, and the lock is taken at once or held by a live-looking
     holder, never an error that turns the remote off."""
-    monkeypatch.setattr(layermod, "_WAIT_BUDGET", layermod.WaitBudget())
+    monkeypatch.setattr(tiermod, "_WAIT_BUDGET", tiermod.WaitBudget())
     raw = shared_redis.client()
     raw.flushdb()
     remote = RemoteCache(shared_redis.url())
@@ -255,7 +255,7 @@ def test_the_documented_acl_allows_every_remote_operation(shared_redis, tmp_path
     raw = shared_redis.client()
     raw.flushdb()
     raw.execute_command("ACL", "SETUSER", "mlpjit", "reset", ">acl-pass", *rules)
-    store = CacheStore(root=tmp_path / "cache", layers=())
+    store = CacheStore(root=tmp_path / "cache", read_only=())
     key, components, binary = made(0)
     entry = store.publish(key, components, binary, 0.1)
     url = f"redis://mlpjit:acl-pass@127.0.0.1:{shared_redis.port}/0"
@@ -263,7 +263,7 @@ def test_the_documented_acl_allows_every_remote_operation(shared_redis, tmp_path
     try:
         raw.set(f"glm5-prod:lock:{key}", "ab" * 16)  # planted, no expiry: taken over
         assert remote.upload(key, portable_manifest(entry), entry.cubin)
-        assert remote.exists(key) and isinstance(remote.verified(key), tuple)
+        assert remote.exists(key) and remote.verified(key).found is not None
         assert remote.alias_target(entry.manifest["spec_key"]) == key
         assert remote.entry_keys() == [key]
         assert remote.fleet_counters() is not None

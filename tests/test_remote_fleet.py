@@ -153,7 +153,7 @@ def test_two_nodes_of_four_processes_compile_each_kernel_once(redis_server, tmp_
     for key in keys.values():  # every process got byte-identical cubins
         assert len({result["sha"][key] for _, result, _ in results}) == 1
     wanted = set(keys.values())
-    nodes = [verify_node(CacheStore(tmp_path / f"node{n}", layers=()), wanted) for n in (0, 1)]
+    nodes = [verify_node(CacheStore(tmp_path / f"node{n}", read_only=()), wanted) for n in (0, 1)]
     assert nodes[0] == nodes[1]
     assert_signed(redis_server, key_file, wanted)
     # A fresh node warms from Redis alone: no compile, CuTe DSL never imported.
@@ -179,7 +179,7 @@ def test_redis_killed_in_the_middle_of_a_warm_every_process_finishes(
     redis_server.kill()
     results = finish(started)
     for n in (0, 1):
-        verify_node(CacheStore(tmp_path / f"node{n}", layers=()), set(keys.values()))
+        verify_node(CacheStore(tmp_path / f"node{n}", read_only=()), set(keys.values()))
     # The local file lock still gave each node at most one compile per kernel.
     assert max(compiles(markers).values()) == 1, compiles(markers)
     assert sum(r["stats"]["uploads"] for _, r, _ in results) >= KERNELS // 2
@@ -207,10 +207,10 @@ def test_a_process_with_an_unusable_remote_warns_once_and_compiles_locally(
     lines = [line for line in err.splitlines() if "WARNING" in line]
     assert len(lines) == 1 and "continuing with the local cache only" in lines[0], err
     assert PASSWORD not in err and "wrong-pass" not in err
-    verify_node(CacheStore(tmp_path / "node0", layers=()), set(smoke_keys().values()))
+    verify_node(CacheStore(tmp_path / "node0", read_only=()), set(smoke_keys().values()))
 
 
-def test_push_uploads_nothing_from_an_untrusted_layer(redis_server, tmp_path):
+def test_push_uploads_nothing_from_an_untrusted_read_only_dir(redis_server, tmp_path):
     """A read-only layer another user owns is not trusted, so push never spreads its
     entries to the fleet; our own entries still go."""
     from entries import OTHER_UID, publish
@@ -222,6 +222,6 @@ def test_push_uploads_nothing_from_an_untrusted_layer(redis_server, tmp_path):
     for path in [layer, *layer.rglob("*")]:
         os.chown(path, OTHER_UID, OTHER_UID)
     ours = publish(tmp_path / "root", 2)[0]
-    store = CacheStore(root=tmp_path / "root", layers=[layer])
+    store = CacheStore(root=tmp_path / "root", read_only=[layer])
     report = push(store, RemoteCache(redis_server.url()))
     assert report["pushed"] == [ours] and planted not in report["missing"]

@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from mlpjit.errors import CacheDirError
-from mlpjit.jit import store as storemod
+from mlpjit.jit import cache_layout, writable_tier
 from mlpjit.jit.binary import KernelBinary, KernelParam, launch_sha256
 from mlpjit.jit.key import FORMAT_VERSION, cache_key, key_components, spec_key
 from mlpjit.jit.locks import KeyLock
@@ -110,13 +110,13 @@ def test_keys_are_validated(bad):
         CacheStore().lookup(bad)
 
 
-def test_layers_are_searched_after_the_root_and_never_modified(tmp_path, cache_dir):
+def test_read_only_dirs_are_searched_after_the_root_and_never_modified(tmp_path, cache_dir):
     layer = tmp_path / "layer"
     key, components, binary = _made(0)
     key2, components2, binary2 = _made(1)
-    CacheStore(root=layer, layers=()).publish(key, components, binary, 0.1)
-    CacheStore(root=layer, layers=()).publish(key2, components2, binary2, 0.1)
-    store = CacheStore(layers=[layer])
+    CacheStore(root=layer, read_only=()).publish(key, components, binary, 0.1)
+    CacheStore(root=layer, read_only=()).publish(key2, components2, binary2, 0.1)
+    store = CacheStore(read_only=[layer])
     entry = store.lookup(key)
     assert entry is not None and entry.origin == layer and entry.cubin == binary.cubin
     # The root wins over a layer.
@@ -126,17 +126,17 @@ def test_layers_are_searched_after_the_root_and_never_modified(tmp_path, cache_d
     # A bad entry in a layer is skipped, not moved (layers are read-only).
     _, cpath = _paths(layer, key2)
     cpath.write_bytes(b"tampered")
-    assert CacheStore(layers=[layer]).lookup(key2) is None
+    assert CacheStore(read_only=[layer]).lookup(key2) is None
     assert cpath.read_bytes() == b"tampered"
     # A layer writable by others is ignored with a warning.
     os.chmod(layer, 0o777)
-    assert CacheStore(layers=[layer]).lookup(key2) is None
+    assert CacheStore(read_only=[layer]).lookup(key2) is None
 
 
-def test_layers_come_from_env(tmp_path, monkeypatch):
+def test_read_only_dirs_come_from_env(tmp_path, monkeypatch):
     layer = tmp_path / "layer"
     key, components, binary = _made()
-    CacheStore(root=layer, layers=()).publish(key, components, binary, 0.1)
+    CacheStore(root=layer, read_only=()).publish(key, components, binary, 0.1)
     monkeypatch.setenv("MLPJIT_CACHE_PATH", os.pathsep.join([str(tmp_path / "nope"), str(layer)]))
     assert CacheStore().lookup(key).origin == layer
 
@@ -219,7 +219,7 @@ def test_enospc_serves_in_memory_with_one_warning(cache_dir, monkeypatch, caplog
     def full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(storemod, "_write_all", full)
+    monkeypatch.setattr(writable_tier, "_write_all", full)
     store = CacheStore()
     with caplog.at_level(logging.WARNING, logger="mlpjit"):
         for i in range(3):
@@ -237,7 +237,7 @@ def test_enospc_serves_in_memory_with_one_warning(cache_dir, monkeypatch, caplog
 
 def test_manifest_failure_after_cubin_leaves_nothing(cache_dir, monkeypatch):
     calls = []
-    real = storemod._write_all
+    real = writable_tier._write_all
 
     def second_write_fails(fd, data):
         calls.append(len(data))
@@ -245,7 +245,7 @@ def test_manifest_failure_after_cubin_leaves_nothing(cache_dir, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
         real(fd, data)
 
-    monkeypatch.setattr(storemod, "_write_all", second_write_fails)
+    monkeypatch.setattr(writable_tier, "_write_all", second_write_fails)
     key, components, binary = _made()
     assert CacheStore().publish(key, components, binary, 0.1).persisted is False
     mpath, cpath = _paths(cache_dir, key)
@@ -296,7 +296,7 @@ def test_manifest_on_disk_describes_its_entry(cache_dir, cluster):
 @pytest.mark.parametrize("bad", ["a" * 64 + "\n", "A" * 64, "a" * 63, "a" * 65, None])
 def test_check_key_takes_exactly_64_lowercase_hex(bad) -> None:
     """Keys become file names: a trailing newline ("$" would allow it) is refused too."""
-    assert storemod.is_key("a" * 64) and storemod.check_key("0" * 64) == "0" * 64
-    assert not storemod.is_key(bad)
+    assert cache_layout.is_key("a" * 64) and cache_layout.check_key("0" * 64) == "0" * 64
+    assert not cache_layout.is_key(bad)
     with pytest.raises(ValueError, match="64 lowercase hex"):
-        storemod.check_key(bad)
+        cache_layout.check_key(bad)

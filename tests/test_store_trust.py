@@ -21,8 +21,9 @@ from entries import OTHER_UID, as_other_user, limit_memory, made, paths, publish
 
 from mlpjit.errors import CacheDirError
 from mlpjit.jit.binary import KernelBinary
+from mlpjit.jit.cache_layout import MAX_CUBIN_BYTES
 from mlpjit.jit.key import canonical_json, spec_key
-from mlpjit.jit.store import MAX_CUBIN_BYTES, CacheStore
+from mlpjit.jit.store import CacheStore
 
 CHILD_TIMEOUT = 30
 
@@ -38,7 +39,7 @@ import json, sys
 from pathlib import Path
 from mlpjit.jit.store import CacheStore
 key, layer = sys.argv[1], sys.argv[2]
-store = CacheStore(layers=[Path(layer)] if layer else ())
+store = CacheStore(read_only=[Path(layer)] if layer else ())
 hit = store.lookup(key) is not None
 listed = dict(store.iter_manifests())
 alias = store.lookup_alias(sys.argv[3]) is not None
@@ -75,7 +76,9 @@ def _layer_dir(layer: Path, key: str, which: str) -> Path:
 
 @pytest.mark.parametrize("which", ["v1", "entries", "shard"])
 @pytest.mark.parametrize("how", ["group-writable", "other-writable", "other-owner", "symlink"])
-def test_unsafe_dir_inside_a_layer_skips_its_entries(tmp_path, cache_dir, caplog, which, how):
+def test_unsafe_dir_inside_a_read_only_dir_skips_its_entries(
+    tmp_path, cache_dir, caplog, which, how
+):
     layer = tmp_path / "layer"
     key, components, binary = _publish(layer)
     path = _layer_dir(layer, key, which)
@@ -89,19 +92,19 @@ def test_unsafe_dir_inside_a_layer_skips_its_entries(tmp_path, cache_dir, caplog
         real = tmp_path / "moved"
         path.rename(real)
         path.symlink_to(real)
-    store = CacheStore(layers=[layer])
+    store = CacheStore(read_only=[layer])
     with caplog.at_level(logging.WARNING, logger="mlpjit"):
         assert store.lookup(key) is None
         assert store.lookup(key) is None
         assert store.lookup_alias(spec_key(components)) is None
         assert key not in dict(store.iter_manifests())
     assert len(_warnings(caplog)) == 1, _warnings(caplog)  # warned once, not per lookup
-    assert "read-only cache layer" in _warnings(caplog)[0]
+    assert "read-only cache dir" in _warnings(caplog)[0]
     assert _paths(layer, key)[1].exists()  # a layer is never modified
 
 
 @pytest.mark.parametrize("how", ["group-writable", "other-owner"])
-def test_unsafe_aliases_dir_of_a_layer_is_not_used(tmp_path, cache_dir, how):
+def test_unsafe_aliases_dir_of_a_read_only_dir_is_not_used(tmp_path, cache_dir, how):
     layer = tmp_path / "layer"
     key, components, _ = _publish(layer)
     aliases = _layer_dir(layer, key, "aliases")
@@ -109,21 +112,23 @@ def test_unsafe_aliases_dir_of_a_layer_is_not_used(tmp_path, cache_dir, how):
         os.chmod(aliases, 0o770)
     else:
         os.chown(aliases, OTHER_UID, OTHER_UID)
-    store = CacheStore(layers=[layer])
+    store = CacheStore(read_only=[layer])
     assert store.lookup_alias(spec_key(components)) is None
     assert store.lookup(key) is not None  # the entry itself is still fine
 
 
-def test_layer_owned_by_root_is_served_one_owned_by_another_user_is_not(tmp_path, cache_dir):
+def test_read_only_dir_owned_by_root_is_served_one_owned_by_another_user_is_not(
+    tmp_path, cache_dir
+):
     """A layer is trusted by the writable root's rule: owned by us or root, nobody else."""
     layer = tmp_path / "layer"
     key, components, binary = _publish(layer)
     os.chown(_paths(layer, key)[1], 0, 0)  # root-owned files are trusted
-    entry = CacheStore(layers=[layer]).lookup(key)
+    entry = CacheStore(read_only=[layer]).lookup(key)
     assert entry is not None and entry.origin == layer and entry.binary() == binary
     for path in [layer, *layer.rglob("*")]:
         os.chown(path, OTHER_UID, OTHER_UID)
-    store = CacheStore(layers=[layer])
+    store = CacheStore(read_only=[layer])
     assert store.lookup(key) is None and store.lookup_alias(spec_key(components)) is None
     assert dict(store.iter_manifests()) == {}
 
@@ -131,25 +136,27 @@ def test_layer_owned_by_root_is_served_one_owned_by_another_user_is_not(tmp_path
 @pytest.mark.parametrize(
     "mode, owner", [(0o777, 0), (0o770, 0), (0o757, 0), (0o1777, OTHER_UID)], ids=str
 )
-def test_layer_inside_a_dir_others_can_write_is_skipped(tmp_path, cache_dir, caplog, mode, owner):
+def test_read_only_dir_inside_a_dir_others_can_write_is_skipped(
+    tmp_path, cache_dir, caplog, mode, owner
+):
     """Whoever can write a directory above a layer can rename it away and put theirs there."""
     shared = tmp_path / "shared"
     layer = shared / "deep" / "layer"
     key, _, _ = _publish(layer)
     os.chmod(shared, mode)
     os.chown(shared, owner, owner)
-    store = CacheStore(layers=[layer])
+    store = CacheStore(read_only=[layer])
     with caplog.at_level(logging.WARNING, logger="mlpjit"):
         assert store.lookup(key) is None and dict(store.iter_manifests()) == {}
     assert len(_warnings(caplog)) == 1 and str(shared) in _warnings(caplog)[0]
 
 
-def test_layer_inside_a_sticky_dir_of_root_is_served(tmp_path, cache_dir):
+def test_read_only_dir_inside_a_sticky_dir_of_root_is_served(tmp_path, cache_dir):
     sticky = tmp_path / "sticky"
     layer = sticky / "layer"
     key, _, binary = _publish(layer)
     os.chmod(sticky, 0o1777)
-    assert CacheStore(layers=[layer]).lookup(key).binary() == binary
+    assert CacheStore(read_only=[layer]).lookup(key).binary() == binary
 
 
 _PLANT = """
@@ -161,13 +168,13 @@ print(publish(Path(sys.argv[1]))[0])
 """
 
 
-def test_missing_layer_filled_by_another_user_later_is_never_trusted(cache_dir):
+def test_missing_read_only_dir_filled_by_another_user_later_is_never_trusted(cache_dir):
     """A layer path that is missing when the store starts is skipped for good: another user
     who creates it later with self-consistent entries gets none of them served."""
     shared = world_dir("layer")
     try:
         layer = shared / "layer"
-        store = CacheStore(layers=[layer])
+        store = CacheStore(read_only=[layer])
         assert store.lookup(made(0)[0]) is None
         planted = as_other_user(_PLANT, str(layer))
         assert planted.returncode == 0, planted.stderr
@@ -175,23 +182,23 @@ def test_missing_layer_filled_by_another_user_later_is_never_trusted(cache_dir):
         assert os.stat(layer).st_uid == OTHER_UID
         assert store.lookup(key) is None and dict(store.iter_manifests()) == {}
         assert store.lookup_alias(spec_key(made(0)[1])) is None
-        assert CacheStore(layers=[layer]).lookup(key) is None  # another user's: never
+        assert CacheStore(read_only=[layer]).lookup(key) is None  # another user's: never
     finally:
         shutil.rmtree(shared)
 
 
-def test_missing_layer_is_not_trusted_later_even_if_ours(tmp_path, cache_dir):
+def test_missing_read_only_dir_is_not_trusted_later_even_if_ours(tmp_path, cache_dir):
     layer = tmp_path / "layer"
-    store = CacheStore(layers=[layer])
+    store = CacheStore(read_only=[layer])
     assert store.lookup(made(0)[0]) is None
     key, _, binary = _publish(layer)
     assert store.lookup(key) is None  # what was checked (nothing) is what is used
-    assert CacheStore(layers=[layer]).lookup(key).binary() == binary
+    assert CacheStore(read_only=[layer]).lookup(key).binary() == binary
 
 
 @pytest.mark.parametrize("name", ["cubin", "manifest"])
 @pytest.mark.parametrize("how", ["other-owner", "group-writable", "other-writable"])
-def test_untrusted_entry_file_in_a_layer_is_skipped(tmp_path, cache_dir, caplog, name, how):
+def test_untrusted_entry_file_in_a_read_only_dir_is_skipped(tmp_path, cache_dir, caplog, name, how):
     layer = tmp_path / "layer"
     key, _, _ = _publish(layer)
     mpath, cpath = _paths(layer, key)
@@ -201,7 +208,7 @@ def test_untrusted_entry_file_in_a_layer_is_skipped(tmp_path, cache_dir, caplog,
         os.chown(path, OTHER_UID, OTHER_UID)
     else:
         os.chmod(path, 0o620 if how == "group-writable" else 0o602)
-    store = CacheStore(layers=[layer])
+    store = CacheStore(read_only=[layer])
     with caplog.at_level(logging.WARNING, logger="mlpjit"):
         assert store.lookup(key) is None
         assert store.lookup(key) is None
@@ -216,12 +223,12 @@ def test_symlinked_root_is_resolved_once(tmp_path):
     real, other, link = tmp_path / "real", tmp_path / "other", tmp_path / "link"
     real.mkdir(mode=0o700)
     link.symlink_to(real)
-    store = CacheStore(root=link, layers=())
+    store = CacheStore(root=link, read_only=())
     key, components, binary = _made(0)
     assert store.publish(key, components, binary, 0.1).persisted
     # Someone re-points the link at a cache of theirs, holding a valid entry for that key.
     planted = KernelBinary(**{**vars(binary), "cubin": b"\x7fELF planted"})
-    CacheStore(root=other, layers=()).publish(key, components, planted, 0.1)
+    CacheStore(root=other, read_only=()).publish(key, components, planted, 0.1)
     swapped = tmp_path / "swapped"
     swapped.symlink_to(other)
     os.replace(swapped, link)
@@ -239,14 +246,14 @@ def test_root_inside_a_dir_others_can_write_is_refused(tmp_path, mode):
     shared.mkdir()
     root = shared / "cache"
     key, components, binary = _made(0)
-    CacheStore(root=root, layers=()).publish(key, components, binary, 0.1)
+    CacheStore(root=root, read_only=()).publish(key, components, binary, 0.1)
     os.chmod(shared, mode)
     with pytest.raises(CacheDirError, match=f"chmod go-w {shared}"):
-        CacheStore(root=root, layers=()).lookup(key)
+        CacheStore(root=root, read_only=()).lookup(key)
     with pytest.raises(CacheDirError, match="sticky"):
-        CacheStore(root=root, layers=()).publish(key, components, binary, 0.1)
+        CacheStore(root=root, read_only=()).publish(key, components, binary, 0.1)
     with pytest.raises(CacheDirError):  # also before the root exists
-        CacheStore(root=shared / "new", layers=()).publish(key, components, binary, 0.1)
+        CacheStore(root=shared / "new", read_only=()).publish(key, components, binary, 0.1)
     assert not (shared / "new").exists()
 
 
@@ -255,9 +262,9 @@ def test_root_inside_a_sticky_dir_is_accepted(tmp_path):
     sticky.mkdir()
     os.chmod(sticky, 0o1777)  # like /tmp
     key, components, binary = _made(0)
-    store = CacheStore(root=sticky / "a" / "cache", layers=())
+    store = CacheStore(root=sticky / "a" / "cache", read_only=())
     assert store.publish(key, components, binary, 0.1).persisted
-    assert CacheStore(root=sticky / "a" / "cache", layers=()).lookup(key).binary() == binary
+    assert CacheStore(root=sticky / "a" / "cache", read_only=()).lookup(key).binary() == binary
     assert stat.S_IMODE((sticky / "a").stat().st_mode) & 0o022 == 0
 
 
@@ -266,7 +273,7 @@ def test_missing_parents_are_created_safe_under_any_umask(tmp_path):
     key, components, binary = _made(0)
     old = os.umask(0)
     try:
-        assert CacheStore(root=root, layers=()).publish(key, components, binary, 0.1).persisted
+        assert CacheStore(root=root, read_only=()).publish(key, components, binary, 0.1).persisted
     finally:
         os.umask(old)
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
@@ -387,11 +394,11 @@ def test_deeply_nested_manifest_is_a_corrupt_entry(cache_dir):
     assert store.lookup(key) is None and store.quarantined == 1
 
 
-def test_deeply_nested_manifest_in_a_layer_is_skipped(tmp_path, cache_dir):
+def test_deeply_nested_manifest_in_a_read_only_dir_is_skipped(tmp_path, cache_dir):
     layer = tmp_path / "layer"
     key, _, _ = _publish(layer)
     _paths(layer, key)[0].write_bytes(DEEP)
-    store = CacheStore(layers=[layer])
+    store = CacheStore(read_only=[layer])
     assert store.lookup(key) is None
     assert "error" in dict(store.iter_manifests())[key]
 
@@ -447,7 +454,7 @@ def test_non_regular_or_huge_file_in_the_root_is_quarantined(cache_dir, name, ho
 
 
 @pytest.mark.parametrize(("name", "how"), HOSTILE)
-def test_non_regular_or_huge_file_in_a_layer_is_skipped(tmp_path, cache_dir, name, how):
+def test_non_regular_or_huge_file_in_a_read_only_dir_is_skipped(tmp_path, cache_dir, name, how):
     layer = tmp_path / "layer"
     key, components, _ = _publish(layer)
     mpath, cpath = _paths(layer, key)

@@ -42,18 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from mlpjit.errors import CorruptEntryError
+from mlpjit.jit.cache_layout import MAX_CUBIN_BYTES, MAX_MANIFEST_BYTES, is_key
+from mlpjit.jit.entry import Entry, compile_seconds_of, verify_manifest
 from mlpjit.jit.key import canonical_json, short_key
+from mlpjit.jit.messages import one_line
 from mlpjit.jit.safe_fs import create_exclusive_at, lstat_at, open_dir, replace_at
 from mlpjit.jit.safe_read import loads_json, open_regular
-from mlpjit.jit.store import (
-    MAX_CUBIN_BYTES,
-    MAX_MANIFEST_BYTES,
-    CacheStore,
-    Entry,
-    compile_seconds_of,
-    is_key,
-    verify_manifest,
-)
+from mlpjit.jit.store import CacheStore
 
 __all__ = [
     "ARCHIVE_VERSION",
@@ -127,11 +122,6 @@ class ImportReport:
     rejected: list[dict[str, str]] = field(default_factory=list)  # failed verification
 
 
-def _one_line(text: object) -> str:
-    """``text`` with its whitespace runs (newlines included) collapsed to single spaces."""
-    return " ".join(str(text).split())
-
-
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -157,7 +147,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 def export_archive(
     store: CacheStore, path: Path, keys: Iterable[str] | None = None
 ) -> ExportReport:
-    """Write every verified entry of ``store`` (root and layers), or only ``keys``, to ``path``.
+    """Write every verified entry of ``store`` (every local tier), or only ``keys``, to ``path``.
 
     The archive is written to a temp file next to ``path`` and renamed into place, so a
     failed export leaves no half archive behind; the file gets mode 0644. Entries that fail
@@ -329,7 +319,7 @@ def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
 def _verify_entry(item: dict[str, Any], cubin: bytes, raw_manifest: bytes) -> dict[str, Any]:
     """The entry's manifest if its bytes match the index and it passes the store's check.
 
-    That check (store.verify_manifest, the one every load does) covers the components'
+    That check (entry.verify_manifest, the one every load does) covers the components'
     hash, the cubin's sha256 and the launch fields' launch_sha256.
     """
     key = item["key"]
@@ -363,7 +353,7 @@ def import_archive(store: CacheStore, path: Path) -> ImportReport:
                 return _import(store, tar, path)
         except tarfile.TarError as err:
             raise ValueError(
-                f"{path} is not a readable tar archive ({_one_line(err)}); {_EXPORT_HINT}"
+                f"{path} is not a readable tar archive ({one_line(err)}); {_EXPORT_HINT}"
             ) from None
 
 
@@ -456,7 +446,7 @@ def _open_archive(path: Path) -> _CappedReader:
     try:
         fd, st = open_regular(path, follow_symlinks=True)  # the operator named this path
     except ValueError as err:
-        raise ValueError(f"archive rejected: {_one_line(err)}; {_EXPORT_HINT}") from None
+        raise ValueError(f"archive rejected: {one_line(err)}; {_EXPORT_HINT}") from None
     raw = io.FileIO(fd, "rb")
     try:
         if st.st_size > MAX_ARCHIVE_BYTES:

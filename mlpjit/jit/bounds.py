@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["MAX_DIGITS", "bounded", "clamped", "shown"]
+__all__ = ["MAX_DIGITS", "bounded", "check_wait", "clamped", "seconds", "shown"]
 
 MAX_DIGITS = 40  # longer number strings are refused before int()/float() sees them
 
@@ -95,3 +95,26 @@ def clamped(value: Any, lo: float, hi: float, default: float, *, integer: bool =
     if number is None:
         return default
     return min(max(number, lo), hi)
+
+
+def seconds(value: Any, name: str, bounds: tuple[float, float], *, text: bool = False) -> float:
+    """A duration in seconds within ``bounds``, as a float; ValueError (one line naming
+    ``name`` and the range) otherwise.
+
+    The one reader of every configured duration (lock timeouts, Redis timeouts and TTLs):
+    each has a range whose upper end keeps timed waits from overflowing. ``text``: the
+    value may be a numeric string (an environment variable); an API argument must be a
+    number (a bool or a string there is a caller's mistake).
+    """
+    if not text and (isinstance(value, (bool, str)) or not isinstance(value, (int, float))):
+        kind = type(value).__name__
+        raise ValueError(f"{name} must be a number of seconds, got {shown(value)} ({kind})")
+    return float(bounded(value, name, *bounds))
+
+
+def check_wait(timeout: float) -> float:
+    """``timeout`` if a lock can wait that long (> 0 seconds); ValueError otherwise (the
+    rule of every TierLock.acquire)."""
+    if not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    return timeout

@@ -14,7 +14,7 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlpjit.jit.bounds import bounded
+from mlpjit.jit.bounds import seconds
 from mlpjit.jit.spec import check_arch
 
 __all__ = [
@@ -172,7 +172,7 @@ def cache_dir() -> Path:
 
 
 def cache_path() -> tuple[Path, ...]:
-    """Read-only cache layers from MLPJIT_CACHE_PATH (os.pathsep list, empty items ignored)."""
+    """Read-only cache dirs from MLPJIT_CACHE_PATH (os.pathsep list, empty items ignored)."""
     value = _get("MLPJIT_CACHE_PATH")
     if value is None:
         return ()
@@ -333,12 +333,10 @@ def _shown_url(url: str) -> str:
 
 
 def _seconds(name: str, default: float | None, bounds: tuple[float, float]) -> float | None:
-    """A number of seconds in ``bounds`` from variable ``name``, or ``default`` if unset;
-    ValueError naming the variable and the range otherwise."""
+    """A number of seconds in ``bounds`` from variable ``name`` (bounds.seconds), or
+    ``default`` if unset."""
     value = _get(name)
-    if value is None:
-        return default
-    return float(bounded(value, name, *bounds))
+    return default if value is None else seconds(value, name, bounds, text=True)
 
 
 def remote_cache_url() -> str | None:

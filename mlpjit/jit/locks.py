@@ -1,4 +1,10 @@
-"""Per-key inter-process locks (filelock) with non-blocking try and bounded waits.
+"""The lock protocol of every cache tier (TierLock), and the file lock of the local one.
+
+A tier's lock guards "re-check, compile, publish" of one cache key. ``TierLock`` is what
+the compile manager holds, whichever tier the lock is in: KeyLock here (a per-key file lock
+of the writable root) and remote.lock.RemoteLock (the Redis tier's) both implement it.
+
+KeyLock: per-key inter-process locks (filelock) with non-blocking try and bounded waits.
 
 The lock guards "re-check, compile, publish" of one cache key so W processes compile each
 key once. It is an OS file lock (flock), so a holder that dies (even kill -9) frees it. If
@@ -21,16 +27,47 @@ import stat
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
 import filelock
 
-__all__ = ["KeyLock", "remove_lock_file"]
+from mlpjit.jit.bounds import check_wait
+
+__all__ = ["KeyLock", "TierLock", "remove_lock_file"]
 
 log = logging.getLogger(__name__)
 
 # Times an acquire takes the lock again after finding its file unlinked (each time another
 # process removed the file just as this one locked it: more in a row means a loop).
 _RELOCK_TRIES = 8
+
+
+class TierLock(Protocol):
+    """An exclusive lock on one cache key in one tier; one instance per acquiring thread.
+
+    A tier that cannot lock (no usable lock file, Redis unavailable) hands out a stand-in
+    that always succeeds without excluding anyone: ``shared`` is then False, since there is
+    nothing shared to protect.
+    """
+
+    @property
+    def held(self) -> bool:
+        """Whether this instance holds the lock (or its stand-in)."""
+        ...
+
+    shared: bool
+
+    def try_acquire(self) -> bool:
+        """Take the lock if nobody holds it; never waits."""
+        ...
+
+    def acquire(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds (checked by check_wait) for the lock."""
+        ...
+
+    def release(self) -> None:
+        """Release the lock if held (a no-op otherwise)."""
+        ...
 
 
 class KeyLock:
@@ -103,9 +140,7 @@ class KeyLock:
 
     def acquire(self, timeout: float) -> bool:
         """Wait at most ``timeout`` seconds for the lock; True if taken."""
-        if timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-        return self._attempt(timeout)
+        return self._attempt(check_wait(timeout))
 
     def release(self) -> None:
         """Release the lock if held (a no-op otherwise)."""

@@ -13,19 +13,22 @@ only when no live process can still be using it: see the rules in each helper.
 
 from __future__ import annotations
 
+import math
 import os
-import re
 import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlpjit.errors import CacheDirError
+from mlpjit.jit import cache_layout
+from mlpjit.jit.bounds import seconds
+from mlpjit.jit.cache_layout import is_key
 from mlpjit.jit.safe_fs import opened_dir, remove_at
-from mlpjit.jit.safe_read import read_regular
 from mlpjit.jit.scratch import pid_alive, remove_dead_scratch
-from mlpjit.jit.store import MAX_ALIAS_BYTES, CacheStore, is_key, same_file, tier_problem
+from mlpjit.jit.store import CacheStore
+from mlpjit.jit.trust import same_file, tier_problem
+from mlpjit.jit.writable_tier import alias_file_key
 
 if TYPE_CHECKING:
     from mlpjit.jit.remote import RemoteCache
@@ -47,11 +50,9 @@ __all__ = [
 # process that is older than this was abandoned (or its pid was reused), so it goes too.
 LIVE_TEMP_MAX_AGE = 600.0
 # A cubin is renamed into place a moment before its manifest. A publisher that timed out on
-# the key lock publishes without holding it (manager._miss), so the lock alone cannot prove
-# that a cubin without a manifest is abandoned: it must also be older than this.
+# the key lock publishes without holding it (CompileManager._claim_and_build), so the lock
+# alone cannot prove that a cubin without a manifest is abandoned: it must also be older.
 ORPHAN_MIN_AGE = 60.0
-# CacheStore._write_temp names start with the writer's pid and a dot ("<pid>.<random>").
-_TEMP_PID_RE = re.compile(r"^(\d{1,10})\.")
 
 
 def _count(path: Path, pattern: str) -> int:
@@ -62,7 +63,8 @@ def _count(path: Path, pattern: str) -> int:
 
 
 def entry_rows(store: CacheStore) -> list[dict[str, Any]]:
-    """One summary per committed entry (root first, then layers), sorted by kernel and key."""
+    """One summary per committed entry (root first, then the read-only tiers), sorted by
+    kernel and key."""
     rows = []
     for key, manifest in store.iter_manifests():
         components = manifest.get("components")
@@ -100,6 +102,7 @@ def find_entry(store: CacheStore, prefix: str) -> tuple[str, dict[str, Any]]:
 
 def cache_stats(store: CacheStore, remote: RemoteCache | None = None) -> dict[str, Any]:
     """Entries and bytes (total, per kernel, per origin), quarantined entries, lock files;
+    "layers" lists the read-only dirs (the key users know);
     with ``remote`` also "remote": the fleet cache's report (remote.remote_report: entries,
     the fleet-wide hits, rejected and uploads, reachable, error)."""
     kernels: dict[str, dict[str, int]] = {}
@@ -116,14 +119,14 @@ def cache_stats(store: CacheStore, remote: RemoteCache | None = None) -> dict[st
             slot["bytes"] += size
     data = {
         "root": str(store.root),
-        "layers": [str(p) for p in store.layers],
+        "layers": [str(p) for p in store.read_only],
         "entries": entries,
         "bytes": total,
         "unreadable_manifests": unreadable,
         "kernels": dict(sorted(kernels.items())),
         "origins": origins,
         "quarantined": _count(store.area("quarantine"), "*"),
-        "lock_files": _count(store.area("locks"), "*.lock"),
+        "lock_files": _count(store.area("locks"), f"*{cache_layout.LOCK_SUFFIX}"),
         "temp_files": _count(store.area("tmp"), "*"),
     }
     if remote is not None:
@@ -136,20 +139,21 @@ def cache_stats(store: CacheStore, remote: RemoteCache | None = None) -> dict[st
 def verify_cache(store: CacheStore) -> dict[str, Any]:
     """Re-verify every entry (sha256, size, key); quarantine bad ones in the writable root.
 
-    A bad entry in a read-only layer cannot be moved: it is reported (and skipped by every
+    A bad entry in a read-only tier cannot be moved: it is reported (and skipped by every
     lookup). Verification goes through CacheStore.lookup, the same check every load does.
     Directories every access refuses (the root's layout, CacheStore.layout_problems, and
-    layers failing the tier rule) are reported too, each as {"path", "action", "reason"}.
+    read-only tiers failing the tier rule) are reported too, each as {"path", "action",
+    "reason"}.
     """
     checked, bad = 0, []
     for path, reason in store.layout_problems():
         action = "refused by every access (`mlpjit cache clear` repairs it)"
         bad.append({"key": "", "path": str(path), "action": action, "reason": reason})
-    for layer in store.layers:
-        problem = tier_problem(layer)
+    for path in store.read_only:
+        problem = tier_problem(path)
         if problem not in (None, "missing"):
             action = "skipped (read-only layer)"
-            bad.append({"key": "", "path": str(layer), "action": action, "reason": problem})
+            bad.append({"key": "", "path": str(path), "action": action, "reason": problem})
     dirs = len(bad)
     for key, manifest in list(store.iter_manifests()):
         checked += 1
@@ -194,13 +198,13 @@ def prune_cache(
 ) -> dict[str, Any]:
     """Remove root entries unused for ``older_than`` seconds, then least recently used ones
     until the root holds at most ``max_bytes`` of cubins, then the leftovers of killed
-    processes (see remove_leftovers). Layers are never touched."""
+    processes (see remove_leftovers). Read-only tiers are never touched."""
     if max_bytes is None and older_than is None:
         raise ValueError("prune needs max_bytes and/or older_than")
     if max_bytes is not None and max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-    if older_than is not None and older_than < 0:
-        raise ValueError(f"older_than must be >= 0 seconds, got {older_than}")
+    if older_than is not None:
+        older_than = seconds(older_than, "older_than", (0.0, math.inf))
     now = time.time() if now is None else now
     entries = sorted(_root_entries(store), key=lambda e: (e[1], e[0]))  # LRU first
     total = sum(size for _, _, size in entries)
@@ -272,7 +276,7 @@ def _empty_quarantine(store: CacheStore) -> int:
     """
     dropped = 0
     try:
-        with opened_dir(store.root, "v1", "quarantine") as quarantine:
+        with opened_dir(store.root, cache_layout.VERSION_DIR, "quarantine") as quarantine:
             for name in os.listdir(quarantine):
                 try:
                     dropped += remove_at(quarantine, name)
@@ -306,15 +310,6 @@ def remove_leftovers(
     }
 
 
-def _usable(store: CacheStore, *parts: str) -> bool:
-    """Whether the root's v1/<parts> exists and passes the store's checks (one that does
-    not is left for `mlpjit cache clear` to repair)."""
-    try:
-        return store._root_dirs(*parts)
-    except CacheDirError:
-        return False
-
-
 def _listdir(path: Path) -> list[Path]:
     try:
         return sorted(path.iterdir())
@@ -338,14 +333,14 @@ def _temp_in_use(name: str, st: os.stat_result, now: float) -> bool:
     the name carries one) alive on this host."""
     if now - st.st_mtime >= LIVE_TEMP_MAX_AGE:
         return False
-    match = _TEMP_PID_RE.match(name)
-    return match is None or pid_alive(int(match.group(1)))
+    pid = cache_layout.temp_pid(name)
+    return pid is None or pid_alive(pid)
 
 
 def _remove_temp_files(store: CacheStore, now: float) -> dict[str, int]:
     """Remove v1/tmp files no publish in flight can own (see _temp_in_use)."""
     removed = kept = 0
-    if not _usable(store, "tmp"):
+    if not store.writable.usable("tmp"):
         return {"removed": 0, "kept": 0}
     for path in _listdir(store.area("tmp")):
         try:
@@ -363,10 +358,10 @@ def _remove_temp_files(store: CacheStore, now: float) -> dict[str, int]:
 
 def _shards(store: CacheStore) -> Iterator[Path]:
     """The root's checked v1/entries/<xx> dirs."""
-    if not _usable(store, "entries"):
+    if not store.writable.usable("entries"):
         return
     for shard in _listdir(store.area("entries")):
-        if _usable(store, "entries", shard.name):
+        if store.writable.usable("entries", shard.name):
             yield shard
 
 
@@ -401,17 +396,8 @@ def _remove_orphan_cubins(store: CacheStore, now: float) -> dict[str, int]:
     return {"removed": removed, "kept": kept}
 
 
-def _alias_target(path: Path) -> str | None:
-    """The key an alias file names, or None if it names none (unreadable, not a key)."""
-    try:
-        key = read_regular(path, MAX_ALIAS_BYTES)[0].decode("ascii").strip()
-    except (OSError, ValueError):  # a FIFO, device or link is refused unopened
-        return None
-    return key if is_key(key) else None
-
-
 def _has_entry(store: CacheStore, key: str) -> bool:
-    return os.path.lexists(store.area("entries") / key[:2] / f"{key}.json")
+    return os.path.lexists(cache_layout.entry_paths(store.root, key)[0])
 
 
 def _remove_alias(store: CacheStore, path: Path, key: str, st: os.stat_result) -> bool:
@@ -431,7 +417,7 @@ def _remove_stale_aliases(store: CacheStore) -> dict[str, int]:
     held is kept; an alias replaced since it was read is kept too (_unlink_if_same).
     """
     removed = kept = 0
-    if not _usable(store, "aliases"):
+    if not store.writable.usable("aliases"):
         return {"removed": 0, "kept": 0}
     for path in _listdir(store.area("aliases")):
         try:
@@ -440,7 +426,7 @@ def _remove_stale_aliases(store: CacheStore) -> dict[str, int]:
             continue
         if stat.S_ISDIR(st.st_mode):
             continue
-        key = _alias_target(path) if is_key(path.name) else None
+        key = alias_file_key(path) if is_key(path.name) else None
         if key is not None and _has_entry(store, key):
             continue  # a live alias
         if key is None:
@@ -456,16 +442,16 @@ def _remove_stale_locks(store: CacheStore) -> dict[str, int]:
     """Remove the lock files of keys without a root entry (a failed compile's, or an entry
     removed by an older mlpjit), each only while holding it (locks.remove_lock_file): a lock
     somebody holds is kept, since that key is being compiled right now."""
-    from mlpjit.jit.locks import KeyLock, remove_lock_file
+    from mlpjit.jit.locks import remove_lock_file
 
     removed = kept = 0
-    if not _usable(store, "locks"):
+    if not store.writable.usable("locks"):
         return {"removed": 0, "kept": 0}
     for path in _listdir(store.area("locks")):
-        key = path.name.removesuffix(".lock")
-        if not path.name.endswith(".lock") or not is_key(key) or _has_entry(store, key):
+        key = cache_layout.key_of_lock_file(path.name)
+        if key is None or _has_entry(store, key):
             continue
-        lock = KeyLock(path)
+        lock = store.writable.lock(key)
         if not lock.try_acquire():
             kept += 1
             continue

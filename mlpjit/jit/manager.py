@@ -1,4 +1,4 @@
-"""Single flight: check -> lock -> re-check -> compile -> publish, with stats and logging.
+"""Compile once: look up -> lock -> re-check -> shared tiers -> compile -> publish -> put.
 
 Across processes a per-key file lock makes W workers asking for the same kernel compile it
 once; within a process, threads asking for the same key share one in-flight compile. warm()
@@ -7,12 +7,14 @@ nobody is compiling, then waits for (and re-checks) the rest. A waiter that give
 hung holder (MLPJIT_LOCK_TIMEOUT) compiles and publishes the kernel itself, so later
 processes hit instead of waiting out the timeout again.
 
-With a fleet cache (MLPJIT_REMOTE_CACHE, mlpjit.jit.remote) a local miss, under the local
-key lock, first asks Redis: a remote entry is verified like a local load and published
-locally. Else the cluster-wide single flight follows (the key's Redis lock, a re-check,
-compile, publish locally, upload before the lock is released), so a fleet compiles each key
-once. Without a remote the local path is unchanged, and a Redis that fails only costs one
-warning: the manager then goes on as without it.
+The manager walks the chain of cache tiers (tiers.py): the store's local tiers without a
+lock, then, under the local key lock, each shared tier (the Redis tier of
+MLPJIT_REMOTE_CACHE, mlpjit.jit.remote): its entry, verified like a local load and
+published locally, or its single flight (the key's lock there, a re-check, compile,
+publish locally, put before the lock is released), so a fleet compiles each key once. A
+shared tier that fails only costs one warning: the manager then goes on without it.
+
+The whole flow for one request is ``CompileManager._get``, which ends in an ``Outcome``.
 
 A compile is only started for an arch its kernel's spec lists, and a compiler
 failure becomes one MlpjitError line naming the kernel, the first line of the compiler's
@@ -21,11 +23,12 @@ error and a log file holding all of it.
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import importlib
 import json
 import logging
 import os
-import re
 import tempfile
 import threading
 import time
@@ -38,23 +41,29 @@ from typing import TYPE_CHECKING, Any
 from mlpjit.errors import CaptureError, CompilerUnavailableError, MlpjitError
 from mlpjit.jit import config
 from mlpjit.jit.binary import KernelBinary
-from mlpjit.jit.bounds import bounded
+from mlpjit.jit.bounds import seconds
 from mlpjit.jit.capture import current_stream_capturing as _capturing
+from mlpjit.jit.entry import Entry
 from mlpjit.jit.key import cache_key, key_components, short_key, spec_key, toolchain
+from mlpjit.jit.messages import error_line, strip_ansi
 from mlpjit.jit.safe_fs import open_append
 from mlpjit.jit.spec import KernelRequest, KernelSpec
-from mlpjit.jit.store import CacheStore, Entry
+from mlpjit.jit.store import CacheStore
 
 if TYPE_CHECKING:
-    from mlpjit.jit.locks import KeyLock
-    from mlpjit.jit.remote import RemoteLayer
+    from mlpjit.jit.locks import TierLock
+    from mlpjit.jit.remote import RemoteTier
+    from mlpjit.jit.tiers import SharedTier
 
 __all__ = [
     "CacheStats",
     "CompileManager",
+    "How",
+    "Outcome",
     "check_compile_arch",
     "default_manager",
     "remote_layer",
+    "remote_tier",
 ]
 
 log = logging.getLogger(__name__)
@@ -64,7 +73,6 @@ Progress = Callable[[int, int, "KernelRequest"], None]
 # CuTe DSL's compiler keeps global state (MLIR context, option objects): one compile at a time.
 _COMPILE_MUTEX = threading.Lock()
 
-_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _MAX_REASON = 300  # characters of the compiler's first error line kept in the message
 
 
@@ -81,21 +89,26 @@ def check_compile_arch(spec: KernelSpec, arch: str) -> str:
     return arch
 
 
-def _check_timeout(seconds: float) -> float:
-    """The lock_timeout argument as float seconds within config.LOCK_TIMEOUT_RANGE (the
-    range of MLPJIT_LOCK_TIMEOUT: a longer timed wait overflows); ValueError otherwise."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise ValueError(f"lock_timeout must be a number of seconds, got {seconds!r}")
-    return float(bounded(seconds, "lock_timeout", *config.LOCK_TIMEOUT_RANGE))
+class How(enum.Enum):
+    """How the compile-once flow ended for one request."""
+
+    HIT = "found in a local tier, or in this process's memo"
+    JOINED = "another thread of this process got it"
+    READY = "another process published it while this one waited for the key's lock"
+    FETCHED = "fetched from a shared tier, verified and published locally"
+    COMPILED = "compiled and published here"
+    BUSY = "another process or node is compiling it, and the caller would not wait"
 
 
-def _first_line(err: BaseException) -> str:
-    """The first non-blank line of an error's text (colours stripped), with its type."""
-    text = _ANSI_RE.sub("", str(err))
-    line = next((s.strip() for s in text.splitlines() if s.strip()), "")
-    if len(line) > _MAX_REASON:
-        line = line[: _MAX_REASON - 3] + "..."
-    return f"{type(err).__name__}: {line}" if line else type(err).__name__
+@dataclass(frozen=True)
+class Outcome:
+    """The end of the compile-once flow: ``entry`` (None only when ``how`` is BUSY)."""
+
+    how: How
+    entry: Entry | None = None
+
+
+BUSY = Outcome(How.BUSY)
 
 
 @dataclass
@@ -103,8 +116,8 @@ class CacheStats:
     """Counters of one manager (snapshot via CompileManager.stats).
 
     hits: local hits; misses: local misses (each then a remote hit, a wait or a compile);
-    quarantined: from the store; remote_hits, remote_rejects, uploads: from the remote
-    layer (0 without one): entries fetched from Redis, refused, and uploaded.
+    quarantined: from the store; remote_hits, remote_rejects, uploads: from the shared
+    tiers (0 without one): entries fetched from Redis, refused, and uploaded.
     """
 
     hits: int = 0
@@ -138,20 +151,25 @@ class CompileManager:
         self,
         store: CacheStore | None = None,
         lock_timeout: float | None = None,
-        remote: RemoteLayer | None = None,
+        remote: RemoteTier | None = None,
     ) -> None:
         """``lock_timeout``: seconds to wait on another process's compile of a key (None:
         MLPJIT_LOCK_TIMEOUT, read and checked at every get/warm). ValueError outside
         config.LOCK_TIMEOUT_RANGE (0.01 s to a day).
-        ``remote``: the fleet cache in front of ``store`` (None: the local cache alone);
-        its store is this manager's (ValueError if both are given and differ)."""
+        ``remote``: the Redis tier behind ``store`` (None: the local tiers alone); its store
+        is this manager's (ValueError if both are given and differ)."""
         if remote is not None and store is not None and remote.store is not store:
-            raise ValueError("CompileManager: remote must be a RemoteLayer over the same store")
+            raise ValueError("CompileManager: remote must be a RemoteTier over the same store")
         if store is None:
             store = remote.store if remote is not None else CacheStore()
         self.store = store
         self.remote = remote
-        self.lock_timeout = None if lock_timeout is None else _check_timeout(lock_timeout)
+        self.shared_tiers: tuple[SharedTier, ...] = () if remote is None else (remote,)
+        self.lock_timeout = (
+            None
+            if lock_timeout is None
+            else seconds(lock_timeout, "lock_timeout", config.LOCK_TIMEOUT_RANGE)
+        )
         self._mutex = threading.Lock()
         self._inflight: dict[str, Future[Entry]] = {}
         self._waiters: dict[str, int] = {}
@@ -165,10 +183,11 @@ class CompileManager:
         with self._mutex:
             snap = CacheStats(**vars(self._stats))
         snap.quarantined = self.store.quarantined
-        if self.remote is not None:
-            remote = self.remote.remote.stats
-            snap.remote_hits, snap.remote_rejects = remote.hits, remote.rejected
-            snap.uploads = remote.uploads
+        for tier in self.shared_tiers:
+            counts = tier.stats
+            snap.remote_hits += counts.hits
+            snap.remote_rejects += counts.rejected
+            snap.uploads += counts.uploads
         return snap
 
     def _count(self, **deltas: float) -> None:
@@ -185,10 +204,22 @@ class CompileManager:
 
     def get(self, request: KernelRequest) -> Entry:
         """The entry for ``request``: a cache hit, or a single-flight compile and publish."""
-        timeout = self._timeout()
-        entry = self._get(self._resolve(request), blocking=True, timeout=timeout)
-        assert entry is not None
-        return entry
+        outcome = self.obtain(request)
+        assert outcome.entry is not None  # BUSY only when not waiting
+        return outcome.entry
+
+    def obtain(self, request: KernelRequest, wait: float | None = None) -> Outcome:
+        """The compile-once flow for ``request`` and how it ended (see _get).
+
+        ``wait``: seconds to wait for another process's or node's compile of the key (None:
+        the lock timeout; 0: none at all, and the outcome is BUSY while one compiles it).
+        ValueError for a wait outside 0 to config.LOCK_TIMEOUT_RANGE's end.
+        """
+        if wait is None:
+            wait = self._timeout()
+        else:
+            wait = seconds(wait, "wait", (0.0, config.LOCK_TIMEOUT_RANGE[1]))
+        return self._get(self._resolve(request), wait)
 
     def warm(
         self, requests: Sequence[KernelRequest], progress: Progress | None = None
@@ -203,23 +234,16 @@ class CompileManager:
         resolved = [self._resolve(r) for r in requests]
         total = len(resolved)
         results: dict[int, Entry] = {}
-
-        def finish(i: int, entry: Entry) -> None:
-            results[i] = entry
-            if progress is not None:
-                progress(len(results), total, resolved[i].request)
-
-        if total:
-            start = os.getpid() % total
-            for i in [(start + j) % total for j in range(total)]:
-                entry = self._get(resolved[i], blocking=False, timeout=timeout)
-                if entry is not None:
-                    finish(i, entry)
-            for i in range(total):
-                if i not in results:
-                    entry = self._get(resolved[i], blocking=True, timeout=timeout)
-                    assert entry is not None
-                    finish(i, entry)
+        start = os.getpid() % total if total else 0
+        first_pass = [((start + j) % total, 0.0) for j in range(total)]
+        for i, wait in [*first_pass, *((i, timeout) for i in range(total))]:
+            if i in results:
+                continue
+            outcome = self._get(resolved[i], wait=wait)
+            if outcome.entry is not None:
+                results[i] = outcome.entry
+                if progress is not None:
+                    progress(len(results), total, resolved[i].request)
         return [results[i] for i in range(total)]
 
     # ----------------------------------------------------------------- internals
@@ -232,49 +256,57 @@ class CompileManager:
         return _KeyedRequest(request, spec, components, cache_key(components), spec_key(components))
 
     def _lookup(self, r: _KeyedRequest) -> Entry | None:
+        """The verified entry for ``r`` from the store's local tiers (no lock taken)."""
         # use=True: a load for a launch is what counts as a use (last_used, prune's LRU order).
         if toolchain():
             return self.store.lookup(r.key, use=True)
         # No compiler installed: any toolchain's build of this exact spec will do.
         return self.store.lookup_alias(r.spec_key, use=True)
 
-    def _hit(self, r: _KeyedRequest, entry: Entry, count: bool = True) -> Entry:
+    def _done(self, r: _KeyedRequest, entry: Entry, how: How) -> Outcome:
+        """Remember ``entry`` for this process and record the request."""
         with self._mutex:
             self._memo[r.key] = entry
-        if count:
+        if how is How.HIT:
             self._count(hits=1)
             log.debug("mlpjit: cache hit %s %s", r.request.kernel, short_key(entry.key))
         self._record(r)
-        return entry
+        return Outcome(how, entry)
 
-    def _get(self, r: _KeyedRequest, blocking: bool, timeout: float) -> Entry | None:
+    def _get(self, r: _KeyedRequest, wait: float) -> Outcome:
+        """The compile-once flow for one request, waiting at most ``wait`` seconds (0: not
+        at all) for another process's or node's compile of it.
+
+        1. LOOK UP: this process's memo, then each local tier (no lock).
+        2. JOIN: threads of this process share one flight per key; a follower waits for
+           the leader's result (BUSY when not waiting), and looks again if the leader was
+           a non-waiting pass that gave up.
+        3. LEAD: _claim_and_build, under the key's locks.
+        """
         while True:
             with self._mutex:
                 entry = self._memo.get(r.key)
+            entry = entry or self._lookup(r)
             if entry is not None:
-                return self._hit(r, entry)
-            entry = self._lookup(r)
-            if entry is not None:
-                return self._hit(r, entry)
-            # Threads of this process share one compile per key.
+                return self._done(r, entry, How.HIT)
             with self._mutex:
                 future = self._inflight.get(r.key)
                 leader = future is None
                 if leader:
                     future = self._inflight[r.key] = Future()
-                elif blocking:
+                elif wait:
                     self._waiters[r.key] = self._waiters.get(r.key, 0) + 1
             assert future is not None
             if leader:
                 break
-            if not blocking:
-                return None
+            if not wait:
+                return BUSY
             try:
-                return future.result()
+                return Outcome(How.JOINED, future.result())
             except CancelledError:
-                continue  # the leader was a non-blocking warm pass that skipped: try again
+                continue  # the leader was a non-waiting warm pass that gave up: look again
         try:
-            entry = self._miss(r, blocking, timeout)
+            outcome = self._claim_and_build(r, wait)
         except BaseException as err:
             future.set_exception(err)
             raise
@@ -282,48 +314,42 @@ class CompileManager:
             with self._mutex:
                 self._inflight.pop(r.key, None)
                 self._waiters.pop(r.key, None)
-        if entry is None:
+        if outcome.entry is None:
             future.cancel()
         else:
-            future.set_result(entry)
-        return entry
+            future.set_result(outcome.entry)
+        return outcome
 
-    def _miss(self, r: _KeyedRequest, blocking: bool, timeout: float) -> Entry | None:
-        """Compile ``r`` under its key lock (None if not blocking and another holds it).
+    def _claim_and_build(self, r: _KeyedRequest, wait: float) -> Outcome:
+        """The cross-process part of the flow, under the key's locks.
 
-        A waiter that times out compiles and publishes even though the holder (hung, or just
+        4. CLAIM the local key lock: taken, BUSY (held, and not waiting), or given up after
+           ``wait`` seconds on a hung holder.
+        5. RE-CHECK the local tiers: another process may have published meanwhile (READY).
+        6. SHARED tiers: each one's entry (FETCHED), else its single flight: BUSY when
+           another node compiles it and the caller would not wait.
+        7. COMPILE, PUBLISH locally, PUT into each shared tier, release the locks.
+
+        A waiter that gave up compiles and publishes even though the holder (hung, or just
         slow) still has the lock: else every new process would wait the full timeout again
         for this key. Publishing is atomic (temp file and rename, manifest last) and every
         load verifies the sha256 against the manifest, so a late publish by the holder racing
-        ours can cost at most a quarantine and one recompile, never a mismatched launch.
+        ours can cost at most a quarantine and one recompile, never a mismatched launch. It
+        does not wait for a shared tier's lock too: the holder it gave up on may hold it.
         """
-        from mlpjit.jit.locks import KeyLock  # filelock is only needed on a miss
-
         if _capturing():  # never wait for a lock, let alone compile, inside a capture
             raise CaptureError(
                 f"mlpjit kernel {r.request.kernel} {short_key(r.key)} is not compiled and "
                 f"the current CUDA stream is capturing a graph; call prepare() before capture"
             )
-        lock = KeyLock(self.store.lock_path(r.key))
-        timed_out = False
+        lock = self.store.writable.lock(r.key)
         if not lock.try_acquire():
-            if not blocking:
-                return None
-            t0 = time.perf_counter()
-            timed_out = not lock.acquire(timeout)
-            r.waited = time.perf_counter() - t0
-            self._count(lock_waits=1, wait_seconds=r.waited)
-            if timed_out:
-                log.warning(
-                    "mlpjit: waited %.1f s for another process compiling %s %s; compiling and "
-                    "publishing it here (MLPJIT_LOCK_TIMEOUT)",
-                    r.waited,
-                    r.request.kernel,
-                    short_key(r.key),
-                )
+            if not wait:
+                return BUSY
+            self._wait_for(r, lock, wait)
         try:
             self._count(misses=1)
-            entry = self._lookup(r)  # someone may have published while we waited
+            entry = self._lookup(r)
             if entry is not None:
                 if r.waited:
                     log.info(
@@ -332,61 +358,64 @@ class CompileManager:
                         short_key(r.key),
                         r.waited,
                     )
-                return self._hit(r, entry, count=False)
-            if self.remote is None:
-                entry = self._compile_and_publish(r, lock, timed_out)
-            else:
-                entry = self._remote_miss(r, lock, blocking, timed_out, timeout)
-                if entry is None:
-                    return None
+                return self._done(r, entry, How.READY)
+            with contextlib.ExitStack() as flights:
+                for tier in self.shared_tiers:
+                    check_compile_arch(r.spec, r.request.arch)  # no entry for another arch
+                    if not toolchain():
+                        # Without a compiler only the tier's alias of the spec can serve.
+                        entry = tier.get_alias(r.spec_key).entry
+                        if entry is not None:
+                            return self._done(r, entry, How.FETCHED)
+                        continue
+                    flight = flights.enter_context(
+                        tier.single_flight(r.key, wait if lock.held else 0.0)
+                    )
+                    if flight.entry is not None:
+                        log.info(
+                            "mlpjit: %s %s fetched from the remote cache",
+                            r.request.kernel,
+                            short_key(r.key),
+                        )
+                        return self._done(r, flight.entry, How.FETCHED)
+                    if flight.busy and not wait:
+                        return BUSY  # another node compiles it: warm's second pass waits
+                entry = self._compile_and_publish(r, lock)
+                for tier in self.shared_tiers:
+                    tier.put(entry)  # before the shared tier's lock is released
+                return self._done(r, entry, How.COMPILED)
         finally:
             lock.release()
-        return self._hit(r, entry, count=False)
 
-    def _compile_and_publish(self, r: _KeyedRequest, lock: KeyLock, timed_out: bool) -> Entry:
-        """Compile ``r`` and publish it locally (the caller holds its key lock unless the
-        wait for it timed out)."""
-        binary, seconds = self._compile(r)
-        if not lock.held:
+    def _wait_for(self, r: _KeyedRequest, lock: TierLock, wait: float) -> None:
+        """Wait at most ``wait`` seconds for the key's local lock (a holder is compiling);
+        a wait that runs out leaves the lock unheld, with a warning."""
+        t0 = time.perf_counter()
+        got = lock.acquire(wait)
+        r.waited = time.perf_counter() - t0
+        self._count(lock_waits=1, wait_seconds=r.waited)
+        if not got:
+            log.warning(
+                "mlpjit: waited %.1f s for another process compiling %s %s; compiling and "
+                "publishing it here (MLPJIT_LOCK_TIMEOUT)",
+                r.waited,
+                r.request.kernel,
+                short_key(r.key),
+            )
+
+    def _compile_and_publish(self, r: _KeyedRequest, lock: TierLock) -> Entry:
+        """Compile ``r`` and publish it locally (under ``lock`` unless the wait for it ran
+        out: see _claim_and_build for why that is safe)."""
+        binary, seconds_taken = self._compile(r)
+        gave_up = not lock.held
+        if gave_up:
             lock.try_acquire()  # the holder may be gone by now: publish under the lock
-        # A waiter that timed out re-checks (the holder may have published meanwhile),
-        # then publishes with or without the lock: see _miss for why that is safe.
-        entry = (self._lookup(r) if timed_out else None) or self.store.publish(
-            r.key, r.components, binary, seconds
+        # A waiter that gave up re-checks: the holder may have published meanwhile.
+        entry = (self._lookup(r) if gave_up else None) or self.store.publish(
+            r.key, r.components, binary, seconds_taken
         )
-        self._log_compile(r, seconds)
+        self._log_compile(r, seconds_taken)
         return entry
-
-    def _remote_miss(
-        self, r: _KeyedRequest, lock: KeyLock, blocking: bool, timed_out: bool, timeout: float
-    ) -> Entry | None:
-        """A local miss with a fleet cache: a remote hit, else one compile across the fleet
-        (None only when not ``blocking`` and another node is compiling the key).
-
-        A waiter whose local wait timed out does not wait for the remote lock too: the
-        holder it gave up on may be the one holding it. Without a compiler the entry can
-        only come through Redis' alias of the toolchain-less spec.
-        """
-        layer = self.remote
-        assert layer is not None
-        check_compile_arch(r.spec, r.request.arch)  # no entry exists for another arch
-        if not toolchain():
-            entry = layer.lookup_alias(r.spec_key)
-            return entry if entry is not None else self._compile_and_publish(r, lock, timed_out)
-        wait = timeout if blocking and not timed_out else 0.0
-        with layer.single_flight(r.key, wait) as flight:
-            if flight.entry is not None:
-                log.info(
-                    "mlpjit: %s %s fetched from the remote cache",
-                    r.request.kernel,
-                    short_key(r.key),
-                )
-                return flight.entry
-            if flight.busy and not blocking:
-                return None  # another node compiles it: warm's second pass waits for it
-            entry = self._compile_and_publish(r, lock, timed_out)
-            layer.after_compile(entry)  # before the remote lock is released
-            return entry
 
     def _compile(self, r: _KeyedRequest) -> tuple[KernelBinary, float]:
         """Compile ``r`` with its kernel module; see _compile_failed for how errors end."""
@@ -428,12 +457,12 @@ class CompileManager:
             # mkstemp: a fresh file only we can read, never one an attacker pre-created.
             fd, path = tempfile.mkstemp(prefix=f"mlpjit-compile-{short_key(r.key)}-", suffix=".log")
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(header + _ANSI_RE.sub("", text))
+                f.write(header + strip_ansi(text))
             where = f"full log: {path}"
         except OSError as log_err:
             log.debug("mlpjit: compile error of %s:\n%s", short_key(r.key), text)
             where = f"no log file ({log_err}); the full error is logged at DEBUG"
-        return f"{what}: {_first_line(err)} ({where})"
+        return f"{what}: {error_line(err, first_line=True, max_chars=_MAX_REASON)} ({where})"
 
     def _no_compiler_message(self, r: _KeyedRequest) -> str:
         return (
@@ -490,7 +519,7 @@ _DEFAULT_MUTEX = threading.Lock()
 _MISSING_REDIS_WARNED = False
 
 
-def remote_layer(store: CacheStore) -> RemoteLayer | None:
+def remote_tier(store: CacheStore) -> RemoteTier | None:
     """The fleet cache MLPJIT_REMOTE_CACHE configures in front of ``store``, or None.
 
     The fleet is optional for a serving process (prepare, warm): without redis-py, or with a
@@ -503,7 +532,7 @@ def remote_layer(store: CacheStore) -> RemoteLayer | None:
     try:
         if config.remote_cache_url() is None:
             return None
-        from mlpjit.jit.remote import RemoteLayer, remote_from_env
+        from mlpjit.jit.remote import RemoteTier, remote_from_env
 
         remote = remote_from_env()
     except ValueError as err:
@@ -517,7 +546,10 @@ def remote_layer(store: CacheStore) -> RemoteLayer | None:
                 "(pip install 'mlpjit[redis]'); using the local cache only"
             )
         return None
-    return None if remote is None else RemoteLayer(store, remote)
+    return None if remote is None else RemoteTier(store, remote)
+
+
+remote_layer = remote_tier  # the former name
 
 
 def _remote_settings() -> tuple[Any, ...] | None:
@@ -530,8 +562,8 @@ def _remote_settings() -> tuple[Any, ...] | None:
         return ("malformed", str(err))
     if url is None:
         return None
-    # The key file as its path and mtime: a rotated key rebuilds the layer (the bytes stay
-    # in the layer, never in this tuple).
+    # The key file as its path and mtime: a rotated key rebuilds the tier (the bytes stay
+    # in the tier, never in this tuple).
     key_file = config.remote_key_file()
     key_stamp = None
     if key_file is not None:
@@ -549,12 +581,13 @@ def default_manager() -> CompileManager:
     Rebuilt if those variables changed since (tests, or a server that re-points its cache).
     """
     global _DEFAULT, _DEFAULT_SETTINGS
-    root, layers = config.cache_dir().absolute(), tuple(p.absolute() for p in config.cache_path())
+    root = config.cache_dir().absolute()
+    read_only = tuple(p.absolute() for p in config.cache_path())
     # Compared as configured: the store resolves symlinks once, which must not rebuild it.
-    settings = (root, layers, _remote_settings())
+    settings = (root, read_only, _remote_settings())
     with _DEFAULT_MUTEX:
         if _DEFAULT is None or settings != _DEFAULT_SETTINGS:
-            store = CacheStore(root, layers)
-            _DEFAULT = CompileManager(store, remote=remote_layer(store))
+            store = CacheStore(root, read_only)
+            _DEFAULT = CompileManager(store, remote=remote_tier(store))
             _DEFAULT_SETTINGS = settings
         return _DEFAULT

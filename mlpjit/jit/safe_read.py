@@ -1,6 +1,6 @@
 """Reading untrusted cache files: regular files only, bounded, and JSON that cannot crash us.
 
-Cache entries, aliases and archives may come from a read-only layer, another machine or a
+Cache entries, aliases and archives may come from a read-only cache dir, another machine or a
 damaged disk. Opening a FIFO blocks forever, a symlink to /dev/zero never ends and grows
 memory without limit, and ``json.loads(b"[" * 100000)`` raises RecursionError; each of
 these must be an error about that one file, never a hang or a crashed command.

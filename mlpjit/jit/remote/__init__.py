@@ -1,4 +1,4 @@
-"""A fleet-wide compile cache on Redis, behind the local store (docs/SERVER.md, "Fleet").
+"""The Redis tier: a fleet-wide compile cache behind the local store (docs/SERVER.md, "Fleet").
 
 Modules, one job each:
 
@@ -7,7 +7,8 @@ Modules, one job each:
     sign.py     FleetSigner: HMAC-SHA256 over entries and aliases with the fleet secret
     lua.py      the server-side scripts (atomic check-and-act steps)
     lock.py     RemoteLock: the cluster-wide compile lock of one key
-    layer.py    RemoteLayer (fetch, verify, publish locally; single flight), Flight
+    tier.py     RemoteTier: the tiers.CacheTier on Redis (fetch, verify, publish locally;
+                upload; single flight)
     fleet.py    push, pull and remote_report: the CLI's and doctor's view
 
 Layout under a key prefix (default "mlpjit:"):
@@ -23,16 +24,16 @@ Layout under a key prefix (default "mlpjit:"):
 Every value is size-checked on the server before it is read (lua.py), and SCAN lists only
 names of an entry's exact shape (client.py), so whoever can write Redis cannot make a node
 read a huge value or name; waits for other nodes' locks share one budget
-per process (layer.WaitBudget).
+per process (tier.WaitBudget).
 
-Remote bytes are checked like every local load (store.verify_manifest: components that hash
+Remote bytes are checked like every local load (entry.verify_manifest: components that hash
 to the key, cubin size and sha256, launch_sha256 over every launch field, size caps); a
 rejected entry is counted, deleted from Redis if it still holds those bytes, and never
 published. That check is integrity, not authenticity: the key hashes public inputs, so
 whoever can write the Redis keys can store a self-consistent entry holding any cubin. With
 a fleet secret (MLPJIT_REMOTE_KEY_FILE, the same file on every node) uploads are signed and
 an entry or alias whose signature is missing or wrong is rejected like a corrupt one, so a
-writer without the secret can only get entries rejected. Without one, the first RemoteLayer
+writer without the secret can only get entries rejected. Without one, the first RemoteTier
 of a process logs one WARNING that the cache is integrity-checked only.
 
 Single flight across nodes: the local per-key file lock orders one node's workers; its
@@ -50,14 +51,17 @@ from mlpjit.jit.remote.client import (
     DEFAULT_PREFIX,
     DEFAULT_RETRY_AFTER,
     DEFAULT_TIMEOUT,
+    Fetched,
     RemoteCache,
     RemoteStats,
+    Verified,
     remote_from_env,
 )
 from mlpjit.jit.remote.fleet import REPORT_SCAN_CAP, check_prefixes, pull, push, remote_report
-from mlpjit.jit.remote.layer import DEFAULT_WAIT, Flight, RemoteLayer
 from mlpjit.jit.remote.lock import RemoteLock
 from mlpjit.jit.remote.sign import FleetSigner
+from mlpjit.jit.remote.tier import DEFAULT_WAIT, RemoteTier
+from mlpjit.jit.tiers import Flight
 
 __all__ = [
     "COUNTERS",
@@ -67,12 +71,14 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "DEFAULT_WAIT",
     "REPORT_SCAN_CAP",
+    "Fetched",
     "FleetSigner",
     "Flight",
     "RemoteCache",
-    "RemoteLayer",
     "RemoteLock",
     "RemoteStats",
+    "RemoteTier",
+    "Verified",
     "check_prefixes",
     "pull",
     "push",

@@ -4,7 +4,7 @@ Every call fails open. It has a socket timeout and no client-side retries, so a 
 is down, slow or refusing (auth, TLS, wrong db) costs one timeout at most. The first
 failure logs one WARNING naming the URL (password redacted) and the error; the remote is
 then skipped for ``retry_after`` seconds (calls return None or do nothing at once), as if
-it were not configured. A verified entry is one that passed store.verify_manifest, the
+it were not configured. A verified entry is one that passed entry.verify_manifest, the
 check every local load makes, and, with a fleet secret (MLPJIT_REMOTE_KEY_FILE), whose
 signature verifies (sign.py). Bytes that fail are counted, deleted from Redis if the key
 still holds those very bytes, and never handed out.
@@ -26,19 +26,14 @@ from typing import Any, TypeVar
 
 from mlpjit.errors import CorruptEntryError
 from mlpjit.jit import config
-from mlpjit.jit.bounds import bounded, clamped
+from mlpjit.jit.bounds import clamped, seconds
+from mlpjit.jit.cache_layout import MAX_CUBIN_BYTES, MAX_MANIFEST_BYTES, check_key, is_key
+from mlpjit.jit.entry import compile_seconds_of, verify_manifest
 from mlpjit.jit.key import short_key
+from mlpjit.jit.messages import error_line
 from mlpjit.jit.remote import lua
 from mlpjit.jit.remote.lock import RemoteLock
 from mlpjit.jit.remote.sign import MAX_SIGNATURE_BYTES, FleetSigner
-from mlpjit.jit.store import (
-    MAX_CUBIN_BYTES,
-    MAX_MANIFEST_BYTES,
-    check_key,
-    compile_seconds_of,
-    is_key,
-    verify_manifest,
-)
 
 __all__ = [
     "COUNTERS",
@@ -46,6 +41,7 @@ __all__ = [
     "DEFAULT_PREFIX",
     "DEFAULT_RETRY_AFTER",
     "DEFAULT_TIMEOUT",
+    "Fetched",
     "RemoteCache",
     "RawEntry",
     "RemoteStats",
@@ -56,7 +52,6 @@ __all__ = [
 log = logging.getLogger("mlpjit.jit.remote")
 
 T = TypeVar("T")
-Verified = tuple[dict[str, Any], bytes]  # (manifest, cubin) of an entry that passed the check
 RawEntry = tuple[bytes, bytes, bytes | None]  # (manifest, cubin, signature) as Redis holds them
 
 DEFAULT_PREFIX = config.DEFAULT_REMOTE_PREFIX
@@ -79,7 +74,7 @@ MAX_COUNT = 2**63 - 1  # what INCR counts up to
 MAX_COUNTER_BYTES = 20  # the digits of MAX_COUNT, and a sign
 # An alias' value: a key (64 hex digits), then ":" and a signature of at most
 # MAX_SIGNATURE_BYTES; a longer value is refused on the server, unread.
-MAX_ALIAS_BYTES = 64 + 1 + MAX_SIGNATURE_BYTES
+MAX_REMOTE_ALIAS_BYTES = 64 + 1 + MAX_SIGNATURE_BYTES
 
 _TAKEOVER_WARNED = False  # this process logged a lock taken over (RemoteCache.set_lock)
 _TAKEOVER_MUTEX = threading.Lock()
@@ -88,19 +83,13 @@ _TAKEOVER_MUTEX = threading.Lock()
 _ALIAS_RE = re.compile(rb"([0-9a-f]{64})(?::([0-9a-f]{1,128}))?")  # fullmatch
 
 
-def _milliseconds(seconds: float, what: str, bounds: tuple[float, float]) -> int:
-    """``seconds`` (within ``bounds``) as a whole number of milliseconds; ValueError naming
-    ``what`` and the range otherwise (1e308 s would overflow, a NaN would pass a compare)."""
-    return int(bounded(seconds, what, *bounds) * 1000)
+def _milliseconds(value: float, what: str, bounds: tuple[float, float]) -> int:
+    """``value`` seconds (within ``bounds``: bounds.seconds) as whole milliseconds."""
+    return int(seconds(value, what, bounds) * 1000)
 
 
 def _sha1(data: bytes) -> str:
     return hashlib.sha1(data, usedforsecurity=False).hexdigest()
-
-
-def _one_line(err: BaseException) -> str:
-    """'Type: message' on one line (redis-py's messages may hold newlines)."""
-    return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
 
 def _glob_escape(text: str) -> str:
@@ -114,6 +103,31 @@ def _counter_value(raw: object) -> int:
     if not isinstance(raw, bytes) or len(raw) > MAX_COUNTER_BYTES or not raw.isdigit():
         return 0
     return int(clamped(raw.decode("ascii", "replace"), 0, MAX_COUNT, 0, integer=True))
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A remote entry that passed the check: its manifest (parsed) and cubin."""
+
+    manifest: dict[str, Any]
+    cubin: bytes
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """What RemoteCache.verified found for a key: ``found`` (verified), ``rejected`` (why
+    the bytes there were refused), or neither (absent, or the remote is off)."""
+
+    found: Verified | None = None
+    rejected: str | None = None
+
+
+class _Refused(Exception):
+    """Bytes from Redis that are no usable entry, with the reason (caught in this module)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass
@@ -181,7 +195,7 @@ class RemoteCache:
         retry_ms = _milliseconds(retry_after, "remote cache retry_after", (0.01, MAX_RETRY_AFTER))
         self.retry_after = retry_ms / 1000
         self._signer = None if secret is None else FleetSigner(secret)
-        # No client-side retries: one failure is one timeout at most, then the layer is off.
+        # No client-side retries: one failure is one timeout at most, then the tier is off.
         self._client = redis.Redis.from_url(
             url,
             socket_timeout=self.timeout,
@@ -286,7 +300,7 @@ class RemoteCache:
             "cache only, next try in %.0f s",
             self.url,
             what,
-            _one_line(err),
+            error_line(err),
             self.hint(err),
             self.retry_after,
         )
@@ -320,9 +334,9 @@ class RemoteCache:
 
     # ----------------------------------------------------------------- entries
 
-    def _fetch_reply(self, key: str) -> RawEntry | str | None:
-        """The entry's (manifest, cubin, signature or None), the reason it is refused, or
-        None (absent, or the remote is off)."""
+    def _fetch_reply(self, key: str) -> RawEntry | None:
+        """The entry's (manifest, cubin, signature or None), or None (absent, or the remote
+        is off); _Refused with the reason the server or the size caps refuse it."""
         name = self.entry_name(key)
         caps = [MAX_MANIFEST_BYTES, MAX_REMOTE_CUBIN_BYTES, MAX_SIGNATURE_BYTES]
         ok, reply = self._run("fetch", lambda: self._scripts["fetch"](keys=[name], args=caps))
@@ -331,39 +345,39 @@ class RemoteCache:
                 self._count(misses=1)
             return None
         if isinstance(reply, list) and len(reply) == 2 and reply[0] == b"bad":
-            return bytes(reply[1]).decode("utf-8", "replace")
+            raise _Refused(bytes(reply[1]).decode("utf-8", "replace"))
         return _raw_entry(reply)
 
     def fetch(self, key: str) -> tuple[bytes, bytes] | None:
         """The raw (manifest bytes, cubin) stored for ``key``, unverified and unauthenticated;
         None if absent, refused by the size caps, or the remote is unavailable. Use
         fetch_verified."""
-        reply = self._fetch_reply(key)
-        if isinstance(reply, str):
-            self._reject(key, reply)
+        try:
+            reply = self._fetch_reply(key)
+        except _Refused as refused:
+            self._reject(key, refused.reason)
             return None
         return None if reply is None else reply[:2]
 
-    def _check(self, key: str, raw: RawEntry) -> dict[str, Any] | str:
-        """The parsed manifest of an entry that is authentic (when signed) and intact, else
-        why not. The signature is checked first: untrusted JSON is parsed only once it is
-        known to come from the fleet."""
+    def _check(self, key: str, raw: RawEntry) -> dict[str, Any]:
+        """The parsed manifest of an entry that is authentic (when signed) and intact;
+        _Refused with the reason otherwise. The signature is checked first: untrusted JSON
+        is parsed only once it is known to come from the fleet."""
         manifest, cubin, sig = raw
         if self._signer is not None:
             problem = self._signer.entry_problem(key, manifest, cubin, sig)
             if problem is not None:
-                return problem
+                raise _Refused(problem)
         try:
             return verify_manifest(key, manifest, cubin)
         except CorruptEntryError as err:
-            return str(err)
+            raise _Refused(str(err)) from None
 
-    def verified(
-        self, key: str, *, served: bool = True, spec_key: str | None = None
-    ) -> Verified | str | None:
-        """``key``'s remote entry if it passes the store's check (and, with a fleet secret,
-        the signature check), the reason it was rejected (counted, and the entry discarded
-        if its bytes were read), or None (absent, or the remote is off).
+    def verified(self, key: str, *, served: bool = True, spec_key: str | None = None) -> Fetched:
+        """``key``'s remote entry checked: Fetched.found if it passes the store's check
+        (and, with a fleet secret, the signature check), Fetched.rejected with the reason
+        it was refused (counted, and the entry discarded if its bytes were read), or
+        neither (absent, or the remote is off).
 
         ``served``: count a verified entry as a hit (False for a presence check such as
         push's). ``spec_key``: the entry must also be a build of that toolchain-less spec
@@ -371,33 +385,32 @@ class RemoteCache:
         anywhere). With a fleet secret an entry without a valid signature is rejected like
         a corrupt one. The returned manifest's compile_seconds is made safe to publish.
         """
-        reply = self._fetch_reply(key)
-        if isinstance(reply, str):
-            self._reject(key, reply)
-            return reply
-        if reply is None:
-            return None
-        manifest = self._check(key, reply)
-        if isinstance(manifest, str):
-            self._reject(key, manifest)
-            self.discard(key, *reply)
-            return manifest
+        reply = None
+        try:
+            reply = self._fetch_reply(key)
+            if reply is None:
+                return Fetched()
+            manifest = self._check(key, reply)
+        except _Refused as refused:
+            self._reject(key, refused.reason)
+            if reply is not None:
+                self.discard(key, *reply)
+            return Fetched(rejected=refused.reason)
         if spec_key is not None and manifest["spec_key"] != spec_key:
             reason = f"it is not a build of spec {short_key(spec_key)}, which its alias names"
             self._reject(key, reason)
-            return reason
+            return Fetched(rejected=reason)
         if served:
             self._count(hits=1)
             self._bump("hits")
         manifest["compile_seconds"] = compile_seconds_of(manifest)
-        return manifest, reply[1]
+        return Fetched(Verified(manifest, reply[1]))
 
     def fetch_verified(self, key: str, spec_key: str | None = None) -> Verified | None:
         """(manifest, cubin) of ``key``'s remote entry if it verifies exactly like a local
-        load (store.verify_manifest) and, with a fleet secret, its signature verifies; None
+        load (entry.verify_manifest) and, with a fleet secret, its signature verifies; None
         otherwise. See ``verified``."""
-        result = self.verified(key, spec_key=spec_key)
-        return result if isinstance(result, tuple) else None
+        return self.verified(key, spec_key=spec_key).found
 
     def exists(self, key: str) -> bool:
         """Whether Redis holds an entry for ``key`` (False if the remote is unavailable)."""
@@ -462,7 +475,7 @@ class RemoteCache:
         remote is off, or, with a fleet secret, its signature does not verify: rejected).
         Even a signed alias may be an old one: verify what it names with ``spec_key``."""
         name = self.alias_name(spec_key)
-        cap = [MAX_ALIAS_BYTES]
+        cap = [MAX_REMOTE_ALIAS_BYTES]
         ok, value = self._run("alias", lambda: self._scripts["alias"](keys=[name], args=cap))
         if ok and isinstance(value, list) and len(value) == 2 and value[0] == b"bad":
             self._reject(spec_key, bytes(value[1]).decode("ascii", "replace"), what="alias")
@@ -580,7 +593,7 @@ class RemoteCache:
         try:
             self._client.ping()
         except self._errors as err:
-            return _one_line(err) + self.hint(err)
+            return error_line(err) + self.hint(err)
         return None
 
     def report(self, scan_cap: int) -> dict[str, Any]:
@@ -606,9 +619,9 @@ class RemoteCache:
             out["fleet"] = self._read_counters()
         except self._auth_errors as err:
             out["reachable"], out["auth_ok"] = True, False
-            out["error"] = _one_line(err) + self.hint(err)
+            out["error"] = error_line(err) + self.hint(err)
         except self._errors as err:
-            out["error"] = _one_line(err) + self.hint(err)
+            out["error"] = error_line(err) + self.hint(err)
         return out
 
     def close(self) -> None:
@@ -617,20 +630,20 @@ class RemoteCache:
             self._client.close()
 
 
-def _raw_entry(reply: object) -> RawEntry | str:
-    """The (manifest, cubin, signature or None) of the FETCH script's "ok" reply, or why
-    the reply is refused."""
+def _raw_entry(reply: object) -> RawEntry:
+    """The (manifest, cubin, signature or None) of the FETCH script's "ok" reply;
+    _Refused with the reason the reply is refused."""
     if not (isinstance(reply, list) and len(reply) == 4 and reply[0] == b"ok"):
-        return "malformed reply"
+        raise _Refused("malformed reply")
     manifest, cubin, sig = reply[1:]
     if not (isinstance(manifest, bytes) and isinstance(cubin, bytes)):
-        return "malformed reply"
+        raise _Refused("malformed reply")
     if not (sig is None or isinstance(sig, bytes)):
-        return "malformed reply"
+        raise _Refused("malformed reply")
     if len(manifest) > MAX_MANIFEST_BYTES or len(cubin) > MAX_REMOTE_CUBIN_BYTES:
-        return "over the size cap"
+        raise _Refused("over the size cap")
     if sig is not None and len(sig) > MAX_SIGNATURE_BYTES:
-        return "the signature field is over its size cap"
+        raise _Refused("the signature field is over its size cap")
     return manifest, cubin, sig
 
 

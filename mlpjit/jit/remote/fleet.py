@@ -17,8 +17,9 @@ from typing import Any
 
 from mlpjit.jit.archive import ImportReport, portable_manifest, publish_entry
 from mlpjit.jit.binary import binary_from_fields
+from mlpjit.jit.cache_layout import is_key
 from mlpjit.jit.remote.client import RemoteCache
-from mlpjit.jit.store import CacheStore, is_key
+from mlpjit.jit.store import CacheStore
 
 __all__ = ["REPORT_SCAN_CAP", "check_prefixes", "pull", "push", "remote_report"]
 
@@ -53,7 +54,7 @@ def _select(keys: Iterable[str], prefixes: Sequence[str] | None) -> tuple[list[s
 def push(
     store: CacheStore, remote: RemoteCache, prefixes: Iterable[str] | None = None
 ) -> dict[str, Any]:
-    """Upload verified local entries (root and layers; all, or those whose key starts with
+    """Upload verified local entries (every local tier; all, or those whose key starts with
     one of ``prefixes``) for `mlpjit cache push`.
 
     A key whose remote entry already verifies is left as it is ("present"); a bad remote
@@ -69,7 +70,7 @@ def push(
         entry = store.lookup(key)
         if entry is None:
             missing.append(key)
-        elif isinstance(remote.verified(key, served=False), tuple):
+        elif remote.verified(key, served=False).found is not None:
             report["present"].append(key)
         elif remote.upload(key, portable_manifest(entry), entry.cubin):
             report["pushed"].append(key)
@@ -115,14 +116,14 @@ def pull(
         if _in_root(store, key):  # not fetched at all: no bytes moved, no hit counted
             report.skipped.append({"key": key, "reason": "already in the cache"})
             continue
-        result = remote.verified(key)
-        if result is None:
-            missing.append(key)
-        elif isinstance(result, str):
-            report.rejected.append({"key": key, "reason": result})
-        else:
-            manifest, cubin = result
+        fetched = remote.verified(key)
+        if fetched.found is not None:
+            manifest, cubin = fetched.found.manifest, fetched.found.cubin
             publish_entry(store, key, manifest, binary_from_fields(manifest, cubin), report)
+        elif fetched.rejected is not None:
+            report.rejected.append({"key": key, "reason": fetched.rejected})
+        else:
+            missing.append(key)
     error = None
     if selected is None or not remote.available:
         error = f"the remote compile cache {remote.url} is unavailable"

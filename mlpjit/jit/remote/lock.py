@@ -17,8 +17,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from mlpjit.jit.bounds import check_wait
+from mlpjit.jit.cache_layout import check_key
 from mlpjit.jit.key import short_key
-from mlpjit.jit.store import check_key
 
 if TYPE_CHECKING:
     from mlpjit.jit.remote.client import RemoteCache
@@ -39,10 +40,11 @@ def poll_delay(attempt: int) -> float:
 class RemoteLock:
     """A cluster-wide exclusive lock on one key; one instance per acquiring thread.
 
-    Like locks.KeyLock: if Redis is unavailable the lock "succeeds" without excluding
-    anyone (``shared`` is then False), since there is no fleet cache to protect. While held,
-    a daemon thread extends the expiry every lock_ttl/3; if the lock was lost meanwhile
-    (expired while Redis was unreachable, or deleted by someone), ``lost`` becomes True.
+    A locks.TierLock, like locks.KeyLock: if Redis is unavailable the lock "succeeds"
+    without excluding anyone (``shared`` is then False), since there is no fleet cache to
+    protect. While held, a daemon thread extends the expiry every lock_ttl/3; if the lock
+    was lost meanwhile (expired while Redis was unreachable, or deleted by someone),
+    ``lost`` becomes True.
     """
 
     def __init__(self, remote: RemoteCache, key: str) -> None:
@@ -81,9 +83,7 @@ class RemoteLock:
         ``stop()`` is polled between attempts: when it returns True (e.g. the entry has
         appeared) the wait ends early with False.
         """
-        if timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + check_wait(timeout)
         if self.try_acquire():
             return True
         self.remote.count_lock_wait()

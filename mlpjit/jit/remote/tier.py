@@ -1,13 +1,16 @@
-"""RemoteLayer: a RemoteCache composed with a local CacheStore, as the compile manager uses it.
+"""RemoteTier: the Redis tier, a RemoteCache composed with the local CacheStore.
 
-On a local miss (the caller holds the local key lock, which orders one node's workers) the
-layer fetches the entry, verifies it and publishes it locally; otherwise ``single_flight``
+It is a tiers.SharedTier: ``get`` / ``get_alias`` fetch an entry, verify it and publish it
+into the local writable root (so one code path verifies and publishes, as in Triton's
+RemoteCacheManager); ``put`` uploads a fresh compile; ``lock`` is the key's cluster-wide
+compile lock. On a local miss (the caller holds the local key lock, which orders one
+node's workers) the compile manager asks this tier; ``single_flight``
 takes the key's cluster-wide lock, so that one process in the fleet compiles the key while
 the others wait for its upload (polling the entry and the lock, bounded by a timeout after
 which they compile for themselves). The compile itself stays with the caller.
 
-A layer over a cache without a fleet secret works, integrity-checked only; the first such
-layer of a process logs one WARNING saying what that allows (docs/SERVER.md, Security model).
+A tier over a cache without a fleet secret works, integrity-checked only; the first such
+tier of a process logs one WARNING saying what that allows (docs/SERVER.md, Security model).
 """
 
 from __future__ import annotations
@@ -17,17 +20,18 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from mlpjit.jit.archive import portable_manifest
 from mlpjit.jit.binary import binary_from_fields
 from mlpjit.jit.config import DEFAULT_LOCK_TIMEOUT
+from mlpjit.jit.entry import Entry
 from mlpjit.jit.key import short_key
-from mlpjit.jit.remote.client import RemoteCache, Verified
+from mlpjit.jit.remote.client import Fetched, RemoteCache, RemoteStats
 from mlpjit.jit.remote.lock import RemoteLock, poll_delay
-from mlpjit.jit.store import CacheStore, Entry
+from mlpjit.jit.store import CacheStore
+from mlpjit.jit.tiers import MISS, Flight, Lookup
 
-__all__ = ["DEFAULT_WAIT", "Flight", "RemoteLayer", "WaitBudget"]
+__all__ = ["DEFAULT_WAIT", "RemoteTier", "WaitBudget"]
 
 log = logging.getLogger("mlpjit.jit.remote")
 
@@ -94,23 +98,8 @@ def _warn_unsigned(remote: RemoteCache) -> None:
     )
 
 
-@dataclass(frozen=True)
-class Flight:
-    """What RemoteLayer.single_flight found; exactly one of three cases.
-
-    entry set: another node's entry, verified and published locally: use it.
-    busy: the wait was 0 and another node holds the key's lock: come back later.
-    neither: compile, publish, and call after_compile before leaving the with block (this
-    process holds the remote lock, Redis is unavailable, or the wait timed out or was
-    skipped because the process's waits used up their budget: WaitBudget).
-    """
-
-    entry: Entry | None = None
-    busy: bool = False
-
-
-class RemoteLayer:
-    """A RemoteCache composed with a local CacheStore: what the compile manager calls."""
+class RemoteTier:
+    """The Redis tier: a RemoteCache composed with the local CacheStore it publishes into."""
 
     def __init__(self, store: CacheStore, remote: RemoteCache) -> None:
         """Compose ``remote`` with ``store``; warns once per process if ``remote`` is not
@@ -120,30 +109,25 @@ class RemoteLayer:
         _warn_unsigned(remote)
 
     def __repr__(self) -> str:
-        return f"RemoteLayer({self.store.root}, {self.remote!r})"
+        return f"RemoteTier({self.store.root}, {self.remote!r})"
 
-    def _publish(self, key: str, fetched: Verified) -> Entry:
-        """Publish a verified remote entry into the local root (persisted=False if the
-        disk refused it, like a compile's)."""
-        manifest, cubin = fetched
+    def _published(self, key: str, fetched: Fetched) -> Lookup:
+        """A checked remote entry published into the local root (persisted=False if the
+        disk refused it, like a compile's), or why it was rejected."""
+        if fetched.found is None:
+            return MISS if fetched.rejected is None else Lookup(rejected=fetched.rejected)
+        manifest, cubin = fetched.found.manifest, fetched.found.cubin
         binary = binary_from_fields(manifest, cubin)
-        return self.store.publish(key, manifest["components"], binary, manifest["compile_seconds"])
+        entry = self.store.publish(key, manifest["components"], binary, manifest["compile_seconds"])
+        return Lookup(entry)
 
-    def _fetch(self, key: str) -> Entry | str | None:
-        """The remote entry for ``key`` verified and published locally, the reason it was
-        rejected, or None (absent, or the remote is off)."""
-        found = self.remote.verified(key)
-        return self._publish(key, found) if isinstance(found, tuple) else found
+    def get(self, key: str, *, use: bool = False) -> Lookup:
+        """The remote entry for ``key``, verified and published into the local root, or
+        why it was rejected. The caller holds the local key lock (the compile manager does);
+        ``use`` changes nothing here (the local copy records uses)."""
+        return self._published(key, self.remote.verified(key))
 
-    def lookup(self, key: str) -> Entry | None:
-        """The remote entry for ``key``, verified and published into the local root.
-
-        The caller holds the local key lock (as CompileManager._miss does).
-        """
-        found = self._fetch(key)
-        return found if isinstance(found, Entry) else None
-
-    def lookup_alias(self, spec_key: str) -> Entry | None:
+    def get_alias(self, spec_key: str, *, use: bool = False) -> Lookup:
         """The latest upload of a toolchain-less spec, for a node without the compiler.
 
         Such a node cannot compute a full key (it holds the toolchain's version), so it
@@ -152,13 +136,21 @@ class RemoteLayer:
         """
         key = self.remote.alias_target(spec_key)
         if key is None:
-            return None
-        fetched = self.remote.fetch_verified(key, spec_key=spec_key)
-        return None if fetched is None else self._publish(key, fetched)
+            return MISS
+        return self._published(key, self.remote.verified(key, spec_key=spec_key))
 
-    def after_compile(self, entry: Entry) -> bool:
-        """Upload a freshly compiled entry; True if Redis took it."""
+    def put(self, entry: Entry) -> bool:
+        """Upload a freshly compiled local entry; True if Redis took it."""
         return self.remote.upload(entry.key, portable_manifest(entry), entry.cubin)
+
+    def lock(self, key: str) -> RemoteLock:
+        """A new (unheld) cluster-wide compile lock on ``key``."""
+        return self.remote.lock(key)
+
+    @property
+    def stats(self) -> RemoteStats:
+        """This process's counters of the Redis tier (hits, rejected, uploads, ...)."""
+        return self.remote.stats
 
     @contextlib.contextmanager
     def single_flight(self, key: str, wait: float = DEFAULT_WAIT) -> Iterator[Flight]:
@@ -170,13 +162,13 @@ class RemoteLayer:
         lock another node holds is compiled here at once. The lock is released on leaving
         the block, so the upload must happen inside it.
         """
-        found = self._fetch(key)
-        if isinstance(found, Entry):
-            yield Flight(entry=found)
+        found = self.get(key)
+        if found.entry is not None:
+            yield Flight(entry=found.entry)
             return
-        lock = self.remote.lock(key)
+        lock = self.lock(key)
         try:
-            yield self._contend(lock, key, wait, rejected=isinstance(found, str))
+            yield self._contend(lock, key, wait, rejected=found.rejected is not None)
         finally:
             lock.release()
 
@@ -190,7 +182,7 @@ class RemoteLayer:
         """
         if lock.try_acquire():
             # Another node may have uploaded between our fetch and taking the lock.
-            return Flight(entry=None if rejected else self.lookup(key))
+            return Flight(entry=None if rejected else self.get(key).entry)
         if wait <= 0:
             return Flight(busy=True)
         budget = _WAIT_BUDGET
@@ -211,9 +203,9 @@ class RemoteLayer:
             remaining = deadline - time.monotonic()
             stop = None if rejected else (lambda: self.remote.exists(key))
             got = remaining > 0 and lock.acquire(remaining, stop=stop)
-            found = self._fetch(key)
-            if isinstance(found, Entry):
-                return Flight(entry=found)
+            found = self.get(key)
+            if found.entry is not None:
+                return Flight(entry=found.entry)
             if got:
                 return Flight()
             if time.monotonic() >= deadline:
@@ -224,6 +216,6 @@ class RemoteLayer:
                 )
                 return Flight()
             # The entry that ended the wait was rejected (or gone again): wait for the lock.
-            rejected = rejected or isinstance(found, str)
+            rejected = rejected or found.rejected is not None
             time.sleep(min(poll_delay(attempt), max(deadline - time.monotonic(), 0)))
             attempt += 1
