@@ -151,3 +151,54 @@ def test_bad_arguments_on_the_gpu(kernel) -> None:
         kernel.launch((out, x.cpu()))
     with pytest.raises(ValueError, match="'out' must be contiguous"):
         kernel.launch((torch.empty(2 * SMOKE["n"], device="cuda")[::2], x))
+
+
+def test_kernel_pair_chains_two_launches(kernel) -> None:
+    """KernelPair (DenseMlp's call): out = x*2, then y = out*2, on the default stream, on a
+    side stream, inside a graph capture and from a fresh thread (no driver context yet)."""
+    import threading
+
+    from mlpjit.jit.launcher import KernelPair
+
+    pair = KernelPair(kernel, kernel)
+    out, x = tensors()
+    y = torch.full_like(out, float("nan"))
+    want = x * SMOKE["scale"] ** 2
+
+    def launch(stream: int, pdl: bool | None = None) -> None:
+        pair.launch((out.data_ptr(), x.data_ptr()), (y.data_ptr(), out.data_ptr()), pdl, stream)
+
+    for pdl in (None, False):
+        launch(torch.cuda.current_stream().cuda_stream, pdl)
+        torch.cuda.synchronize()
+        assert torch.equal(y, want)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    y.fill_(float("nan"))
+    with torch.cuda.stream(side):
+        launch(side.cuda_stream)
+    side.synchronize()
+    assert torch.equal(y, want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        launch(side.cuda_stream)
+    y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, want)
+    y.fill_(float("nan"))
+    torch.cuda.synchronize()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            launch(0)
+            torch.cuda.synchronize()
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    assert torch.equal(y, want)
