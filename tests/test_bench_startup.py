@@ -55,6 +55,7 @@ def test_dry_run_lists_the_layers(capsys) -> None:
     assert bench.main(["--dry-run"]) == 0
     text = capsys.readouterr().out
     assert "glm5 TP 8: 78 MLPs (3 dense, 75 shared), tokens 1-8, 32 distinct kernels" in text
+    assert "s here, part of each worker's prepare)" in text
     assert "shared: hidden 6144, intermediate 256 x 75 layers" in text
 
 
