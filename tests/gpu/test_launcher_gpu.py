@@ -69,28 +69,38 @@ def test_launch_on_a_side_stream(kernel) -> None:
     assert torch.equal(out, x * SMOKE["scale"])
 
 
-def test_unchecked_launch_from_a_fresh_thread(kernel) -> None:
-    """A new thread on the default stream (no driver context made current yet), both the
-    checked and the unchecked launch."""
+def in_a_fresh_thread(work) -> None:
+    """Run ``work()`` in a new thread (no driver context made current yet) and synchronize
+    there; its exception, if any, is raised here."""
     import threading
 
-    out, x = tensors()
-    out2 = torch.full_like(out, float("nan"))
-    torch.cuda.synchronize()
     errors: list[BaseException] = []
 
-    def work() -> None:
+    def run() -> None:
         try:
-            kernel.launch_unchecked((out.data_ptr(), x.data_ptr()))
-            kernel.launch((out2, x))
+            work()
             torch.cuda.synchronize()
         except BaseException as exc:  # reported below, in the test's thread
             errors.append(exc)
 
-    thread = threading.Thread(target=work)
+    thread = threading.Thread(target=run)
     thread.start()
     thread.join()
     assert not errors, errors
+
+
+def test_unchecked_launch_from_a_fresh_thread(kernel) -> None:
+    """A new thread on the default stream (no driver context made current yet), both the
+    checked and the unchecked launch."""
+    out, x = tensors()
+    out2 = torch.full_like(out, float("nan"))
+    torch.cuda.synchronize()
+
+    def work() -> None:
+        kernel.launch_unchecked((out.data_ptr(), x.data_ptr()))
+        kernel.launch((out2, x))
+
+    in_a_fresh_thread(work)
     assert torch.equal(out, x * SMOKE["scale"]) and torch.equal(out2, out)
 
 
@@ -156,8 +166,6 @@ def test_bad_arguments_on_the_gpu(kernel) -> None:
 def test_kernel_pair_chains_two_launches(kernel) -> None:
     """KernelPair (DenseMlp's call): out = x*2, then y = out*2, on the default stream, on a
     side stream, inside a graph capture and from a fresh thread (no driver context yet)."""
-    import threading
-
     from mlpjit.jit.launcher import KernelPair
 
     pair = KernelPair(kernel, kernel)
@@ -188,17 +196,5 @@ def test_kernel_pair_chains_two_launches(kernel) -> None:
     assert torch.equal(y, want)
     y.fill_(float("nan"))
     torch.cuda.synchronize()
-    errors: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            launch(0)
-            torch.cuda.synchronize()
-        except BaseException as exc:  # reported below, in the test's thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join()
-    assert not errors, errors
+    in_a_fresh_thread(lambda: launch(0))
     assert torch.equal(y, want)
