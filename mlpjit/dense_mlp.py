@@ -21,16 +21,22 @@ The weights are the caller's tensors (no copy is kept or made); weight scales ar
 to float32 once (scales.to_float32_scale: no copy for contiguous float32 scales) and checked
 once there (finite and >= 0: one reduction and one host sync per tensor, never per call).
 
+Start-up: the kernels come through mlpjit.jit.loaded, the process-wide memo of loaded
+kernels, so the many layers of one shape cost one cache lookup and one module load per
+distinct kernel and device, and every later layer a dict lookup; the token counts' paths
+(``kernel_supported``) are planned once per shape too.
+
 Beside the class, each with one job: the checks of the constructor's and prepare's
-arguments, ``_ActBuffers`` (the act buffers kept for eager calls), ``_compile_layer`` and
-``_load_gemv`` (kernels through the compile cache, loaded and checked); the fallback is
+arguments, ``_ActBuffers`` (the act buffers kept for eager calls) and ``_load_pairs``
+(kernels through the compile cache and the memo, loaded and checked); the fallback is
 mlpjit.stock.StockLayer and the device facts are mlpjit.device's.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,9 +55,8 @@ from mlpjit.scales import BLOCK, to_float32_scale
 from mlpjit.stock import StockLayer
 
 if TYPE_CHECKING:
-    from mlpjit.jit.launcher import LoadedKernel
+    from mlpjit.jit.launcher import KernelPair, LoadedKernel
     from mlpjit.jit.spec import KernelRequest
-    from mlpjit.jit.store import Entry
 
 __all__ = ["DenseMlp", "MAX_TOKENS", "kernel_requests", "kernel_supported"]
 
@@ -59,9 +64,10 @@ __all__ = ["DenseMlp", "MAX_TOKENS", "kernel_requests", "kernel_supported"]
 _KERNEL_PARAMS = [(name, "ptr") for name in KERNEL_ARGS]
 
 
+@functools.lru_cache(maxsize=4096)
 def kernel_supported(hidden: int, intermediate: int, m: int, sms: int = SMS) -> bool:
     """True when both fp8_gemv kernels of a layer take m tokens on a GPU of ``sms`` SMs
-    (else: the stock path)."""
+    (else: the stock path). Memoized: every layer of a shape asks it for each token count."""
     if not 1 <= m <= MAX_TOKENS:
         return False
     return kernel_supports(2 * intermediate, hidden, m, sms) and kernel_supports(
@@ -208,24 +214,25 @@ def _token_counts(tokens: Iterable[int]) -> list[int]:
 # ---- kernels: compiled through the cache, loaded and checked ---------------------------------
 
 
-def _compile_layer(requests: list[KernelRequest]) -> dict[tuple[int, bool], Entry]:
-    """The cache entries of a layer's ``requests`` (compiled on a miss), by (tokens, swiglu):
-    (m, True) is the gate_up kernel of m tokens, (m, False) its down kernel."""
-    from mlpjit.jit.manager import default_manager
+def _load_pairs(
+    requests: list[KernelRequest], device: torch.device
+) -> Iterator[tuple[int, KernelPair]]:
+    """(m, the gate_up and down kernels of m tokens as a KernelPair) for each token count of
+    a layer's ``requests``, as soon as both of its kernels are loaded and checked (through
+    the process-wide memo; compiled on a cache miss)."""
+    from mlpjit.jit import launcher, loaded
 
-    entries = default_manager().warm(requests)
-    return {
-        (r.params["tokens"], r.params["swiglu"]): e for r, e in zip(requests, entries, strict=True)
-    }
+    ready: dict[tuple[int, bool], LoadedKernel] = {}
+    for request, kernel in zip(requests, loaded.load_kernels(requests, device), strict=True):
+        m = request.params["tokens"]
+        ready[(m, request.params["swiglu"])] = _check_gemv(kernel)
+        if (m, True) in ready and (m, False) in ready:
+            yield m, launcher.kernel_pair(ready[(m, True)], ready[(m, False)])
 
 
-def _load_gemv(entry: Entry, device: torch.device) -> LoadedKernel:
-    """Load one fp8_gemv kernel on ``device`` and check that it takes the (out, x, w,
-    w_scale) pointers DenseMlp._launch passes, raw and in that order, without per-call
-    checks; MlpjitError otherwise."""
-    from mlpjit.jit.launcher import load_kernel
-
-    kernel = load_kernel(entry, device)
+def _check_gemv(kernel: LoadedKernel) -> LoadedKernel:
+    """``kernel`` if it takes the (out, x, w, w_scale) pointers DenseMlp._launch passes,
+    raw and in that order, without per-call checks; MlpjitError otherwise."""
     if [(p.name, p.kind) for p in kernel.params] != _KERNEL_PARAMS:
         raise MlpjitError(
             f"kernel {kernel.symbol} ({kernel.key[:12]}) takes "
@@ -290,7 +297,7 @@ class DenseMlp:
         # -1 off CUDA; get_device() is the cheapest per-call device check (cpu and meta
         # tensors both say -1, so off CUDA the device itself is compared as well).
         self._index = w13.get_device()
-        self._kernels: dict[int, tuple[LoadedKernel, LoadedKernel]] = {}
+        self._kernels: dict[int, KernelPair] = {}
         self._act_buffers: _ActBuffers | None = None  # made with the first kernels loaded
         # Programmatic dependent launch: None = as compiled (on), False = off (benchmarks).
         self.pdl: bool | None = None
@@ -409,26 +416,22 @@ class DenseMlp:
                 f"DenseMlp.prepare({todo}) called during CUDA graph capture; "
                 "prepare every token count before capture"
             )
-        entries = _compile_layer(
-            kernel_requests(
-                self.hidden,
-                self.intermediate,
-                todo,
-                self.arch,
-                limit=self.limit,
-                ue8m0=self.ue8m0,
-                sms=self.sms,
-            )
+        requests = kernel_requests(
+            self.hidden,
+            self.intermediate,
+            todo,
+            self.arch,
+            limit=self.limit,
+            ue8m0=self.ue8m0,
+            sms=self.sms,
         )
         if self._act_buffers is None:  # before any count is marked loaded below
             from mlpjit.jit.launcher import stream_handle_getter
 
             self._stream_of = stream_handle_getter()
             self._act_buffers = _ActBuffers(self.device, self._index, self.intermediate)
-        for m in todo:
-            gate_up = _load_gemv(entries[(m, True)], self.device)
-            down = _load_gemv(entries[(m, False)], self.device)
-            self._kernels[m] = (gate_up, down)
+        for m, pair in _load_pairs(requests, self.device):
+            self._kernels[m] = pair
 
     def _capturing(self) -> bool:
         """Whether the weights' device's current stream is capturing a CUDA graph."""
@@ -479,15 +482,15 @@ class DenseMlp:
         m = self._check_x(x)
         if out is not None:
             self._check_buffer(out, "out", m, self.hidden)
-        kernels = self._kernels.get(m)
-        if kernels is None:
+        pair = self._kernels.get(m)
+        if pair is None:
             return self._call_without_kernels(x, m, None, out)
         stream = self._stream_of(self._index)
         act = self._act_buffers.get(x, m, stream)
         if out is None:
             # new_empty: x's dtype and device are already checked; the cheapest call
             out = x.new_empty((m, self.hidden))
-        self._launch(kernels, x, act, out, stream)
+        self._launch(pair, x, act, out, stream)
         return out
 
     def forward_into(self, x: Tensor, act: Tensor, out: Tensor) -> Tensor:
@@ -496,30 +499,19 @@ class DenseMlp:
         m = self._check_x(x)
         self._check_buffer(act, "act", m, self.intermediate)
         self._check_buffer(out, "out", m, self.hidden)
-        kernels = self._kernels.get(m)
-        if kernels is None:
+        pair = self._kernels.get(m)
+        if pair is None:
             return self._call_without_kernels(x, m, act, out)
-        self._launch(kernels, x, act, out, self._stream_of(self._index))
+        self._launch(pair, x, act, out, self._stream_of(self._index))
         return out
 
-    def _launch(
-        self,
-        kernels: tuple[LoadedKernel, LoadedKernel],
-        x: Tensor,
-        act: Tensor,
-        out: Tensor,
-        stream: int,
-    ) -> None:
+    def _launch(self, pair: KernelPair, x: Tensor, act: Tensor, out: Tensor, stream: int) -> None:
         """gate_up then down on ``stream`` (the current stream's raw handle, read once per
         call); x, act and out are checked by the caller, the weights at construction (their
         addresses are read here: see the properties)."""
         act_ptr = act.data_ptr()
-        kernels[0].launch_unchecked(
+        pair.launch(
             (act_ptr, x.data_ptr(), self._w13.data_ptr(), self._w13_scale.data_ptr()),
-            self.pdl,
-            stream,
-        )
-        kernels[1].launch_unchecked(
             (out.data_ptr(), act_ptr, self._w2.data_ptr(), self._w2_scale.data_ptr()),
             self.pdl,
             stream,

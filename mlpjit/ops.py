@@ -61,8 +61,9 @@ _capacity = DEFAULT_CAPACITY
 
 
 def _tensor_identity(t: Tensor) -> tuple:
-    """What names a weight's memory in the registry: address, shape, dtype, device."""
-    return (t.data_ptr(), tuple(t.shape), t.dtype, t.device)
+    """What names a weight's memory in the registry: address, shape, dtype, device (the
+    shape as torch.Size, a tuple already: copying it cost more than the rest)."""
+    return (t.data_ptr(), t.shape, t.dtype, t.device)
 
 
 def _registry_key(

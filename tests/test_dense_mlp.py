@@ -290,6 +290,17 @@ class _FakeKernel:
         )
 
 
+class _FakePair:
+    """Stands in for a launcher.KernelPair of two fake kernels: launches them in order."""
+
+    def __init__(self, first: _FakeKernel, second: _FakeKernel) -> None:
+        self.first, self.second = first, second
+
+    def launch(self, first_slots, second_slots, pdl, stream) -> None:
+        self.first.launch_unchecked(first_slots, pdl, stream)
+        self.second.launch_unchecked(second_slots, pdl, stream)
+
+
 class _FakeManager:
     def __init__(self) -> None:
         self.warmed: list = []
@@ -313,11 +324,14 @@ def fake_kernel_path(monkeypatch, kernel_weights):
     import mlpjit.jit.capture as capture
     import mlpjit.jit.launcher as launcher
     import mlpjit.jit.manager as manager
+    from mlpjit.jit import loaded
 
+    loaded.clear()
     log: list = []
     fake = _FakeManager()
     monkeypatch.setattr(manager, "default_manager", lambda: fake)
     monkeypatch.setattr(launcher, "load_kernel", lambda e, d: _FakeKernel(dict(e.params), log))
+    monkeypatch.setattr(launcher, "kernel_pair", _FakePair)
     # CPU stand-ins for torch's current stream handle and the driver's capture query.
     streams = {"current": 0, "capturing": set()}
     monkeypatch.setattr(launcher, "stream_handle_getter", lambda: lambda index: streams["current"])

@@ -305,3 +305,108 @@ def test_null_stream_launch_in_a_thread_without_our_context(
     k = _null_stream_kernel(monkeypatch, fake, device=0, current=0)
     k.launch_unchecked((3, 0))
     assert [c[2][0] for c in fake.calls] == [3] and stack == []  # pushed 77, popped it
+
+
+# ---- KernelPair: DenseMlp's two launches per call ------------------------------------------
+
+
+def _pair_kernels(fake: _RecordingDriver, monkeypatch: pytest.MonkeyPatch):
+    from mlpjit.jit import launcher
+
+    monkeypatch.setattr(launcher, "_driver_module", fake)
+    params = (KernelParam("n", "i32"), KernelParam("a", "f32"))
+    first = LoadedKernel("1a" * 32, fake_binary(*params), device_index=0, function="GATE_UP")
+    second_binary = replace(fake_binary(*params), pdl=False, grid=(3, 1, 1))
+    second = LoadedKernel("2b" * 32, second_binary, device_index=0, function="DOWN")
+    return first, second
+
+
+def test_pair_launches_both_kernels_in_order_with_their_own_configs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mlpjit.jit.launcher import KernelPair
+
+    fake = _RecordingDriver()
+    first, second = _pair_kernels(fake, monkeypatch)
+    pair = KernelPair(first, second)
+    pair.launch((1, 2), (3, 4), None, 555)
+    pair.launch((5, 6), (7, 8), False, 555)
+    pair.launch((9, 10), (11, 12), None, 555)
+    functions = [call[1] for call in fake.calls]
+    assert functions == ["GATE_UP", "DOWN"] * 3
+    assert [call[2] for call in fake.calls] == [(1, 2), (3, 4), (5, 6), (7, 8), (9, 10), (11, 12)]
+    configs = [call[0] for call in fake.calls]
+    # pdl None: each manifest's flag (PDL for the first only); False: off for both.
+    assert [c.numAttrs for c in configs[:4]] == [1, 0, 0, 0]
+    assert configs[4] is configs[0] and configs[5] is configs[1]  # built once per (stream, pdl)
+    assert configs[0] is first.launch_config(555, None)  # the kernels' own configs
+    assert int(configs[1].hStream) == 555 and configs[1].gridDimX == 3
+    with pytest.raises(ValueError, match="take 2 and 2 parameter slots, got 2 and 3"):
+        pair.launch((1, 2), (3, 4, 5), None, 555)
+    assert len(fake.calls) == 6
+
+
+def test_pair_on_another_devices_default_stream_takes_each_kernels_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Handle 0 while the runtime's current device is not the kernels': each kernel's
+    launch_unchecked (which makes its own context current for the launch)."""
+    from mlpjit.jit.launcher import KernelPair
+
+    fake = _RecordingDriver()
+    first, second = _pair_kernels(fake, monkeypatch)
+    pair = KernelPair(first, second)
+    own: list[tuple] = []
+    for kernel in (first, second):
+        monkeypatch.setattr(
+            kernel, "launch_unchecked", lambda s, p=None, h=None, k=kernel: own.append((k, s, h))
+        )
+    monkeypatch.setattr(pair, "_current_device", lambda: 1)
+    pair.launch((1, 2), (3, 4), None, 0)
+    assert own == [(first, (1, 2), 0), (second, (3, 4), 0)] and fake.calls == []
+    monkeypatch.setattr(pair, "_current_device", lambda: 0)
+    pair.launch((5, 6), (7, 8), None, 0)  # the kernels' device is current: launched directly
+    assert len(own) == 2 and [call[2] for call in fake.calls] == [(5, 6), (7, 8)]
+
+
+def test_pair_retries_a_failed_launch_through_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch that fails goes again through the kernel's launch_unchecked, which retries
+    with its own context or raises one line naming the call."""
+    from mlpjit.errors import MlpjitError
+    from mlpjit.jit.launcher import KernelPair
+
+    fake = _RecordingDriver()
+    first, second = _pair_kernels(fake, monkeypatch)
+    failing = fake.CUresult.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
+    monkeypatch.setattr(fake, "cuLaunchKernelEx", lambda *args: (failing,), raising=False)
+    name = (fake.CUresult.CUDA_SUCCESS, b"CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES")
+    monkeypatch.setattr(fake, "cuGetErrorName", lambda err: name, raising=False)
+    text = (fake.CUresult.CUDA_SUCCESS, b"too many resources requested for launch")
+    monkeypatch.setattr(fake, "cuGetErrorString", lambda err: text, raising=False)
+    with pytest.raises(MlpjitError, match=r"cuLaunchKernelEx\(k\) failed: CUDA_ERROR_LAUNCH_OUT"):
+        KernelPair(first, second).launch((1, 2), (3, 4), None, 555)
+
+
+def test_kernel_pair_is_shared_per_kernels_and_needs_one_device() -> None:
+    from mlpjit.jit.launcher import KernelPair, kernel_pair
+
+    params = (KernelParam("n", "i32"),)
+    first = LoadedKernel("3c" * 32, fake_binary(*params), device_index=0)
+    second = LoadedKernel("4d" * 32, fake_binary(*params), device_index=0)
+    pair = kernel_pair(first, second)
+    assert isinstance(pair, KernelPair) and kernel_pair(first, second) is pair
+    again = LoadedKernel("3c" * 32, fake_binary(*params), device_index=0)
+    assert kernel_pair(again, second).first is again  # another kernel object: a new pair
+    elsewhere = LoadedKernel("4d" * 32, fake_binary(*params), device_index=1)
+    with pytest.raises(ValueError, match="second must be on first's device cuda:0"):
+        KernelPair(first, elsewhere)
+
+
+def test_module_loads_counts_the_loaded_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlpjit.jit import launcher
+
+    monkeypatch.setattr(launcher, "_loaded", {})
+    assert launcher.module_loads() == 0
+    kernel = LoadedKernel("5e" * 32, fake_binary(), device_index=0)
+    launcher._loaded[(kernel.key, 0)] = kernel
+    assert launcher.module_loads() == 1

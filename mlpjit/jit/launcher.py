@@ -27,11 +27,14 @@ if TYPE_CHECKING:
     from mlpjit.jit.store import Entry
 
 __all__ = [
+    "KernelPair",
     "LoadedKernel",
     "PARAM_SIZES",
     "check_cuda",
     "cuda_driver",
+    "kernel_pair",
     "load_kernel",
+    "module_loads",
     "stream_handle_getter",
 ]
 
@@ -293,6 +296,13 @@ class LoadedKernel:
             stream = self._stream_of(self._index)
         self._launch(buffers, stream, self.pdl if pdl is None else bool(pdl))
 
+    def launch_config(self, stream: int, pdl: bool | None) -> Any:
+        """The CUlaunchConfig of a launch on raw stream handle ``stream`` (``pdl`` None: the
+        manifest's flag), built once per (stream, pdl) and never mutated afterwards."""
+        use_pdl = self.pdl if pdl is None else bool(pdl)
+        config = self._configs.get((stream, use_pdl))
+        return config if config is not None else self._build_config(stream, use_pdl)
+
     def _launch(self, buffers: _ParamBuffers, handle: int, use_pdl: bool) -> None:
         config = self._configs.get((handle, use_pdl))
         if config is None:
@@ -329,6 +339,104 @@ class LoadedKernel:
             finally:
                 driver.cuCtxPopCurrent()
         check_cuda(driver, result, f"cuLaunchKernelEx({self.symbol})")
+
+
+class KernelPair:
+    """Two kernels of one device launched back to back on one stream from raw slots:
+    DenseMlp's per-call path (gate_up, then down reading its output).
+
+    One call does what two ``launch_unchecked`` calls would, with the per-launch host work
+    done once for both: one (stream, pdl) lookup of both launch configs, one current-device
+    check on the default stream, one per-thread parameter buffer (the driver copies the
+    values before cuLaunchKernelEx returns, so the second launch may refill it). Anything
+    off the fast path (the default stream of another device's context, a failed launch)
+    goes through each kernel's ``launch_unchecked``, which handles contexts and errors.
+    Shared by every layer with the same two kernels (``kernel_pair``).
+    """
+
+    def __init__(self, first: LoadedKernel, second: LoadedKernel) -> None:
+        if first.device != second.device:
+            raise ValueError(
+                f"second must be on first's device {first.device}, got {second.device}"
+            )
+        self.first = first
+        self.second = second
+        self.device = first.device
+        self._index = first.device.index
+        self._counts = (len(first.params), len(second.params))
+        self._buffers = _ParamBuffers(max(self._counts))
+        # (stream, pdl) -> (cuLaunchKernelEx, first config, first function, second ...)
+        self._plans: dict[tuple[int, bool | None], tuple] = {}
+        self._current_device = _device_getter()
+
+    def __repr__(self) -> str:
+        return f"KernelPair({self.first!r}, {self.second!r})"
+
+    def _plan(self, stream: int, pdl: bool | None) -> tuple:
+        """The launch call and both (config, function) for (stream, pdl), made once."""
+        first, second = self.first, self.second
+        plan = (
+            cuda_driver().cuLaunchKernelEx,
+            first.launch_config(stream, pdl),
+            first._function,
+            second.launch_config(stream, pdl),
+            second._function,
+        )
+        if len(self._plans) >= _MAX_CONFIGS:
+            self._plans.clear()
+        self._plans[(stream, pdl)] = plan
+        return plan
+
+    def launch(
+        self, first_slots: Sequence[int], second_slots: Sequence[int], pdl: bool | None, stream: int
+    ) -> None:
+        """Launch ``first`` then ``second`` on raw stream handle ``stream`` with these raw
+        parameter slots (as ``LoadedKernel.launch_unchecked`` takes them: no checks beyond
+        their counts); ``pdl`` None: each kernel's manifest flag."""
+        count_first, count_second = self._counts
+        if len(first_slots) != count_first or len(second_slots) != count_second:
+            raise ValueError(
+                f"kernels {self.first.symbol} and {self.second.symbol} take "
+                f"{count_first} and {count_second} parameter slots, got {len(first_slots)} "
+                f"and {len(second_slots)}"
+            )
+        if stream == 0 and self._current_device() != self._index:
+            # The default stream of whatever context is current: each kernel's own path.
+            self.first.launch_unchecked(first_slots, pdl, stream)
+            self.second.launch_unchecked(second_slots, pdl, stream)
+            return
+        plan = self._plans.get((stream, pdl))
+        if plan is None:
+            plan = self._plan(stream, pdl)
+        launch, first_config, first_function, second_config, second_function = plan
+        buffers = self._buffers
+        slots = buffers.slots
+        slots[:count_first] = first_slots
+        if launch(first_config, first_function, buffers.address, 0)[0]:
+            self.first.launch_unchecked(first_slots, pdl, stream)  # retried, or raised
+        slots[:count_second] = second_slots
+        if launch(second_config, second_function, buffers.address, 0)[0]:
+            self.second.launch_unchecked(second_slots, pdl, stream)
+
+
+_pairs: dict[tuple[str, str, int], KernelPair] = {}
+
+
+def kernel_pair(first: LoadedKernel, second: LoadedKernel) -> KernelPair:
+    """The KernelPair of two loaded kernels, one per process for each (first, second) of a
+    device: the layers of one shape share it."""
+    key = (first.key, second.key, first.device.index)
+    pair = _pairs.get(key)
+    if pair is None or pair.first is not first or pair.second is not second:
+        pair = _pairs[key] = KernelPair(first, second)
+    return pair
+
+
+def module_loads() -> int:
+    """How many cubins this process has loaded with cuModuleLoadData (one per key and
+    device: ``load_kernel`` loads each once)."""
+    with _load_lock:
+        return len(_loaded)
 
 
 def _check_param_layout(driver: Any, function: Any, binary: KernelBinary, key: str) -> None:

@@ -146,7 +146,6 @@ def poisoned(m: int, cols: int) -> torch.Tensor:
     return torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
 
 
-
 _layers: dict[str, dict[str, torch.Tensor]] = {}
 _inputs: dict[str, torch.Tensor] = {}
 _refs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -333,6 +332,29 @@ def test_plans_for_the_devices_sm_count() -> None:
     assert mlp.sms == torch.cuda.get_device_properties(mlp.device).multi_processor_count
 
 
+def test_layers_of_one_shape_share_their_kernels() -> None:
+    """Many layers of one shape: one cache lookup and one module load per distinct kernel,
+    the later layers served by the process-wide memo, every layer launching the same pair."""
+    from mlpjit.jit import launcher, loaded
+
+    hidden, inter = SHAPES[GRAPH_SHAPE]
+    layers = [DenseMlp(**make_layer(hidden, inter, seed=800 + i)) for i in range(3)]
+    loaded.clear()
+    loads = launcher.module_loads()
+    for mlp in layers:
+        mlp.prepare(TOKENS)
+    assert launcher.module_loads() - loads <= 2 * len(TOKENS)
+    assert loaded.stats() == loaded.MemoStats(asked=3 * 2 * len(TOKENS), hits=2 * 2 * len(TOKENS))
+    assert all(layers[2]._kernels[m] is layers[0]._kernels[m] for m in TOKENS)
+    x = make_x(2, hidden, seed=810)
+    for mlp in layers:
+        assert rel_l2(mlp(x), ref.dense_mlp_reference(x, **_weights_of(mlp))) < TOL
+
+
+def _weights_of(mlp: DenseMlp) -> dict[str, torch.Tensor]:
+    return {name: getattr(mlp, name) for name in ("w13", "w13_scale", "w2", "w2_scale")}
+
+
 @pytest.mark.parametrize("tokens", [GRAPH_TOKENS, 8], ids=["plain", "clusters"])
 def test_graph_of_a_chain_replays_like_eager(tokens: int) -> None:
     """Captured launches replay like eager ones, including cluster launches (GLM-5 TP8 runs
@@ -344,7 +366,8 @@ def test_graph_of_a_chain_replays_like_eager(tokens: int) -> None:
     for mlp in layers:
         mlp.prepare(TOKENS)
         assert mlp.path(tokens) == "kernel"
-    clusters = {kernel.cluster for kernel in layers[0]._kernels[tokens]}
+    pair = layers[0]._kernels[tokens]
+    clusters = {pair.first.cluster, pair.second.cluster}
     assert clusters == ({(2, 1, 1)} if tokens == 8 else {(1, 1, 1)})
 
     def chain(x: torch.Tensor) -> torch.Tensor:

@@ -69,28 +69,38 @@ def test_launch_on_a_side_stream(kernel) -> None:
     assert torch.equal(out, x * SMOKE["scale"])
 
 
-def test_unchecked_launch_from_a_fresh_thread(kernel) -> None:
-    """A new thread on the default stream (no driver context made current yet), both the
-    checked and the unchecked launch."""
+def in_a_fresh_thread(work) -> None:
+    """Run ``work()`` in a new thread (no driver context made current yet) and synchronize
+    there; its exception, if any, is raised here."""
     import threading
 
-    out, x = tensors()
-    out2 = torch.full_like(out, float("nan"))
-    torch.cuda.synchronize()
     errors: list[BaseException] = []
 
-    def work() -> None:
+    def run() -> None:
         try:
-            kernel.launch_unchecked((out.data_ptr(), x.data_ptr()))
-            kernel.launch((out2, x))
+            work()
             torch.cuda.synchronize()
         except BaseException as exc:  # reported below, in the test's thread
             errors.append(exc)
 
-    thread = threading.Thread(target=work)
+    thread = threading.Thread(target=run)
     thread.start()
     thread.join()
     assert not errors, errors
+
+
+def test_unchecked_launch_from_a_fresh_thread(kernel) -> None:
+    """A new thread on the default stream (no driver context made current yet), both the
+    checked and the unchecked launch."""
+    out, x = tensors()
+    out2 = torch.full_like(out, float("nan"))
+    torch.cuda.synchronize()
+
+    def work() -> None:
+        kernel.launch_unchecked((out.data_ptr(), x.data_ptr()))
+        kernel.launch((out2, x))
+
+    in_a_fresh_thread(work)
     assert torch.equal(out, x * SMOKE["scale"]) and torch.equal(out2, out)
 
 
@@ -151,3 +161,40 @@ def test_bad_arguments_on_the_gpu(kernel) -> None:
         kernel.launch((out, x.cpu()))
     with pytest.raises(ValueError, match="'out' must be contiguous"):
         kernel.launch((torch.empty(2 * SMOKE["n"], device="cuda")[::2], x))
+
+
+def test_kernel_pair_chains_two_launches(kernel) -> None:
+    """KernelPair (DenseMlp's call): out = x*2, then y = out*2, on the default stream, on a
+    side stream, inside a graph capture and from a fresh thread (no driver context yet)."""
+    from mlpjit.jit.launcher import KernelPair
+
+    pair = KernelPair(kernel, kernel)
+    out, x = tensors()
+    y = torch.full_like(out, float("nan"))
+    want = x * SMOKE["scale"] ** 2
+
+    def launch(stream: int, pdl: bool | None = None) -> None:
+        pair.launch((out.data_ptr(), x.data_ptr()), (y.data_ptr(), out.data_ptr()), pdl, stream)
+
+    for pdl in (None, False):
+        launch(torch.cuda.current_stream().cuda_stream, pdl)
+        torch.cuda.synchronize()
+        assert torch.equal(y, want)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    y.fill_(float("nan"))
+    with torch.cuda.stream(side):
+        launch(side.cuda_stream)
+    side.synchronize()
+    assert torch.equal(y, want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        launch(side.cuda_stream)
+    y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, want)
+    y.fill_(float("nan"))
+    torch.cuda.synchronize()
+    in_a_fresh_thread(lambda: launch(0))
+    assert torch.equal(y, want)

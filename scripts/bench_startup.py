@@ -1,0 +1,387 @@
+#!/usr/bin/env python3
+"""Start-up of a whole model's MLPs: every dense MLP and shared expert of a model preset,
+built and prepared in W worker processes at once on the GPU, measured per worker.
+
+Each worker (spawned, like a TP rank; worker i on GPU i modulo the visible GPUs):
+  1. imports torch and the mlpjit modules DenseMlp.prepare uses           -> import s
+  2. initializes CUDA                                                      -> cuda init s
+  3. makes seeded random FP8 weights of the preset's TP shards, one set per layer (not timed;
+     synchronized), then waits for the others (a barrier: all start at once)
+  4. constructs every layer (DenseMlp: checks, scale checks)               -> construct s
+  5. prepares every layer with the token counts (default 1-8)              -> prepare s,
+     cuModuleLoadData calls and distinct kernels, the cache lookups behind them
+  6. eager host time per call at m=1 of the first dense MLP and the first shared expert
+     (median of --calls calls, each timed until it returns, with torch.cuda.synchronize only
+     around the loop), and of one torch op (x.mul(1)) the same way: this CPU's scale.
+
+A model has first-k dense MLP layers and a shared expert in each MoE layer (LAYER_COUNTS;
+GLM-5: 3 dense + 75 shared = 78 MLPs, 32 distinct kernels at TP 8 for tokens 1-8).
+
+It needs a warm cache and never compiles: warm one where nvidia-cutlass-dsl is installed,
+    MLPJIT_CACHE_DIR=.gpu-cache mlpjit warm --model glm5 --tp 8 --arch sm_90a
+carry it to the GPU machine, and there run
+    MLPJIT_CACHE_DIR=.gpu-cache python3 scripts/bench_startup.py --model glm5 --tp 8 \\
+        --workers 1,8 --json
+A kernel missing from the cache fails the run with one line (the workers cannot compile).
+``--dry-run`` lists the layers and kernels without a GPU. The top of this file imports no
+torch and nothing of mlpjit that does, so a spawned worker's import time is its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mlpjit.models import PRESET_NAMES, get_preset
+from mlpjit.testing.layers import dense_shard
+
+# Preset -> (dense MLP layers, MoE layers with one shared expert each), from each model's
+# config.json: num_hidden_layers and first_k_dense_replace (MTP layers left out).
+LAYER_COUNTS: dict[str, tuple[int, int]] = {
+    "glm5": (3, 75),
+    "glm4.5": (3, 89),
+    "deepseek-v3": (3, 58),
+    "qwen3-8b": (36, 0),
+    "qwen3-14b": (40, 0),
+    "qwen3-32b": (64, 0),
+}
+DEFAULT_TOKENS = "1-8"
+EAGER_TOKENS = 1
+# The goals of a GLM-5 TP 8 start-up, printed beside the numbers.
+GOALS = "goals: prepare <= 0.100 s (1 worker), <= 0.150 s (8 workers); construct <= 0.040 s"
+
+
+def model_layers(model: str, tp: int) -> list[tuple[str, int, int]]:
+    """(kind, hidden, intermediate shard) of each MLP of ``model`` at TP ``tp``, in model
+    order: its dense MLP layers first, then the shared expert of each MoE layer."""
+    preset = get_preset(model)
+    dense, moe = LAYER_COUNTS[preset.name]
+    layers = []
+    for kind, count in (("dense", dense), ("shared", moe)):
+        if count:
+            hidden, inter = dense_shard(preset.name, tp, kind)
+            layers += [(kind, hidden, inter)] * count
+    return layers
+
+
+def distinct_requests(layers: Sequence[tuple[str, int, int]], tokens: Sequence[int], arch: str):
+    """The distinct compile requests of ``layers`` (what one worker loads once each)."""
+    from mlpjit.dense_mlp import kernel_requests
+
+    found = {}
+    for hidden, inter in dict.fromkeys((h, i) for _, h, i in layers):
+        for r in kernel_requests(hidden, inter, tokens, arch, limit=None, ue8m0=True):
+            found.setdefault(r.to_json_line(), r)
+    return list(found.values())
+
+
+# --------------------------------------------------------------------- worker side
+
+
+def _host_us(call: Callable[[], object], calls: int, warmup: int, sync: Callable[[], None]):
+    """Median microseconds until ``call()`` returns, over ``calls`` calls timed one by one;
+    synchronized before and after the loop only (the GPU drains between warm-up batches)."""
+    for start in range(0, warmup, calls):
+        for _ in range(min(calls, warmup - start)):
+            call()
+        sync()
+    times = []
+    clock = time.perf_counter
+    for _ in range(calls):
+        t0 = clock()
+        call()
+        times.append(clock() - t0)
+    sync()
+    return round(statistics.median(times) * 1e6, 2)
+
+
+def _module_loads(launcher: Any) -> int:
+    """cuModuleLoadData calls of this process so far (mlpjit before launcher.module_loads
+    kept one module per entry of launcher._loaded, so that count is the same number)."""
+    count = getattr(launcher, "module_loads", None)
+    return count() if count is not None else len(launcher._loaded)
+
+
+def _device(torch: Any, rank: int) -> Any:
+    """Worker ``rank``'s GPU (round robin over the visible ones), made current."""
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def _worker_body(rank: int, opts: dict, barrier: Any) -> dict:
+    t0 = time.perf_counter()
+    import torch
+
+    from mlpjit.dense_mlp import DenseMlp
+    from mlpjit.jit import launcher
+    from mlpjit.jit.manager import default_manager
+    from mlpjit.testing.layers import random_fp8_layer
+
+    result: dict[str, Any] = {"worker": rank, "pid": os.getpid()}
+    result["import_s"] = round(time.perf_counter() - t0, 4)
+    # The workers must not compile: hiding CuTe DSL turns a cache miss into one clear error
+    # (CompilerUnavailableError) instead of a compile inside the timed prepare.
+    sys.modules["cutlass"] = None  # type: ignore[assignment]
+
+    t0 = time.perf_counter()
+    device = _device(torch, rank)
+    torch.zeros(1, device=device).add_(1)
+    torch.cuda.synchronize(device)
+    result["cuda_init_s"] = round(time.perf_counter() - t0, 4)
+    result["device"] = f"{device} {torch.cuda.get_device_name(device)}"
+
+    layers = [tuple(layer) for layer in opts["layers"]]
+    gen = torch.Generator(device).manual_seed(opts["seed"])
+    weights = [random_fp8_layer(hidden, inter, gen) for _, hidden, inter in layers]
+    torch.cuda.synchronize(device)  # construction must not wait for the weights' kernels
+    manager = default_manager()
+    before = manager.stats
+    loads_before = _module_loads(launcher)
+    barrier.wait()
+
+    t0 = time.perf_counter()
+    mlps = [DenseMlp(**w) for w in weights]
+    result["construct_s"] = round(time.perf_counter() - t0, 4)
+    t0 = time.perf_counter()
+    for mlp in mlps:
+        mlp.prepare(opts["tokens"])
+    result["prepare_s"] = round(time.perf_counter() - t0, 4)
+
+    after = manager.stats
+    result["module_loads"] = _module_loads(launcher) - loads_before
+    result["distinct_kernels"] = opts["distinct_kernels"]
+    result["cache_lookups"] = (after.hits + after.misses) - (before.hits + before.misses)
+    result["compiles"] = after.compiles - before.compiles
+    result["paths"] = sorted({mlp.path(m) for mlp in mlps for m in opts["tokens"]})
+
+    sync = torch.cuda.synchronize
+    eager = {}
+    for kind in dict.fromkeys(kind for kind, _, _ in layers):
+        mlp = mlps[next(i for i, layer in enumerate(layers) if layer[0] == kind)]
+        x = torch.randn(EAGER_TOKENS, mlp.hidden, device=device, generator=gen)
+        x = x.to(torch.bfloat16)
+        eager[kind] = _host_us(lambda mlp=mlp, x=x: mlp(x), opts["calls"], opts["warmup"], sync)
+    result["eager_host_us"] = eager
+    result["torch_op_host_us"] = _host_us(lambda: x.mul(1), opts["calls"], opts["warmup"], sync)
+    return result
+
+
+def _worker(rank: int, opts: dict, barrier: Any, out_path: str) -> None:
+    """Process entry: run the worker and write its result (or its error) as JSON."""
+    try:
+        result = _worker_body(rank, opts, barrier)
+    except BaseException as err:
+        with contextlib.suppress(Exception):
+            barrier.abort()  # release the others from the start barrier
+        result = {"worker": rank, "error": _first_line(err), "traceback": traceback.format_exc()}
+    Path(out_path).write_text(json.dumps(result))
+
+
+def _first_line(err: BaseException) -> str:
+    """An error as one line: its type and the first line of its message."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+# --------------------------------------------------------------------- parent side
+
+
+def parse_workers(text: str) -> list[int]:
+    """'1,8' -> [1, 8]: the worker counts of the runs, in order (each >= 1)."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--workers must be a comma list of ints >= 1, got {text!r}"
+        ) from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(
+            f"--workers must be a comma list of ints >= 1, got {text!r}"
+        )
+    return counts
+
+
+def _tokens(text: str) -> list[int]:
+    from mlpjit.cli import parse_tokens
+
+    try:
+        return parse_tokens(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return value
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--model", default="glm5", choices=PRESET_NAMES, help="model preset")
+    p.add_argument("--tp", type=_positive, default=8, help="tensor-parallel size (shards)")
+    p.add_argument("--workers", type=parse_workers, default=[1, 8], help="runs, e.g. 1,8")
+    p.add_argument("--tokens", type=_tokens, default=_tokens(DEFAULT_TOKENS), help="e.g. 1-8")
+    p.add_argument("--calls", type=_positive, default=200, help="timed eager calls")
+    p.add_argument("--warmup", type=int, default=2000, help="untimed eager calls first")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--dry-run", action="store_true", help="list layers and kernels; no GPU")
+    args = p.parse_args(argv)
+    if args.warmup < 0:
+        p.error("--warmup must be >= 0")
+    try:
+        args.layers = model_layers(args.model, args.tp)
+    except ValueError as err:
+        p.error(str(err))
+    return args
+
+
+def run_workers(count: int, opts: dict) -> list[dict]:
+    """Start ``count`` workers at once and return their results in worker order."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(count)
+    with tempfile.TemporaryDirectory(prefix="mlpjit-bench-startup-") as out_dir:
+        paths = [str(Path(out_dir) / f"worker-{rank}.json") for rank in range(count)]
+        procs = [
+            ctx.Process(target=_worker, args=(rank, opts, barrier, path))
+            for rank, path in enumerate(paths)
+        ]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join()
+        results = []
+        for rank, (proc, path) in enumerate(zip(procs, paths, strict=True)):
+            if Path(path).exists():
+                results.append(json.loads(Path(path).read_text()))
+            else:
+                error = f"exited {proc.exitcode} without a result"
+                results.append({"worker": rank, "error": error})
+    return results
+
+
+def format_table(runs: list[dict]) -> str:
+    """A markdown table, one row per worker of each run."""
+    head = (
+        "| workers | worker | construct s | prepare s | module loads | distinct kernels | "
+        "cache lookups | eager host us | torch op host us |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for run in runs:
+        for r in run["results"]:
+            if "error" in r:
+                lines.append(f"| {run['workers']} | {r['worker']} | error: {r['error']} |")
+                continue
+            eager = " / ".join(f"{kind} {us:.1f}" for kind, us in r["eager_host_us"].items())
+            lines.append(
+                f"| {run['workers']} | {r['worker']} | {r['construct_s']:.3f} | "
+                f"{r['prepare_s']:.3f} | {r['module_loads']} | {r['distinct_kernels']} | "
+                f"{r['cache_lookups']} | {eager} | {r['torch_op_host_us']:.1f} |"
+            )
+    return "\n".join(lines)
+
+
+MISSING_KERNEL = "the cache lacks kernels of"
+
+
+def failure_line(args: argparse.Namespace, error: str) -> str:
+    """The one line a failed worker ends the run with; a missing kernel names the fix."""
+    if "CompilerUnavailableError" in error or "not in any cache" in error:
+        return (
+            f"bench_startup: {MISSING_KERNEL} {args.model} TP {args.tp}; warm it with "
+            f"`mlpjit warm --model {args.model} --tp {args.tp} --arch sm_90a` and point "
+            f"MLPJIT_CACHE_DIR at it ({error})"
+        )
+    return f"bench_startup: {error}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    import mlpjit.dense_mlp  # noqa: F401  (imported first: the planning alone is timed)
+    from mlpjit.jit import config
+
+    arch = "sm_90a"
+    # Timed: a cold planning of the model's shapes (what each worker's prepare includes).
+    t0 = time.perf_counter()
+    requests = distinct_requests(args.layers, args.tokens, arch)
+    plan_s = round(time.perf_counter() - t0, 4)
+    kinds = {kind: sum(1 for k, _, _ in args.layers if k == kind) for kind, _, _ in args.layers}
+    header = (
+        f"{args.model} TP {args.tp}: {len(args.layers)} MLPs "
+        f"({', '.join(f'{n} {kind}' for kind, n in kinds.items())}), tokens "
+        f"{args.tokens[0]}-{args.tokens[-1]}, {len(requests)} distinct kernels (planned in "
+        f"{plan_s:.3f} s here, part of each worker's prepare)"
+    )
+    if args.dry_run:
+        print(f"dry run: {header}")
+        for kind, hidden, inter in dict.fromkeys(args.layers):
+            print(f"{kind}: hidden {hidden}, intermediate {inter} x {kinds[kind]} layers")
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_startup: no CUDA GPU visible; run it on the GPU machine (--dry-run: the plan)")
+        return 2
+    opts = {
+        "layers": args.layers,
+        "tokens": args.tokens,
+        "calls": args.calls,
+        "warmup": args.warmup,
+        "seed": args.seed,
+        "distinct_kernels": len(requests),
+    }
+    runs = []
+    for count in args.workers:
+        t0 = time.perf_counter()
+        results = run_workers(count, opts)
+        runs.append(
+            {"workers": count, "wall_s": round(time.perf_counter() - t0, 3), "results": results}
+        )
+        failed = [r for r in results if "error" in r]
+        if failed:
+            line = failure_line(args, failed[0]["error"])
+            if MISSING_KERNEL not in line:  # unexpected: the whole story on stderr
+                for r in failed:
+                    print(r.get("traceback", r["error"]), file=sys.stderr)
+            print(line)
+            return 1
+    if args.json:
+        report = {
+            "model": args.model,
+            "tp": args.tp,
+            "layers": kinds,
+            "tokens": args.tokens,
+            "distinct_kernels": len(requests),
+            "plan_s": plan_s,
+            "cache_dir": str(config.cache_dir()),
+            "runs": runs,
+        }
+        print(json.dumps(report, indent=1))
+    else:
+        print(f"{header}; cache {config.cache_dir()}\n{GOALS}\n")
+        print(format_table(runs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
