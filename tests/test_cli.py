@@ -19,8 +19,9 @@ import pytest
 from entries import child_env
 from redis_server import PASSWORD, RedisServer, free_port, start_redis, write_key_file
 
-from mlpjit import cli
 from mlpjit.cli import MAX_WARM_TOKENS, parse_age, parse_size, parse_tokens
+from mlpjit.cli import warm as warm_command
+from mlpjit.cli.parser import build_parser
 from mlpjit.jit import config
 from mlpjit.kernels.fp8_gemv import plan as fp8_plan
 from mlpjit.models import PRESETS
@@ -292,8 +293,9 @@ def _planner_calls(monkeypatch, *args: str) -> list[tuple[int, int, int]]:
         return [planned(hidden, intermediate // tp, m) for m in tokens]
 
     monkeypatch.setattr(fp8_plan, "dense_mlp_requests", fake)
-    parsed = cli._build_parser().parse_args(["warm", *args, "--sms", "132"])
-    requests = cli._warm_requests(parsed, "sm_90a")
+    parsed = build_parser().parse_args(["warm", *args, "--sms", "132"])
+    parsed.check(parsed)
+    requests = warm_command.warm_requests(parsed, "sm_90a")
     assert requests == [planned(h, i // tp, m) for h, i, tp in calls for m in range(1, 9)]
     return calls
 

@@ -110,11 +110,11 @@ def test_emit_writes_valid_requests(tune, tmp_path):
 
 
 def test_emit_matches_cli_reader(tune, tmp_path):
-    from mlpjit.cli import _read_requests
+    from mlpjit.planning import read_requests
 
     path = tmp_path / "tune.jsonl"
     assert tune.main(["kernel", "--emit", str(path), "--tokens", "1"]) == 0
-    requests = _read_requests(path)
+    requests = read_requests(path)
     assert requests == tune.kernel_requests("sm_90a", tune.DEFAULT_KERNEL_SHAPES, (1,))
 
 
