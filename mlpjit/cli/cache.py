@@ -243,10 +243,14 @@ def _info(args: argparse.Namespace) -> int:
     data = {"key": key, **manifest}
 
     def lines() -> list[str]:
-        out = []
         components = data.get("components") if isinstance(data.get("components"), dict) else {}
         roles = _serves({"kernel": components.get("kernel"), "params": components.get("params")})
+        out = [f"key: {key}"]
+        if roles:
+            out.append(f"serves: {', '.join(str(r) for r in roles)}")
         for name, value in sorted(data.items()):
+            if name == "key":
+                continue
             if name in _TIME_FIELDS:
                 shown = f"{output.local_time(value)} ({output.human_age(value)} ago)"
             elif name == "cubin_bytes":
@@ -256,8 +260,6 @@ def _info(args: argparse.Namespace) -> int:
             else:
                 shown = str(value)
             out.append(f"{name}: {shown}")
-        if roles:
-            out.append(f"serves: {', '.join(str(r) for r in roles)}")
         return out
 
     output.emit(args.json, data, lines)

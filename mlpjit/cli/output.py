@@ -117,7 +117,7 @@ def error_text(err: BaseException) -> str:
     message does not name it already."""
     text = one_line(str(err)) or type(err).__name__
     argument = getattr(err, "argument", None)
-    if argument and argument not in text:
+    if argument and argument.lstrip("-").lower() not in text.lower():
         text = f"{argument}: {text}"
     return text
 
