@@ -283,14 +283,18 @@ def param_grid_requests(
 
 
 def check_archs(requests: Iterable[KernelRequest]) -> None:
-    """Refuse, before any work, a target arch some requested kernel does not compile for
-    (UsageError naming --arch)."""
+    """Refuse, before any work, a kernel that is not registered (UsageError naming
+    --kernel) or a target arch some requested kernel does not compile for (naming --arch)."""
     from mlpjit.jit.manager import check_compile_arch
     from mlpjit.jit.spec import get_spec
 
     for kernel, arch in sorted({(r.kernel, r.arch) for r in requests}):
         try:
-            check_compile_arch(get_spec(kernel), arch)
+            spec = get_spec(kernel)
+        except ValueError as err:
+            raise UsageError(str(err), argument="--kernel", value=kernel) from None
+        try:
+            check_compile_arch(spec, arch)
         except ValueError as err:
             raise UsageError(
                 f"cannot warm for {arch}: {err}", argument="--arch", value=arch

@@ -434,14 +434,17 @@ def _import(args: argparse.Namespace) -> int:
 
     _check_archive_name(args.file)
     store = cache_store()
-    if args.file != STDIO:
-        report = import_archive(store, Path(args.file))
-    else:
-        with tempfile.TemporaryDirectory(prefix="mlpjit-import-") as tmp:
-            path = Path(tmp) / "archive.tar"
-            _copy_stdin(path)
-            report = import_archive(store, path)
-        report.path = STDIO
+    try:
+        if args.file != STDIO:
+            report = import_archive(store, Path(args.file))
+        else:
+            with tempfile.TemporaryDirectory(prefix="mlpjit-import-") as tmp:
+                path = Path(tmp) / "archive.tar"
+                _copy_stdin(path)
+                report = import_archive(store, path)
+            report.path = STDIO
+    except ValueError as err:  # the archive as a whole is refused: nothing was written
+        raise UsageError(str(err), argument="FILE", path=args.file) from None
     data = {
         **asdict(report),
         "counts": {
