@@ -128,7 +128,9 @@ def _open_checked(file: Path) -> int:
         raise UsageError(f"{file} is missing", path=str(file)) from None
     except OSError as exc:
         raise UsageError(f"{file} is unreadable: {_one_line(exc)}", path=str(file)) from None
-    return fd  # open_regular's ValueError names the file and its type
+    except ValueError as exc:  # open_regular's names the file and its type
+        raise UsageError(str(exc), path=str(file)) from None
+    return fd
 
 
 def _check_regular(file: Path) -> None:

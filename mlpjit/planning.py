@@ -32,7 +32,7 @@ __all__ = [
     "MAX_REQUESTS_BYTES",
     "LayerShape",
     "Plan",
-    "check_archs",
+    "check_requests",
     "checkpoint_shapes",
     "model_shapes",
     "param_grid_requests",
@@ -76,7 +76,11 @@ def register_kernels() -> None:
     import mlpjit.kernels  # noqa: F401
     from mlpjit.jit import config
 
-    for name in config.kernel_modules():
+    try:
+        names = config.kernel_modules()
+    except ValueError as err:
+        raise UsageError(str(err), argument="MLPJIT_KERNEL_MODULES") from None
+    for name in names:
         try:
             importlib.import_module(name)
         except ImportError as err:
@@ -202,7 +206,7 @@ def shard_plan(
     if not plan.requests:
         raise UsageError(
             "; ".join(_why_no_kernels(s.hidden, s.intermediate, tp, tokens, sms) for s in shapes),
-            argument="--tokens" if min(tokens) > MAX_TOKENS else "--tp",
+            argument="--tokens" if min(tokens) > MAX_TOKENS else None,
         )
     plan.notes = list(dict.fromkeys(plan.notes))
     return plan
@@ -282,19 +286,25 @@ def param_grid_requests(
     return [KernelRequest(kernel, dict(zip(names, combo, strict=True)), arch) for combo in grid]
 
 
-def check_archs(requests: Iterable[KernelRequest]) -> None:
-    """Refuse, before any work, a kernel that is not registered (UsageError naming
-    --kernel) or a target arch some requested kernel does not compile for (naming --arch)."""
+def check_requests(requests: Iterable[KernelRequest]) -> None:
+    """Refuse, before any work, a request whose kernel is not registered (UsageError naming
+    --kernel), whose params its kernel does not take (naming --param; the message names the
+    parameter), or whose arch its kernel does not compile for (naming --arch)."""
     from mlpjit.jit.manager import check_compile_arch
     from mlpjit.jit.spec import get_spec
 
+    for request in requests:
+        try:
+            spec = get_spec(request.kernel)
+        except ValueError as err:
+            raise UsageError(str(err), argument="--kernel", value=request.kernel) from None
+        try:
+            spec.make_params(request.params)
+        except ValueError as err:
+            raise UsageError(str(err), argument="--param") from None
     for kernel, arch in sorted({(r.kernel, r.arch) for r in requests}):
         try:
-            spec = get_spec(kernel)
-        except ValueError as err:
-            raise UsageError(str(err), argument="--kernel", value=kernel) from None
-        try:
-            check_compile_arch(spec, arch)
+            check_compile_arch(get_spec(kernel), arch)
         except ValueError as err:
             raise UsageError(
                 f"cannot warm for {arch}: {err}", argument="--arch", value=arch

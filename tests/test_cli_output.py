@@ -39,6 +39,7 @@ def test_error_line_names_the_argument_once() -> None:
         "--tokens: must be 1-8"
     )
     assert output.error_text(ValueError("two\nlines")) == "two lines"
+    assert output.error_text(UsageError("no such file", argument="MLPJIT_X")) == "no such file"
 
 
 def test_error_object_carries_the_fields(capsys) -> None:

@@ -80,8 +80,8 @@ def test_a_stock_layer_is_a_note_and_the_rest_is_planned() -> None:
 @pytest.mark.parametrize(
     "shape, tp, tokens, argument, match",
     [
-        (LayerShape(100, 100, "x"), 1, [1], "--tp", "hidden 100 is not a multiple of 128"),
-        (LayerShape(6144, 12288, "x"), 192, [1], "--tp", "tp 192 does not divide intermediate"),
+        (LayerShape(100, 100, "x"), 1, [1], None, "hidden 100 is not a multiple of 128"),
+        (LayerShape(6144, 12288, "x"), 192, [1], None, "tp 192 does not divide intermediate"),
         (LayerShape(6144, 12288, "x"), 8, [9, 16], "--tokens", "no token count in 9..16"),
     ],
 )
@@ -176,8 +176,17 @@ def test_register_kernels_names_a_bad_module(monkeypatch) -> None:
     assert raised.value.argument == "MLPJIT_KERNEL_MODULES"
 
 
-def test_check_archs_names_the_arch() -> None:
+def test_check_requests_names_the_argument() -> None:
     planning.register_kernels()
-    planning.check_archs([KernelRequest("fp8_gemv", {}, ARCH)])
-    with pytest.raises(UsageError, match="cannot warm for sm_80: kernel fp8_gemv compiles for"):
-        planning.check_archs([KernelRequest("fp8_gemv", {}, "sm_80")])
+    good = dense_mlp_requests(6144, 12288, 8, [1], ARCH)
+    planning.check_requests(good)
+    bad = [
+        (KernelRequest("nope", {}, ARCH), "--kernel", "kernel must be one of"),
+        (KernelRequest("fp8_gemv", {"rows": 10**18}, ARCH), "--param", "rows"),
+        (KernelRequest(good[0].kernel, good[0].params, "sm_80"), "--arch",
+         "cannot warm for sm_80: kernel fp8_gemv compiles for"),
+    ]  # fmt: skip
+    for request, argument, match in bad:
+        with pytest.raises(UsageError, match=match) as raised:
+            planning.check_requests([*good, request])
+        assert raised.value.argument == argument

@@ -49,8 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mlpjit: interrupted", file=sys.stderr)
         return 130
-    except (MlpjitError, ValueError, OSError) as err:
-        # ValueError: library checks not yet raising UsageError (the values users give).
+    except (MlpjitError, OSError) as err:  # expected: a value, a file, the environment
         output.print_error(err, as_json=as_json)
         return 1
     except Exception as err:  # noqa: BLE001 (a bug: keep its traceback, ask for a report)

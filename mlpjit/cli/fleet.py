@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlpjit.cli import output
 from mlpjit.cli.values import arg_type, key_prefix_arg
-from mlpjit.errors import MlpjitError
+from mlpjit.errors import MlpjitError, UsageError
 
 if TYPE_CHECKING:
     from mlpjit.jit.remote import RemoteCache
@@ -37,15 +37,16 @@ def configured_remote() -> RemoteCache | None:
     """The fleet cache MLPJIT_REMOTE_CACHE names, or None when it is unset. A bad
     MLPJIT_REMOTE_* value or a missing redis-py is a one-line error."""
     from mlpjit.jit import config
-
-    if config.remote_cache_url() is None:
-        return None
     from mlpjit.jit.remote import remote_from_env
 
     try:
+        if config.remote_cache_url() is None:
+            return None
         return remote_from_env()
-    except ImportError as err:
+    except ImportError as err:  # redis-py is not installed
         raise MlpjitError(str(err), argument="MLPJIT_REMOTE_CACHE") from None
+    except ValueError as err:  # a malformed MLPJIT_REMOTE_* value (the message names it)
+        raise UsageError(str(err)) from None
 
 
 def _usable_remote() -> RemoteCache:

@@ -113,11 +113,11 @@ def error_object(err: BaseException, exit_status: int) -> dict[str, Any]:
 
 
 def error_text(err: BaseException) -> str:
-    """An error's one line: its message, prefixed by the argument it names where the
-    message does not name it already."""
+    """An error's one line: its message, prefixed by the command-line option it concerns
+    (``argument`` "--name") where the message does not name that option already."""
     text = one_line(str(err)) or type(err).__name__
     argument = getattr(err, "argument", None)
-    if argument and argument.lstrip("-").lower() not in text.lower():
+    if argument and argument.startswith("-") and argument.lstrip("-") not in text:
         text = f"{argument}: {text}"
     return text
 

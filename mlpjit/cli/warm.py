@@ -178,7 +178,7 @@ def check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """`mlpjit warm`: plan, then compile (or list with --dry-run)."""
-    from mlpjit.planning import check_archs, register_kernels
+    from mlpjit.planning import check_requests, register_kernels
 
     _check_settings()
     register_kernels()
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         arch = _target_arch(args)
         requests = warm_requests(args, arch)
-    check_archs(requests)
+    check_requests(requests)
     if args.dry_run:
         return _dry_run(args, arch, requests)
     return _warm(args, arch, requests)
@@ -312,7 +312,10 @@ def _target_sms(args: argparse.Namespace) -> int:
 def _target_arch(args: argparse.Namespace) -> str:
     from mlpjit.jit.config import arch_override
 
-    arch = args.arch or arch_override() or _local_arch()
+    try:
+        arch = args.arch or arch_override() or _local_arch()
+    except ValueError as err:  # a malformed MLPJIT_ARCH
+        raise UsageError(str(err), argument="MLPJIT_ARCH") from None
     if arch is None:
         raise UsageError(
             "no target arch: pass --arch (e.g. --arch sm_90a), set MLPJIT_ARCH, or run on a "
