@@ -593,7 +593,15 @@ def _config_int(config: dict[str, Any], key: str, config_file: Path, default: An
     if value is ...:
         raise UsageError(f"{config_file} has no {key}")
     lo, hi = _CONFIG_RANGES[key]
-    return int(bounded(value, f"{config_file}: {key}", lo, hi, integer=True))
+    return _config_number(value, f"{config_file}: {key}", lo, hi, config_file)
+
+
+def _config_number(value: Any, name: str, lo: int, hi: int, config_file: Path) -> int:
+    """``value`` as an int in [lo, hi] (jit.bounds), else a UsageError naming ``name``."""
+    try:
+        return int(bounded(value, name, lo, hi, integer=True))
+    except ValueError as err:
+        raise UsageError(str(err), path=str(config_file)) from None
 
 
 def _moe_layers(text: dict[str, Any], layers: int, config_file: Path) -> list[tuple[bool, str]]:
@@ -639,7 +647,7 @@ def _config_mlps(config: dict[str, Any], config_file: Path) -> list[tuple[str, i
             shared = _config_int(text, "n_shared_experts", config_file)
             moe_inter = _config_int(text, "moe_intermediate_size", config_file)
             name = f"{config_file}: moe_intermediate_size * n_shared_experts"
-            inter = int(bounded(moe_inter * shared, name, 0, MAX_INTERMEDIATE, integer=True))
+            inter = _config_number(moe_inter * shared, name, 0, MAX_INTERMEDIATE, config_file)
             why = (
                 f"{rule}; hidden_size {hidden}, moe_intermediate_size {moe_inter} * "
                 f"n_shared_experts {shared}"

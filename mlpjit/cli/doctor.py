@@ -15,10 +15,10 @@ def add_parser(commands: Any, sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from mlpjit.cli.values import check_settings
     from mlpjit.doctor import format_report, run_doctor
-    from mlpjit.jit import config
 
-    config.lock_timeout()  # a bad MLPJIT_LOCK_TIMEOUT is an error, before any check runs
+    check_settings()  # a bad MLPJIT_LOCK_TIMEOUT is an error, before any check runs
     report = run_doctor(verify=args.verify)
     print(format_report(report, as_json=args.json))
     return report.exit_status

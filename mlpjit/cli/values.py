@@ -1,6 +1,7 @@
 """Option values of the `mlpjit` command: text -> checked value, or a one-line UsageError
 (a ValueError) naming the option and what it takes. ``arg_type`` turns one of these into an
-argparse type, so a bad value is a usage error (exit status 2)."""
+argparse type, so a bad value is a usage error (exit status 2). ``check_settings`` checks
+the MLPJIT_* settings a command relies on before it starts."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ __all__ = [
     "MAX_WARM_TOKENS",
     "arg_type",
     "bounded_int",
+    "check_settings",
     "parse_age",
     "parse_size",
     "parse_tokens",
@@ -186,3 +188,14 @@ def arg_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
     convert.__name__ = parse.__name__.lstrip("_").removesuffix("_arg")  # argparse shows it
     return convert
+
+
+def check_settings() -> None:
+    """Read the MLPJIT_* settings a command relies on, so a bad value fails before any work
+    (UsageError naming the variable) instead of on the rare lock wait that reads it."""
+    from mlpjit.jit import config
+
+    try:
+        config.lock_timeout()
+    except ValueError as err:
+        raise UsageError(str(err), argument="MLPJIT_LOCK_TIMEOUT") from None

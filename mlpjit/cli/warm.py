@@ -18,6 +18,7 @@ from mlpjit.cli.values import (
     arch_arg,
     arg_type,
     bounded_int,
+    check_settings,
     layers_arg,
     limit_arg,
     param_arg,
@@ -180,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     """`mlpjit warm`: plan, then compile (or list with --dry-run)."""
     from mlpjit.planning import check_requests, register_kernels
 
-    _check_settings()
+    check_settings()
     register_kernels()
     if args.requests:
         # Each line names its arch; --arch (if given) overrides them all.
@@ -277,14 +278,6 @@ def _dry_run(args: argparse.Namespace, arch: str, requests: list[KernelRequest])
 
     output.emit(args.json, data, lines)
     return 0
-
-
-def _check_settings() -> None:
-    """Read the MLPJIT_* settings a command relies on, so a bad value fails before any work
-    (naming the variable) instead of on the rare lock wait that reads it."""
-    from mlpjit.jit import config
-
-    config.lock_timeout()
 
 
 def _local_arch() -> str | None:

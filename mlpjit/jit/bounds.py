@@ -12,8 +12,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mlpjit.errors import UsageError
-
 __all__ = ["MAX_DIGITS", "bounded", "clamped", "shown"]
 
 MAX_DIGITS = 40  # longer number strings are refused before int()/float() sees them
@@ -60,8 +58,7 @@ def bounded(
     *,
     integer: bool = False,
 ) -> float | int:
-    """``value`` (number or numeric string) checked to lie in [lo, hi], else UsageError
-    (a ValueError) with ``argument`` ``name`` and the value shown.
+    """``value`` (number or numeric string) checked to lie in [lo, hi], else ValueError.
 
     The message is one line naming ``name`` (an env var, a CLI argument, a config key) and
     the allowed range.
@@ -69,10 +66,8 @@ def bounded(
     number = _as_number(value, integer)
     kind = "an integer" if integer else "a number"
     if number is None or not lo <= number <= hi:
-        raise UsageError(
-            f"{name} must be {kind} in [{_limit(lo)}, {_limit(hi)}] (got {shown(value)})",
-            argument=name,
-            value=shown(value),
+        raise ValueError(
+            f"{name} must be {kind} in [{_limit(lo)}, {_limit(hi)}] (got {shown(value)})"
         )
     return number
 
