@@ -193,9 +193,19 @@ def shard_plan(
     sms = SMS if sms is None else sms
     plan = Plan()
     for shape in shapes:
-        found = dense_mlp_requests(
-            shape.hidden, shape.intermediate, tp, tokens, arch, ue8m0=ue8m0, limit=limit, sms=sms
-        )
+        try:
+            found = dense_mlp_requests(
+                shape.hidden,
+                shape.intermediate,
+                tp,
+                tokens,
+                arch,
+                ue8m0=ue8m0,
+                limit=limit,
+                sms=sms,
+            )
+        except ValueError as err:  # a size or tp the planner refuses (the message names it)
+            raise UsageError(f"{shape.label}: {err}") from None
         planned = {r.params.get("tokens") for r in found}
         stock = [m for m in tokens if m <= MAX_TOKENS and m not in planned]
         if stock:

@@ -190,3 +190,15 @@ def test_check_requests_names_the_argument() -> None:
         with pytest.raises(UsageError, match=match) as raised:
             planning.check_requests([*good, request])
         assert raised.value.argument == argument
+
+
+@pytest.mark.parametrize(
+    "intermediate, tp, match",
+    [
+        (1000, 3, r"the layer: tp must divide intermediate \(1000\), got 3"),
+        (100, 200, "tp must be"),
+    ],
+)
+def test_a_shard_the_planner_refuses_is_a_usage_error(intermediate: int, tp: int, match) -> None:
+    with pytest.raises(UsageError, match=match):
+        _plan([LayerShape(1024, intermediate, "the layer")], tp)
