@@ -20,10 +20,11 @@ the same columns of down, and the scale blocks that cover them, so I/tp must be 
 of 128. Scales come back as float32 (an exact conversion) on ``device``; every tensor
 returned is a fresh contiguous copy, never a view of the mapped file.
 
-Every failure is a one-line ValueError naming the tensor and the file: a missing tensor or
-index entry, a wrong dtype or shape, a corrupt or truncated file (safetensors' own header
-checks, plus the e4m3 NaN byte in a weight and non-finite or negative scales), a block size
-other than [128, 128], a shard size that is not a multiple of 128.
+Every failure is a one-line UsageError (a ValueError) naming the tensor and the file: a
+missing tensor or index entry, a wrong dtype or shape, a corrupt or truncated file
+(safetensors' own header checks, plus the e4m3 NaN byte in a weight and non-finite or
+negative scales), a block size other than [128, 128], a shard size that is not a multiple
+of 128.
 
 A broken checkpoint cannot hang or exhaust a server either: every file is opened as a
 regular file first (a FIFO, a link to /dev/zero or a directory is refused by name, never
@@ -53,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlpjit.errors import MissingDependencyError
+from mlpjit.errors import MissingDependencyError, UsageError
 from mlpjit.jit.bounds import bounded
 from mlpjit.jit.safe_read import loads_json, open_regular
 from mlpjit.kernels.fp8_gemv.params import MAX_HIDDEN, MAX_INTERMEDIATE
@@ -112,7 +113,9 @@ def _checkpoint_dir(path: str | Path) -> Path:
     """The checkpoint directory, or a ValueError naming the path."""
     root = Path(path)
     if not root.is_dir():
-        raise ValueError(f"checkpoint {root} is not a directory (expected a Hugging Face dir)")
+        raise UsageError(
+            f"checkpoint {root} is not a directory (expected a Hugging Face dir)", path=str(root)
+        )
     return root
 
 
@@ -122,10 +125,12 @@ def _open_checked(file: Path) -> int:
     try:
         fd, _ = open_regular(file, follow_symlinks=True)
     except FileNotFoundError:
-        raise ValueError(f"{file} is missing") from None
+        raise UsageError(f"{file} is missing", path=str(file)) from None
     except OSError as exc:
-        raise ValueError(f"{file} is unreadable: {_one_line(exc)}") from None
-    return fd  # open_regular's ValueError names the file and its type
+        raise UsageError(f"{file} is unreadable: {_one_line(exc)}", path=str(file)) from None
+    except ValueError as exc:  # open_regular's names the file and its type
+        raise UsageError(str(exc), path=str(file)) from None
+    return fd
 
 
 def _check_regular(file: Path) -> None:
@@ -141,21 +146,21 @@ def _read_json(file: Path, max_bytes: int) -> dict[str, Any]:
     try:
         size = os.fstat(fd).st_size
         if size > max_bytes:
-            raise ValueError(f"{file} is {size} bytes, over the {max_bytes} byte limit")
+            raise UsageError(f"{file} is {size} bytes, over the {max_bytes} byte limit")
         with os.fdopen(fd, "rb", closefd=False) as f:
             raw = f.read(max_bytes + 1)  # + 1: a file that grows while read is caught
     except OSError as exc:
-        raise ValueError(f"{file} is unreadable: {_one_line(exc)}") from None
+        raise UsageError(f"{file} is unreadable: {_one_line(exc)}") from None
     finally:
         os.close(fd)
     if len(raw) > max_bytes:
-        raise ValueError(f"{file} grew past the {max_bytes} byte limit while being read")
+        raise UsageError(f"{file} grew past the {max_bytes} byte limit while being read")
     try:
         data = loads_json(raw)
     except ValueError as exc:
-        raise ValueError(f"{file} is unreadable: {_one_line(exc)}") from None
+        raise UsageError(f"{file} is unreadable: {_one_line(exc)}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{file} is not a JSON object")
+        raise UsageError(f"{file} is not a JSON object", path=str(file))
     return data
 
 
@@ -185,7 +190,7 @@ class _WeightMap:
         """The file holding tensor ``name``; ValueError naming both when it is not listed."""
         relative = self.files.get(name)
         if relative is None:
-            raise ValueError(f"tensor {name} is missing: {self.listing} does not list it")
+            raise UsageError(f"tensor {name} is missing: {self.listing} does not list it")
         return self.root / relative
 
 
@@ -209,7 +214,7 @@ def _single_file_keys(file: Path) -> dict[str, str]:
         with safe_open(str(file), framework="pt") as handle:
             return dict.fromkeys(handle.keys(), file.name)
     except Exception as exc:  # SafetensorError, OSError: a corrupt or unreadable file
-        raise ValueError(f"{file} is unreadable: {_one_line(exc)}") from None
+        raise UsageError(f"{file} is unreadable: {_one_line(exc)}") from None
 
 
 def _read_weight_map(root: Path) -> _WeightMap:
@@ -220,12 +225,12 @@ def _read_weight_map(root: Path) -> _WeightMap:
         if not isinstance(files, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in files.items()
         ):
-            raise ValueError(f"{index} has no weight_map of tensor names to file names")
+            raise UsageError(f"{index} has no weight_map of tensor names to file names")
         return _WeightMap(root, files, index)
     single = root / SINGLE_FILE
     if single.exists():
         return _WeightMap(root, _single_file_keys(single), single)
-    raise ValueError(f"checkpoint {root} has neither {INDEX_FILE} nor {SINGLE_FILE}")
+    raise UsageError(f"checkpoint {root} has neither {INDEX_FILE} nor {SINGLE_FILE}")
 
 
 def _config_block_size(quant: dict[str, Any]) -> object:
@@ -251,10 +256,10 @@ def _check_block_size(config: dict[str, Any], config_file: Path) -> None:
     128x128 blocks (the only block scaling DenseMlp's kernels and stock path take)."""
     quant = config.get("quantization_config")
     if not isinstance(quant, dict):
-        raise ValueError(f"{config_file} has no quantization_config: not an FP8 checkpoint")
+        raise UsageError(f"{config_file} has no quantization_config: not an FP8 checkpoint")
     block = _config_block_size(quant)
     if not isinstance(block, (list, tuple)) or list(block) != [BLOCK, BLOCK]:
-        raise ValueError(
+        raise UsageError(
             f"{config_file}: quantization_config.weight_block_size is {block!r}; mlpjit takes "
             f"only [{BLOCK}, {BLOCK}] block-scaled FP8 weights"
         )
@@ -287,9 +292,9 @@ class _TensorInfo:
     dtype: str  # safetensors' dtype name, e.g. "F8_E4M3"
     shape: tuple[int, ...]
 
-    def error(self, problem: str) -> ValueError:
-        """A ValueError naming this tensor and its file."""
-        return ValueError(f"{self.name} in {self.file}: {problem}")
+    def error(self, problem: str) -> UsageError:
+        """A UsageError naming this tensor and its file."""
+        return UsageError(f"{self.name} in {self.file}: {problem}", path=str(self.file))
 
 
 class _Reader:
@@ -319,11 +324,11 @@ class _Reader:
             try:
                 _check_regular(file)
             except ValueError as exc:
-                raise ValueError(f"{name} in {file}: cannot open: {exc}") from None
+                raise UsageError(f"{name} in {file}: cannot open: {exc}") from None
             try:
                 handle = self._stack.enter_context(safe_open(str(file), framework="pt"))
             except Exception as exc:  # SafetensorError, OSError
-                raise ValueError(f"{name} in {file}: cannot open: {_one_line(exc)}") from None
+                raise UsageError(f"{name} in {file}: cannot open: {_one_line(exc)}") from None
             self._handles[file] = handle
         return handle
 
@@ -335,7 +340,7 @@ class _Reader:
             piece = handle.get_slice(name)
             return _TensorInfo(name, file, piece.get_dtype(), tuple(piece.get_shape()))
         except Exception as exc:  # SafetensorError: not in this file
-            raise ValueError(
+            raise UsageError(
                 f"tensor {name} is missing from {file} ({self._weights.listing.name} lists it "
                 f"there): {_one_line(exc)}"
             ) from None
@@ -373,7 +378,7 @@ def _scale_name(prefix: str, proj: str, weights: _WeightMap) -> str:
         if name in weights.files:
             return name
     names = " or ".join(f"{prefix}.{proj}.{s}" for s in _SCALE_NAMES)
-    raise ValueError(f"tensor {names} is missing: {weights.listing} lists neither")
+    raise UsageError(f"tensor {names} is missing: {weights.listing} lists neither")
 
 
 def _check_weight(info: _TensorInfo, shape: tuple[int, int]) -> None:
@@ -429,12 +434,12 @@ def shard_range(intermediate: int, tp_rank: int, tp_size: int) -> tuple[int, int
     size and tp otherwise."""
     for name, value, low in (("tp_size", tp_size, 1), ("tp_rank", tp_rank, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+            raise UsageError(f"{name} must be an int >= {low}, got {value!r}")
     if tp_rank >= tp_size:
-        raise ValueError(f"tp_rank must be < tp_size ({tp_size}), got {tp_rank}")
+        raise UsageError(f"tp_rank must be < tp_size ({tp_size}), got {tp_rank}")
     size, rest = divmod(intermediate, tp_size)
     if rest or size % BLOCK or size == 0:
-        raise ValueError(
+        raise UsageError(
             f"intermediate size {intermediate} does not split into tp={tp_size} shards of a "
             f"multiple of {BLOCK} rows ({intermediate}/{tp_size} = {intermediate / tp_size:g})"
         )
@@ -518,7 +523,7 @@ def load_dense_mlp_weights(
         try:
             lo, hi = shard_range(inter, tp_rank, tp_size)
         except ValueError as exc:
-            raise ValueError(f"{prefix} ({infos['gate_proj'].file}): {exc}") from None
+            raise UsageError(f"{prefix} ({infos['gate_proj'].file}): {exc}") from None
         shard, full = slice(lo, hi), slice(0, hidden)
         gate, up, down = (infos[p] for p in _PROJS)
         gate_scale, up_scale, down_scale = (infos[f"{p}.scale"] for p in _PROJS)
@@ -586,9 +591,17 @@ def _config_int(config: dict[str, Any], key: str, config_file: Path, default: An
     if value is None:
         value = default
     if value is ...:
-        raise ValueError(f"{config_file} has no {key}")
+        raise UsageError(f"{config_file} has no {key}")
     lo, hi = _CONFIG_RANGES[key]
-    return int(bounded(value, f"{config_file}: {key}", lo, hi, integer=True))
+    return _config_number(value, f"{config_file}: {key}", lo, hi, config_file)
+
+
+def _config_number(value: Any, name: str, lo: int, hi: int, config_file: Path) -> int:
+    """``value`` as an int in [lo, hi] (jit.bounds), else a UsageError naming ``name``."""
+    try:
+        return int(bounded(value, name, lo, hi, integer=True))
+    except ValueError as err:
+        raise UsageError(str(err), path=str(config_file)) from None
 
 
 def _moe_layers(text: dict[str, Any], layers: int, config_file: Path) -> list[tuple[bool, str]]:
@@ -602,9 +615,9 @@ def _moe_layers(text: dict[str, Any], layers: int, config_file: Path) -> list[tu
     types = text.get("mlp_layer_types")
     if types is not None:
         if not isinstance(types, list) or len(types) != layers:
-            raise ValueError(f"{config_file}: mlp_layer_types must list {layers} layer types")
+            raise UsageError(f"{config_file}: mlp_layer_types must list {layers} layer types")
         if not all(t in ("dense", "sparse") for t in types):
-            raise ValueError(f"{config_file}: mlp_layer_types must be 'dense' or 'sparse'")
+            raise UsageError(f"{config_file}: mlp_layer_types must be 'dense' or 'sparse'")
         return [(t == "sparse", f"mlp_layer_types[{i}] is {t!r}") for i, t in enumerate(types)]
     routed = text.get("n_routed_experts")
     if not routed:
@@ -634,7 +647,7 @@ def _config_mlps(config: dict[str, Any], config_file: Path) -> list[tuple[str, i
             shared = _config_int(text, "n_shared_experts", config_file)
             moe_inter = _config_int(text, "moe_intermediate_size", config_file)
             name = f"{config_file}: moe_intermediate_size * n_shared_experts"
-            inter = int(bounded(moe_inter * shared, name, 0, MAX_INTERMEDIATE, integer=True))
+            inter = _config_number(moe_inter * shared, name, 0, MAX_INTERMEDIATE, config_file)
             why = (
                 f"{rule}; hidden_size {hidden}, moe_intermediate_size {moe_inter} * "
                 f"n_shared_experts {shared}"
@@ -682,7 +695,7 @@ def checkpoint_mlp_shapes(path: str | Path) -> list[tuple[str, int, int]]:
             prefix = found.get((kind, layer))
             if prefix is None:
                 suffix = ".shared_experts" if kind == "shared_experts" else ""
-                raise ValueError(
+                raise UsageError(
                     f"{config_file} gives layer {layer} a {kind} MLP ({why}), but "
                     f"{weights.listing} has no "
                     f"model.layers.{layer}.mlp{suffix}.gate_proj/up_proj/down_proj"

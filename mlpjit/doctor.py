@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlpjit.cli.output import human_size as _human_size
 from mlpjit.jit.messages import error_line
 
 __all__ = ["Check", "DoctorReport", "format_report", "main", "run_doctor"]
@@ -257,7 +258,7 @@ def _check_cache_dir() -> Check:
         )
     assert stats is not None
     details.update(entries=stats["entries"], bytes=stats["bytes"], kernels=stats["kernels"])
-    summary = f"{root}: {stats['entries']} entries, {stats['bytes']} bytes"
+    summary = f"{root}: {stats['entries']} entries, {_human_size(stats['bytes'])}"
     if not os.access(root, os.W_OK | os.X_OK):
         return Check(
             "cache dir",

@@ -4,13 +4,13 @@ process or in a pool of worker processes.
     records = warm_in_process(requests)          # one progress line per kernel to stderr
     records = warm_in_workers(requests, jobs=4)  # 4 processes over the same list
 
-``warm_in_workers`` writes the list once to a private request file (JSON lines, the
-MLPJIT_RECORD format) and starts ``jobs`` workers, each ``python -m mlpjit warm --from FILE
---json --worker-id N``: every worker walks the whole list, and the cache's per-key
-try-locks make each missing kernel compile in exactly one of them while the others move on
-to the next, so N workers compile a long list about N times as fast (CuTe DSL compiles one
-kernel at a time per process). Workers print their progress to the inherited stderr and a
-JSON summary on stdout, which is merged here by key.
+``warm_in_workers`` starts ``jobs`` worker processes (multiprocessing's "spawn": no forked
+CUDA or lock state) and hands each the whole list as request lines (the MLPJIT_RECORD
+format): every worker walks it, and the cache's per-key try-locks make each missing kernel
+compile in exactly one of them while the others move on to the next, so N workers compile
+a long list about N times as fast (CuTe DSL compiles one kernel at a time per process).
+Workers print their progress to the inherited stderr and return their records as objects,
+merged here by key; an error a worker raises comes back as the exception itself.
 
 A record is plain JSON data (``WarmRecord``), in the order of the request list. Standard
 library only at import; the compile manager is imported when work starts.
@@ -18,14 +18,12 @@ library only at import; the compile manager is imported when work starts.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
+import multiprocessing
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any, TextIO, TypedDict
 
 from mlpjit.errors import MlpjitError
@@ -34,7 +32,7 @@ from mlpjit.jit.key import request_key
 if TYPE_CHECKING:
     from mlpjit.jit.spec import KernelRequest
 
-__all__ = ["WarmRecord", "warm_in_process", "warm_in_workers", "worker_command"]
+__all__ = ["WarmRecord", "warm_in_process", "warm_in_workers"]
 
 
 class WarmRecord(TypedDict):
@@ -98,57 +96,61 @@ def warm_in_process(
     return sorted(records, key=lambda r: order[r["key"]])
 
 
-def worker_command(requests_file: Path, worker: int) -> list[str]:
-    """The command line of pool worker number ``worker`` over the list in ``requests_file``."""
-    return [
-        sys.executable,
-        "-m",
-        "mlpjit",
-        "warm",
-        "--from",
-        str(requests_file),
-        "--json",
-        "--worker-id",
-        str(worker),
-    ]
+def _worker(lines: list[str], worker_id: int) -> list[WarmRecord]:
+    """A pool worker: register the kernels (this is a fresh interpreter), then warm the
+    list in process."""
+    from mlpjit.jit.spec import KernelRequest
+    from mlpjit.planning import register_kernels
+
+    register_kernels()
+    requests = [KernelRequest.from_json_line(line) for line in lines]
+    return warm_in_process(requests, worker_id=worker_id)
 
 
 def warm_in_workers(requests: Sequence[KernelRequest], jobs: int) -> list[WarmRecord]:
     """Warm ``requests`` with ``jobs`` worker processes over the same list (see the module
-    docstring); one record per distinct key, "compiles" summed over the workers.
+    docstring); one record per distinct key, in request order, "compiles" summed over the
+    workers.
 
-    Raises MlpjitError naming every worker that failed (a non-zero exit status, e.g. a
-    compile error it printed to stderr, or no JSON summary).
+    Raises MlpjitError naming every worker that failed with one of mlpjit's errors (a
+    compile error, an unusable cache dir) or died; any other exception a worker raised is
+    re-raised as is (a bug: its traceback matters).
     """
-    fd, name = tempfile.mkstemp(prefix="mlpjit-warm-", suffix=".jsonl")  # mode 0600
-    path = Path(name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(r.to_json_line() + "\n" for r in requests)
-        procs = [
-            subprocess.Popen(worker_command(path, w), stdout=subprocess.PIPE, text=True)
-            for w in range(jobs)
-        ]
-        outputs = [proc.communicate()[0] for proc in procs]
-    finally:
-        path.unlink(missing_ok=True)
+    lines = [r.to_json_line() for r in requests]
+    context = multiprocessing.get_context("spawn")
+    results: list[list[WarmRecord] | BaseException] = []
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures = [pool.submit(_worker, lines, w) for w in range(jobs)]
+        for future in futures:
+            try:
+                results.append(future.result())
+            except BaseException as err:  # noqa: BLE001 (sorted out below, per worker)
+                results.append(err)
+    return _merge(results, [request_key(r) for r in requests])
+
+
+def _merge(
+    results: Sequence[list[WarmRecord] | BaseException], keys: list[str]
+) -> list[WarmRecord]:
+    """One record per key from every worker's records; errors raised as described in
+    warm_in_workers."""
     merged: dict[str, WarmRecord] = {}
     failed = []
-    for w, (proc, out) in enumerate(zip(procs, outputs, strict=True)):
-        if proc.returncode != 0:
-            failed.append(f"worker {w} exited with status {proc.returncode}")
-            continue
-        try:
-            records = json.loads(out)["entries"]
-        except (ValueError, KeyError, TypeError):
-            failed.append(f"worker {w} printed no summary (output ends: {out[-200:]!r})")
-            continue
-        for record in records:
-            seen = merged.setdefault(record["key"], {**record, "compiles": 0})
-            if record["status"] == "compiled":
-                seen["compiles"] += 1
-                seen["status"] = "compiled"
-                seen["seconds"] = record["seconds"]
+    for w, result in enumerate(results):
+        if isinstance(result, BrokenProcessPool):
+            failed.append(f"worker {w} died ({result})")
+        elif isinstance(result, MlpjitError):
+            failed.append(f"worker {w}: {result}")
+        elif isinstance(result, BaseException):
+            raise result
+        else:
+            for record in result:
+                seen = merged.setdefault(record["key"], {**record, "compiles": 0})
+                if record["status"] == "compiled":
+                    seen["compiles"] += 1
+                    seen["status"] = "compiled"
+                    seen["seconds"] = record["seconds"]
     if failed:
         raise MlpjitError("warm failed: " + "; ".join(failed))
-    return list(merged.values())
+    order = {key: i for i, key in enumerate(keys)}
+    return sorted(merged.values(), key=lambda r: order.get(r["key"], len(order)))

@@ -74,11 +74,11 @@ def test_emit_writes_valid_requests(tmp_path):
 
 
 def test_emit_matches_cli_reader(tmp_path):
-    from mlpjit.cli import _read_requests
+    from mlpjit.planning import read_requests
 
     path = tmp_path / "tune_gemv.jsonl"
     assert tune_gemv.main(["kernel", "--emit", str(path), "--tokens", "1"]) == 0
-    requests = _read_requests(path)
+    requests = read_requests(path)
     assert requests == gemv_sweep.kernel_requests("sm_90a", gemv_sweep.DEFAULT_KERNEL_SHAPES, (1,))
 
 

@@ -19,8 +19,9 @@ import pytest
 from entries import child_env
 from redis_server import PASSWORD, RedisServer, free_port, start_redis, write_key_file
 
-from mlpjit import cli
 from mlpjit.cli import MAX_WARM_TOKENS, parse_age, parse_size, parse_tokens
+from mlpjit.cli import warm as warm_command
+from mlpjit.cli.parser import build_parser
 from mlpjit.jit import config
 from mlpjit.kernels.fp8_gemv import plan as fp8_plan
 from mlpjit.models import PRESETS
@@ -292,8 +293,9 @@ def _planner_calls(monkeypatch, *args: str) -> list[tuple[int, int, int]]:
         return [planned(hidden, intermediate // tp, m) for m in tokens]
 
     monkeypatch.setattr(fp8_plan, "dense_mlp_requests", fake)
-    parsed = cli._build_parser().parse_args(["warm", *args, "--sms", "132"])
-    requests = cli._warm_requests(parsed, "sm_90a")
+    parsed = build_parser().parse_args(["warm", *args, "--sms", "132"])
+    parsed.check(parsed)
+    requests = warm_command.warm_requests(parsed, "sm_90a")
     assert requests == [planned(h, i // tp, m) for h, i, tp in calls for m in range(1, 9)]
     return calls
 
@@ -869,3 +871,170 @@ def test_push_and_pull_without_a_usable_remote_are_one_line_errors(
         assert stats.returncode == 0 and "not usable" in stats.stdout, stats.stderr
         doctor = mlpjit(cache_copy, "doctor", env=env)
         assert doctor.returncode == 0 and "[warn] remote:" in doctor.stdout, doctor.stdout
+
+
+# ------------------------------------------------------------------ readable output
+
+
+def _fp8_cache(tmp_path: Path) -> tuple[Path, dict[tuple[str, int], str]]:
+    """A cache of hand-made fp8_gemv entries (no compile): GLM-5's dense layer at TP 8,
+    gate_up and down at 1 and 8 tokens. Returns it and {(half, tokens): key}."""
+    from entries import made
+
+    import mlpjit.kernels  # noqa: F401 (registers fp8_gemv)
+    from mlpjit.jit.key import cache_key, key_components
+    from mlpjit.jit.store import CacheStore
+
+    cache = tmp_path / "fp8"
+    store = CacheStore(root=cache, layers=())
+    keys = {}
+    for i, r in enumerate(fp8_plan.dense_mlp_requests(6144, 12288, 8, [1, 8], "sm_90a")):
+        components = key_components(r.spec, dict(r.params), r.arch)
+        key = cache_key(components)
+        assert store.publish(key, components, made(i)[2], 0.1).persisted
+        keys["gate_up" if r.params["swiglu"] else "down", r.params["tokens"]] = key
+    return cache, keys
+
+
+def test_ls_shows_what_each_entry_serves_and_filters(tmp_path: Path) -> None:
+    cache, keys = _fp8_cache(tmp_path)
+    text = mlpjit(cache, "cache", "ls").stdout.splitlines()
+    assert text[0].split() == ["KEY", "KERNEL", "SERVES", "SHAPE", "TOKENS", "SIZE", "USED"]
+    assert text[1].split()[:7] == [keys["down", 1][:12], "fp8_gemv", "glm5", "dense", "tp8",
+                                   "down", "6144x1536"]  # fmt: skip
+    assert [line.split()[0] for line in text[1:5]] == [
+        keys[half, m][:12] for half in ("down", "gate_up") for m in (1, 8)
+    ]  # by layer, half and tokens, not by key
+    assert text[-1] == "4 entries, 304 B"  # hand-made cubins of 76 bytes
+    assert max(len(line) for line in text) <= 100
+
+    rows = ok_json(cache, "cache", "ls", "--half", "down")
+    assert {r["key"] for r in rows} == {keys["down", 1], keys["down", 8]}
+    assert all(r["serves"] == ["glm5 dense tp8 down"] for r in rows)
+    assert all(isinstance(r["created"], float) and r["params"]["k"] == 1536 for r in rows)
+    assert len(ok_json(cache, "cache", "ls", "--model", "glm5", "--tp", "8")) == 4
+    assert ok_json(cache, "cache", "ls", "--model", "qwen3-8b") == []
+    assert ok_json(cache, "cache", "ls", "--tp", "4") == []
+    assert [r["key"] for r in ok_json(cache, "cache", "ls", keys["gate_up", 8][:6])] == [
+        keys["gate_up", 8]
+    ]
+    assert mlpjit(cache, "cache", "ls", "--kernel", "smoke").stdout == "(no entries)\n"
+
+
+def test_info_shows_times_and_sizes_for_people(tmp_path: Path) -> None:
+    cache, keys = _fp8_cache(tmp_path)
+    lines = mlpjit(cache, "cache", "info", keys["down", 8][:8]).stdout.splitlines()
+    assert lines[:2] == [f"key: {keys['down', 8]}", "serves: glm5 dense tp8 down"]
+    created = next(line for line in lines if line.startswith("created: "))
+    assert created.endswith("s ago)") and created[9:13].isdigit()  # 2026-... (0s ago)
+    assert any(line.endswith(" B") and line.startswith("cubin_bytes: ") for line in lines)
+    info = ok_json(cache, "cache", "info", keys["down", 8])
+    assert isinstance(info["created"], float) and isinstance(info["cubin_bytes"], int)
+
+
+def test_json_errors_are_objects_on_stdout(tmp_path: Path) -> None:
+    run = mlpjit(tmp_path / "c", "warm", "--model", "glm5", "--tp", "7", "--arch", "sm_90a",
+                 "--json")  # fmt: skip
+    assert run.returncode == 1
+    error = json.loads(run.stdout)
+    assert error["exit_status"] == 1 and error["error"]["type"] == "UsageError"
+    assert error["error"]["argument"] == "--tp" and error["error"]["value"] == 7
+    assert "tp must divide glm5's dense MLP" in error["error"]["message"]
+    assert run.stderr.startswith("mlpjit: error: tp must divide") and "Traceback" not in run.stderr
+
+    run = mlpjit(tmp_path / "c", "cache", "info", "0" * 12, "--json")
+    assert run.returncode == 1
+    error = json.loads(run.stdout)["error"]
+    assert error["argument"] == "KEY" and "no cache entry" in error["message"]
+
+    run = mlpjit(tmp_path / "c", "warm", "--model", "glm5", "--tokens", "0", "--json")
+    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
+    assert json.loads(run.stdout) == {
+        "error": {"type": "usage", "message": run.stderr.split("error: ", 1)[1].strip()},
+        "exit_status": 2,
+    }
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch, capsys) -> None:
+    from mlpjit.cli import cache as cache_command
+    from mlpjit.cli import main
+
+    def broken(args) -> int:
+        raise KeyError("internal")
+
+    monkeypatch.setattr(cache_command, "_path", broken)
+    assert main(["cache", "path", "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert "Traceback" in err and "KeyError: 'internal'" in err
+    assert err.rstrip().endswith("this is a bug, please report it with the traceback above")
+    assert json.loads(out)["error"]["type"] == "KeyError"
+
+
+def test_version_and_help_import_neither_torch_nor_cutlass() -> None:
+    code = (
+        "import contextlib, io, sys\n"
+        "from mlpjit.cli import main\n"
+        "for argv in (['--version'], ['--help'], ['warm', '--help'], ['cache', 'ls', '--help']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "        main(argv)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'cutlass')))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=child_env(), timeout=120, check=True)  # fmt: skip
+    assert run.stdout.strip() == "[]", run.stderr
+    version = mlpjit(REPO / "unused", "--version")
+    assert version.returncode == 0 and version.stdout == "mlpjit 0.1.0\n"
+
+
+def test_help_shows_the_defaults(tmp_path: Path) -> None:
+    text = " ".join(mlpjit(tmp_path / "c", "warm", "--help").stdout.split())
+    assert "default 1-8" in text and "(default 1;" in text
+    assert "default: half the CPUs, at most 8" in text
+    assert "(default: on, as DenseMlp;" in text
+
+
+@pytest.mark.parametrize("cpus, jobs", [(None, 1), (1, 1), (2, 1), (6, 3), (64, 8)])
+def test_default_jobs_follow_the_cpu_count(monkeypatch, cpus, jobs: int) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: cpus)
+    assert warm_command.default_jobs() == jobs
+
+
+def test_warm_says_when_tp_is_the_default(tmp_path: Path) -> None:
+    args = ["warm", "--model", "glm5", "--tokens", "1", "--arch", "sm_90a", "--dry-run"]
+    run = mlpjit(tmp_path / "c", *args)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == (
+        "4 kernels for sm_90a at tp 1 (the default; pass --tp), 0 already cached"
+    )
+    assert ok_json(tmp_path / "c", *args)["tp"] == 1
+    explicit = mlpjit(tmp_path / "c", *args, "--tp", "1").stdout.splitlines()[-1]
+    assert explicit == "4 kernels for sm_90a at tp 1, 0 already cached"
+
+
+def test_export_a_subset_to_stdout_and_import_from_stdin(
+    warmed: tuple[Path, dict], tmp_path: Path
+) -> None:
+    cache, summary = warmed
+    key = summary["entries"][1]["key"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MLPJIT_CACHE_DIR": str(cache)}
+    env["MLPJIT_KERNEL_MODULES"] = "mlpjit.testing.smoke"
+    export = subprocess.run([sys.executable, "-m", "mlpjit", "cache", "export", "-", key[:8]],
+                            capture_output=True, env=env, timeout=120, check=False)  # fmt: skip
+    assert export.returncode == 0, export.stderr
+    assert b"exported 1 entries to -" in export.stderr
+    with tarfile.open(fileobj=io.BytesIO(export.stdout)) as tar:
+        assert f"entries/{key}.cubin" in tar.getnames()
+
+    env["MLPJIT_CACHE_DIR"] = str(tmp_path / "other")
+    imported = subprocess.run([sys.executable, "-m", "mlpjit", "cache", "import", "-", "--json"],
+                              input=export.stdout, capture_output=True, env=env, timeout=120,
+                              check=False)  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+    assert json.loads(imported.stdout)["imported"] == [key]
+
+
+@pytest.mark.parametrize("name", ["out.tar.gz", "out.tgz", "out.tar.zst"])
+def test_a_compressed_archive_name_is_refused(warmed: tuple[Path, dict], tmp_path: Path, name):
+    run = mlpjit(warmed[0], "cache", "export", str(tmp_path / name))
+    assert run.returncode == 1 and "FILE must be a plain .tar" in run.stderr
+    assert not (tmp_path / name).exists()

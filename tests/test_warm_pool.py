@@ -1,4 +1,4 @@
-"""mlpjit.warm_pool with a fake compile manager and fake worker processes (no compiles).
+"""mlpjit.warm_pool with a fake compile manager and a fake process pool (no compiles).
 
 The real pool, compiling real kernels in real workers, is tested through the CLI in
 tests/test_cli.py (test_warm_jobs_compile_each_kernel_once and the --from/--jobs case).
@@ -7,15 +7,14 @@ tests/test_cli.py (test_warm_jobs_compile_each_kernel_once and the --from/--jobs
 from __future__ import annotations
 
 import io
-import json
-import sys
-from pathlib import Path
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 from types import SimpleNamespace
 
 import pytest
 
 from mlpjit import warm_pool
-from mlpjit.errors import MlpjitError
+from mlpjit.errors import CompilerUnavailableError, MlpjitError
 from mlpjit.jit.key import request_key
 from mlpjit.jit.spec import KernelRequest
 
@@ -72,36 +71,34 @@ def test_in_process_without_worker_id_has_no_prefix(monkeypatch, capsys) -> None
     assert capsys.readouterr().err.startswith("[1/1] smoke ")
 
 
-def test_worker_command_replays_the_request_file() -> None:
-    command = warm_pool.worker_command(Path("/tmp/list.jsonl"), 2)
-    assert command == [
-        sys.executable, "-m", "mlpjit", "warm", "--from", "/tmp/list.jsonl", "--json",
-        "--worker-id", "2",
-    ]  # fmt: skip
+class _FakePool:
+    """Stands in for ProcessPoolExecutor: worker w returns ``outcomes[w]`` (a status per
+    request, as records) or raises it (an exception), given the request lines."""
 
+    outcomes: list = []
+    calls: list = []
 
-class _FakeWorkers:
-    """Stands in for subprocess.Popen: worker w reports ``outcomes[w]`` (status per request,
-    or a returncode and raw stdout) after reading the request file it was given."""
+    def __init__(self, max_workers, mp_context) -> None:
+        assert mp_context.get_start_method() == "spawn"
+        self.max_workers = max_workers
 
-    def __init__(self, outcomes: list) -> None:
-        self.outcomes = outcomes
-        self.commands: list[list[str]] = []
-        self.files: list[Path] = []
-        self.lines: list[list[str]] = []
+    def __enter__(self):
+        return self
 
-    def __call__(self, command, stdout=None, text=None):
-        worker = int(command[command.index("--worker-id") + 1])
-        path = Path(command[command.index("--from") + 1])
-        self.commands.append(command)
-        self.files.append(path)
-        self.lines.append(path.read_text().splitlines())
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def submit(self, fn, lines, worker):
+        assert fn is warm_pool._worker
+        type(self).calls.append((lines, worker))
+        future = Future()
         outcome = self.outcomes[worker]
-        if isinstance(outcome, tuple):
-            returncode, out = outcome
-        else:
-            requests = [KernelRequest.from_json_line(line) for line in self.lines[-1]]
-            entries = [
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+            return future
+        requests = [KernelRequest.from_json_line(line) for line in lines]
+        future.set_result(
+            [
                 {
                     "key": request_key(r),
                     "kernel": r.kernel,
@@ -110,26 +107,32 @@ class _FakeWorkers:
                     "seconds": 1.5 if status == "compiled" else 0.01,
                     "compiles": int(status == "compiled"),
                 }
-                for r, status in zip(requests, outcome, strict=True)
+                for r, status in reversed(list(zip(requests, outcome, strict=True)))
             ]
-            returncode, out = 0, json.dumps({"entries": entries})
-        return SimpleNamespace(returncode=returncode, communicate=lambda: (out, None))
+        )
+        return future
 
 
-def test_workers_share_one_request_file_and_records_merge_by_key(monkeypatch) -> None:
-    fake = _FakeWorkers(
+def _fake_pool(monkeypatch, outcomes: list) -> type[_FakePool]:
+    monkeypatch.setattr(_FakePool, "outcomes", outcomes)
+    monkeypatch.setattr(_FakePool, "calls", [])
+    monkeypatch.setattr(warm_pool, "ProcessPoolExecutor", _FakePool)
+    return _FakePool
+
+
+def test_workers_get_the_whole_list_and_records_merge_by_key(monkeypatch) -> None:
+    pool = _fake_pool(
+        monkeypatch,
         [
             ["compiled", "hit", "compiled"],
             ["hit", "compiled", "compiled"],  # the third compiled twice: counted twice
-        ]
+        ],
     )
-    monkeypatch.setattr(warm_pool.subprocess, "Popen", fake)
     requests = _requests(1024, 1056, 1088)
     records = warm_pool.warm_in_workers(requests, jobs=2)
-    assert fake.commands == [warm_pool.worker_command(fake.files[0], w) for w in (0, 1)]
-    assert fake.files[0] == fake.files[1] and not fake.files[0].exists()  # removed after
-    assert fake.lines[0] == [r.to_json_line() for r in requests]
-    assert [r["key"] for r in records] == [request_key(r) for r in requests]
+    lines = [r.to_json_line() for r in requests]
+    assert pool.calls == [(lines, 0), (lines, 1)]
+    assert [r["key"] for r in records] == [request_key(r) for r in requests]  # request order
     assert [(r["status"], r["compiles"], r["seconds"]) for r in records] == [
         ("compiled", 1, 1.5),
         ("compiled", 1, 1.5),
@@ -138,12 +141,16 @@ def test_workers_share_one_request_file_and_records_merge_by_key(monkeypatch) ->
 
 
 def test_failed_workers_are_named(monkeypatch) -> None:
-    fake = _FakeWorkers([["hit"], (1, ""), (0, "not json")])
-    monkeypatch.setattr(warm_pool.subprocess, "Popen", fake)
+    _fake_pool(
+        monkeypatch,
+        [["hit"], CompilerUnavailableError("no compiler"), BrokenProcessPool("killed")],
+    )
     with pytest.raises(MlpjitError) as raised:
         warm_pool.warm_in_workers(_requests(1024), jobs=3)
-    assert str(raised.value) == (
-        "warm failed: worker 1 exited with status 1; "
-        "worker 2 printed no summary (output ends: 'not json')"
-    )
-    assert not fake.files[0].exists()
+    assert str(raised.value) == "warm failed: worker 1: no compiler; worker 2 died (killed)"
+
+
+def test_a_bug_in_a_worker_keeps_its_exception(monkeypatch) -> None:
+    _fake_pool(monkeypatch, [["hit"], KeyError("bug")])
+    with pytest.raises(KeyError, match="bug"):
+        warm_pool.warm_in_workers(_requests(1024), jobs=2)
