@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 from mlpjit.errors import MissingDependencyError, UsageError
 from mlpjit.jit.bounds import bounded
 from mlpjit.jit.safe_read import loads_json, open_regular
+from mlpjit.kernels.blocks import BLOCK
 from mlpjit.kernels.fp8_gemv.params import MAX_HIDDEN, MAX_INTERMEDIATE
 
 if TYPE_CHECKING:
@@ -64,7 +65,6 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 __all__ = [
-    "BLOCK",
     "CONFIG_FILE",
     "INDEX_FILE",
     "MAX_CONFIG_BYTES",
@@ -78,7 +78,6 @@ __all__ = [
     "shard_range",
 ]
 
-BLOCK = 128  # weight rows and columns per block scale
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"

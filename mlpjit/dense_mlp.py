@@ -46,12 +46,13 @@ from torch import Tensor
 from mlpjit.device import device_sms, kernel_arch
 from mlpjit.errors import CaptureError, MlpjitError
 from mlpjit.jit import capture
+from mlpjit.kernels.blocks import BLOCK
 from mlpjit.kernels.fp8_gemv.params import KERNEL_ARGS, MAX_TOKENS, check_limit
 from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests, token_counts
 from mlpjit.kernels.fp8_gemv.tuning import kernel_supports
 from mlpjit.kernels.hopper import SMS
 from mlpjit.scale_rule import DEFAULT_UE8M0, resolve_ue8m0
-from mlpjit.scales import BLOCK, to_float32_scale
+from mlpjit.scales import to_float32_scale
 from mlpjit.stock import StockLayer
 
 if TYPE_CHECKING:

@@ -230,7 +230,8 @@ def stock_reason(
     gate_up (rows 2*intermediate/tp, k hidden) and down (rows hidden, k intermediate/tp).
     A half the kernel refuses is described by the first of its documented rules it breaks
     (token count, K in 128-groups), else as not fitting its resource limits."""
-    from mlpjit.kernels.fp8_gemv.params import GROUP, MAX_TOKENS
+    from mlpjit.kernels.blocks import BLOCK as GROUP
+    from mlpjit.kernels.fp8_gemv.params import MAX_TOKENS
     from mlpjit.kernels.fp8_gemv.tuning import kernel_supports
     from mlpjit.kernels.hopper import SMS
 

@@ -54,7 +54,7 @@ def warm_in_process(
     Writes one progress line per kernel to ``log`` (default: stderr), prefixed "w<N> " for
     a pool worker (``worker_id``). Raises what the manager raises (e.g. a compile error).
     """
-    from mlpjit.jit.manager import CompileManager, remote_layer
+    from mlpjit.jit.manager import CompileManager, remote_tier
     from mlpjit.jit.store import CacheStore
 
     out = sys.stderr if log is None else log
@@ -63,7 +63,7 @@ def warm_in_process(
     store = CacheStore()
     # The fleet cache too, when MLPJIT_REMOTE_CACHE is set: a warm pulls what another node
     # compiled and uploads what it compiles.
-    manager = CompileManager(store, remote=remote_layer(store))
+    manager = CompileManager(store, remote=remote_tier(store))
     records: list[WarmRecord] = []
     prefix = f"w{worker_id} " if worker_id is not None else ""
     state = {"t": time.perf_counter(), "compiles": 0}

@@ -29,7 +29,7 @@ from mlpjit.testing.cubin_info import find_cuobjdump
 
 def _entries(root: Path) -> dict[str, tuple[str, bytes]]:
     """(kernel, params, arch) as canonical JSON -> (symbol, cubin) for every entry."""
-    store = CacheStore(root, layers=())
+    store = CacheStore(root, read_only=())
     found = {}
     for key, _manifest in store.iter_manifests():
         entry = store.lookup(key)

@@ -161,7 +161,7 @@ def _planted(base: Path, i: int = 0) -> Path:
     key, components, binary = made(i)
     planted = KernelBinary(**{**vars(binary), "cubin": b"\x7fELF" + MARKER})
     root = base / "planted"
-    assert CacheStore(root=root, layers=()).publish(key, components, planted, 0.1).persisted
+    assert CacheStore(root=root, read_only=()).publish(key, components, planted, 0.1).persisted
     return root
 
 
@@ -360,7 +360,7 @@ def good_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     publish(root, 2)
     publish(root, 3)
     path = base / "good.tar"
-    export_archive(CacheStore(root=root, layers=()), path)
+    export_archive(CacheStore(root=root, read_only=()), path)
     return path
 
 

@@ -886,7 +886,7 @@ def _fp8_cache(tmp_path: Path) -> tuple[Path, dict[tuple[str, int], str]]:
     from mlpjit.jit.store import CacheStore
 
     cache = tmp_path / "fp8"
-    store = CacheStore(root=cache, layers=())
+    store = CacheStore(root=cache, read_only=())
     keys = {}
     for i, r in enumerate(fp8_plan.dense_mlp_requests(6144, 12288, 8, [1, 8], "sm_90a")):
         components = key_components(r.spec, dict(r.params), r.arch)

@@ -45,7 +45,7 @@ def kernel() -> LoadedKernel:
 @pytest.fixture(scope="module")
 def smoke_binary(tmp_path_factory: pytest.TempPathFactory) -> KernelBinary:
     """A real smoke-kernel cubin compiled for sm_90a through the cache."""
-    store = CacheStore(tmp_path_factory.mktemp("smoke") / "cache", layers=())
+    store = CacheStore(tmp_path_factory.mktemp("smoke") / "cache", read_only=())
     request = KernelRequest("smoke", {"n": 1000, "scale": 0.5, "block": 256}, "sm_90a")
     return CompileManager(store).get(request).binary()
 
@@ -96,7 +96,7 @@ def test_bad_f32(value: object) -> None:
 
 
 def test_load_kernel_needs_a_cuda_device(smoke_binary: KernelBinary) -> None:
-    from mlpjit.jit.store import Entry
+    from mlpjit.jit.entry import Entry
 
     entry = Entry("12" * 32, {}, smoke_binary.cubin, Path("."))
     with pytest.raises(ValueError, match="CUDA device"):

@@ -29,6 +29,7 @@ from mlpjit.jit import manager as managermod
 from mlpjit.jit.archive import portable_manifest
 from mlpjit.jit.binary import binary_from_fields, launch_sha256
 from mlpjit.jit.cache_layout import MAX_MANIFEST_BYTES
+from mlpjit.jit.entry import Entry
 from mlpjit.jit.key import cache_key, canonical_json, request_key
 from mlpjit.jit.manager import CacheStats, CompileManager
 from mlpjit.jit.remote import (
@@ -47,7 +48,7 @@ from mlpjit.jit.remote import (
 from mlpjit.jit.remote import client as clientmod
 from mlpjit.jit.remote import tier as tiermod
 from mlpjit.jit.spec import KernelRequest
-from mlpjit.jit.store import CacheStore, Entry
+from mlpjit.jit.store import CacheStore
 
 REPO = Path(__file__).resolve().parent.parent
 CHILD_TIMEOUT = 120

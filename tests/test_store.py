@@ -16,9 +16,10 @@ import pytest
 from mlpjit.errors import CacheDirError
 from mlpjit.jit import cache_layout, writable_tier
 from mlpjit.jit.binary import KernelBinary, KernelParam, launch_sha256
+from mlpjit.jit.entry import Entry
 from mlpjit.jit.key import FORMAT_VERSION, cache_key, key_components, spec_key
 from mlpjit.jit.locks import KeyLock
-from mlpjit.jit.store import CacheStore, Entry
+from mlpjit.jit.store import CacheStore
 from mlpjit.testing.smoke import SPEC as SMOKE
 
 

@@ -55,4 +55,3 @@ def test_the_store_walks_its_tiers_in_order(tmp_path):
     store = CacheStore(tmp_path / "root", read_only=[built])
     assert [t.path for t in store.tiers] == [store.root, built.resolve()]
     assert store.lookup(key).origin == built.resolve()
-    assert CacheStore(tmp_path / "root", layers=[built]).read_only == (built.resolve(),)

@@ -132,7 +132,7 @@ def _selected(args: argparse.Namespace, rows: list[dict[str, Any]]) -> list[dict
 
 def _path(args: argparse.Namespace) -> int:
     store = cache_store()
-    layers = [{"path": str(p), "exists": p.is_dir()} for p in store.layers]
+    layers = [{"path": str(p), "exists": p.is_dir()} for p in store.read_only]
     data = {
         "root": str(store.root),
         "exists": store.root.is_dir(),

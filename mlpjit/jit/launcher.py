@@ -24,7 +24,7 @@ from mlpjit.jit.capture import current_stream_capturing
 
 if TYPE_CHECKING:
     from mlpjit.jit.binary import KernelBinary, KernelParam
-    from mlpjit.jit.store import Entry
+    from mlpjit.jit.entry import Entry
 
 __all__ = [
     "KernelPair",

@@ -62,7 +62,6 @@ __all__ = [
     "Outcome",
     "check_compile_arch",
     "default_manager",
-    "remote_layer",
     "remote_tier",
 ]
 
@@ -549,7 +548,6 @@ def remote_tier(store: CacheStore) -> RemoteTier | None:
     return None if remote is None else RemoteTier(store, remote)
 
 
-remote_layer = remote_tier  # the former name
 
 
 def _remote_settings() -> tuple[Any, ...] | None:

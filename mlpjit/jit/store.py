@@ -26,7 +26,7 @@ from mlpjit.jit.directory_tier import DirectoryTier, ReadOnlyTier
 from mlpjit.jit.entry import Entry
 from mlpjit.jit.writable_tier import WritableTier
 
-__all__ = ["CacheStore", "Entry"]
+__all__ = ["CacheStore"]
 
 
 class CacheStore:
@@ -36,16 +36,9 @@ class CacheStore:
         self,
         root: Path | None = None,
         read_only: Sequence[Path] | None = None,
-        *,
-        layers: Sequence[Path] | None = None,
     ) -> None:
         """``root``: the writable root (None: MLPJIT_CACHE_DIR); ``read_only``: the
-        read-only directories (None: MLPJIT_CACHE_PATH). ``layers`` is the former name of
-        ``read_only``."""
-        if layers is not None:
-            if read_only is not None:
-                raise ValueError("CacheStore: pass read_only or layers, not both")
-            read_only = layers
+        read-only directories (None: MLPJIT_CACHE_PATH)."""
         # As configured (absolute), for display and for comparing configurations.
         self.configured_root = Path(root if root is not None else config.cache_dir()).absolute()
         self.configured_read_only = tuple(
@@ -69,8 +62,6 @@ class CacheStore:
     def read_only(self) -> tuple[Path, ...]:
         """The read-only directories (resolved), in search order."""
         return tuple(tier.path for tier in self.read_only_tiers)
-
-    layers = read_only  # the former name
 
     @property
     def quarantined(self) -> int:

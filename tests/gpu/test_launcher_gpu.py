@@ -138,8 +138,8 @@ def test_launch_inside_graph_capture(kernel) -> None:
 
 
 def test_loading_during_capture_raises(entry) -> None:
+    from mlpjit.jit.entry import Entry
     from mlpjit.jit.launcher import load_kernel
-    from mlpjit.jit.store import Entry
 
     # Same code under a key this process has not loaded yet.
     fresh = Entry("0" * 64, entry.manifest, entry.cubin, Path("."))
