@@ -386,31 +386,45 @@ def modeled_us(
 ) -> tuple[int, float]:
     """(waves, estimated microseconds) of a config in the model above."""
     p = _launch(rows, k, tokens, config, sms)
-    waves = math.ceil(p.ctas / hopper.resident_ctas(sms * config.ctas_per_sm, p.cluster_ctas))
-    per_sm = math.ceil(p.ctas / sms)  # CTAs on the busiest SM
-    rounds = per_sm * math.ceil(p.row_tiles * p.splits / p.ctas)  # units it takes in turn
-    weight_kb = rounds * 16 * p.tiles * p.kc / 1e3
+    return _modeled_us(rows, k, config, p.ctas, sms)
+
+
+def _modeled_us(
+    rows: int, k: int, config: GemvConfig, ctas: int, sms: int
+) -> tuple[int, float]:
+    row_tiles = rows // 16
+    units = row_tiles // config.tiles * config.splits  # (tile group, split) pairs
+    cluster = max(config.cluster, config.splits)
+    waves = math.ceil(ctas / hopper.resident_ctas(sms * config.ctas_per_sm, cluster))
+    per_sm = math.ceil(ctas / sms)  # CTAs on the busiest SM
+    rounds = per_sm * math.ceil(units / ctas)  # units it takes in turn
+    weight_kb = rounds * 16 * config.tiles * (k // config.splits) / 1e3
+    persistent = ctas < units
     us = (
         weight_kb / HBM_KB_PER_US
-        + PERSISTENT_US * p.persistent
+        + PERSISTENT_US * persistent
         + ROUND_US * rounds
-        + SPLIT_US * (p.splits - 1)
+        + SPLIT_US * (config.splits - 1)
     )
     return waves, us
 
 
+@functools.lru_cache(maxsize=4096)
 def _spread_pick(rows: int, k: int, tokens: int, sms: int) -> GemvConfig:
     """The _spread decomposition choose_config takes: by modeled_us where it applies
     (RERANK_MIN_BYTES), else the cost model's best."""
     ranked = _spread_ranked(rows, k, tokens, sms)
     if rows * k < RERANK_MIN_BYTES and tokens >= HEURISTIC_CLUSTER_MIN_TOKENS:
         return ranked[0][1]
-    rated = [
-        (modeled_us(rows, k, tokens, config, sms), rank, config)
-        for rank, config in ranked
-        if config.splits == 1 or not _launch(rows, k, tokens, config, sms).persistent
-    ]
-    return min(rated, key=lambda item: item[:2])[2] if rated else ranked[0][1]
+    best = None
+    for order, (rank, config) in enumerate(ranked):
+        ctas = rank[-1]
+        if config.splits > 1 and ctas < rows // (16 * config.tiles) * config.splits:
+            continue  # a persistent grid split along K
+        rating = (*_modeled_us(rows, k, config, ctas, sms), order)
+        if best is None or rating < best[0]:
+            best = (rating, config)
+    return best[1] if best is not None else ranked[0][1]
 
 
 def _spread(rows: int, k: int, tokens: int, sms: int) -> tuple[float, GemvConfig] | None:
@@ -462,8 +476,10 @@ def _spread_candidates(
                         config, ctas = found
                         waves = math.ceil(ctas / hopper.resident_ctas(sms * cps, splits))
                         cost = _modeled_cost(rows, k, tokens, tiles, ctas, splits, warps, sms)
-                        # Then: fewer splits, longer slices, fewer warps, lighter launch bound.
-                        ranked.append(((waves, cost, splits, -slice_k, warps, cps), config))
+                        # Then: fewer splits, longer slices, fewer warps, lighter launch bound
+                        # (the grid last: what _spread_pick's model reads).
+                        rank = (waves, cost, splits, -slice_k, warps, cps, ctas)
+                        ranked.append((rank, config))
     return ranked
 
 
