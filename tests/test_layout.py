@@ -75,13 +75,18 @@ def _foreign_names(tree: ast.AST) -> set[str]:
     return names
 
 
-def test_no_jit_module_uses_another_modules_private_names():
-    """Inside mlpjit/jit a module reaches another one only through its public names: no
+# Private attributes of other packages' objects that mlpjit sets on purpose: transformers
+# reads a model config's _experts_implementation (the tiny test models pick the eager one).
+FOREIGN_PRIVATE = {"_experts_implementation"}
+
+
+def test_no_module_uses_another_modules_private_names():
+    """A module of mlpjit reaches another one only through its public names: no
     ``from m import _name``, and no ``obj._name`` on anything but ``self``, ``cls`` or
     another package's module (torch._C is torch's business)."""
-    jit = REPO / "mlpjit" / "jit"
+    package = REPO / "mlpjit"
     found = []
-    for path in sorted(jit.rglob("*.py")):
+    for path in sorted(package.rglob("*.py")):
         where = path.relative_to(REPO)
         tree = ast.parse(path.read_text(), str(path))
         allowed = {"self", "cls"} | _foreign_names(tree)
@@ -92,7 +97,11 @@ def test_no_jit_module_uses_another_modules_private_names():
                     for a in node.names
                     if _private(a.name)
                 ]
-            elif isinstance(node, ast.Attribute) and _private(node.attr):
+            elif (
+                isinstance(node, ast.Attribute)
+                and _private(node.attr)
+                and node.attr not in FOREIGN_PRIVATE
+            ):
                 owner = node.value.id if isinstance(node.value, ast.Name) else None
                 if owner not in allowed:
                     found.append(f"{where}:{node.lineno} uses .{node.attr}")

@@ -141,7 +141,7 @@ class LoadedKernel:
         self._index = device_index
         self._names = tuple(p.name for p in self.params)
         self._kinds = tuple(p.kind for p in self.params)
-        self._function = function
+        self.function = function  # the CUfunction handle (KernelPair launches it directly)
         self._context = context
         self._module = module  # kept so the module outlives every launch of its function
         self._buffers = _ParamBuffers(len(self.params))
@@ -314,7 +314,7 @@ class LoadedKernel:
         if handle == 0 and self._current_device() != self._index:
             self._launch_in_own_context(driver, config, buffers)
             return
-        result = driver.cuLaunchKernelEx(config, self._function, buffers.address, 0)
+        result = driver.cuLaunchKernelEx(config, self.function, buffers.address, 0)
         if result[0]:  # CUresult is an int enum; CUDA_SUCCESS is 0
             errors = driver.CUresult
             if handle == 0 and result[0] in (
@@ -331,11 +331,11 @@ class LoadedKernel:
         """Launch on the null stream of this kernel's context, made current for the call."""
         current = driver.cuCtxGetCurrent()[1]
         if current is not None and int(current) == int(self._context):
-            result = driver.cuLaunchKernelEx(config, self._function, buffers.address, 0)
+            result = driver.cuLaunchKernelEx(config, self.function, buffers.address, 0)
         else:
             check_cuda(driver, driver.cuCtxPushCurrent(self._context), "cuCtxPushCurrent")
             try:
-                result = driver.cuLaunchKernelEx(config, self._function, buffers.address, 0)
+                result = driver.cuLaunchKernelEx(config, self.function, buffers.address, 0)
             finally:
                 driver.cuCtxPopCurrent()
         check_cuda(driver, result, f"cuLaunchKernelEx({self.symbol})")
@@ -378,9 +378,9 @@ class KernelPair:
         plan = (
             cuda_driver().cuLaunchKernelEx,
             first.launch_config(stream, pdl),
-            first._function,
+            first.function,
             second.launch_config(stream, pdl),
-            second._function,
+            second.function,
         )
         if len(self._plans) >= _MAX_CONFIGS:
             self._plans.clear()

@@ -291,7 +291,7 @@ def test_cluster_grids_fit_one_wave() -> None:
         kernel = load_kernel(default_manager().get(_request(shape, m, ue8m0, None, config=config)),
                              torch.device("cuda", 0))  # fmt: skip
         launch_config = kernel._build_config(torch.cuda.current_stream().cuda_stream, True)
-        err, clusters = driver.cuOccupancyMaxActiveClusters(kernel._function, launch_config)
+        err, clusters = driver.cuOccupancyMaxActiveClusters(kernel.function, launch_config)
         assert int(err) == 0, err
         grid = kernel.grid[0]
         resident = clusters * config.cluster
