@@ -236,9 +236,14 @@ def test_routed_mlps_match_the_reference(models, m: int) -> None:
         x = torch.randn(1, m, hidden, generator=gen, device="cuda").to(torch.bfloat16)
         with torch.no_grad():
             got = module(x)
+        mlp = module.forward.__self__.mlp
+        # The rule the model's quantization_config gives (FineGrainedFP8Config: float32).
+        assert mlp.ue8m0 is False
         with exact_fp32_matmul():
-            want = ref.dense_mlp_reference(x.reshape(m, hidden), **merged_layer(module))
-        path = module.forward.__self__.mlp.path(m)
+            want = ref.dense_mlp_reference(
+                x.reshape(m, hidden), **merged_layer(module), ue8m0=mlp.ue8m0
+            )
+        path = mlp.path(m)
         err = rel_l2(got.reshape(m, hidden), want)
         print(f"{models['name']} {name} m={m} path={path} rel_l2={err:.2e}")
         assert err < (TOL if path == "kernel" else TOL_STOCK)
