@@ -414,7 +414,9 @@ class ShardRole:
 def shard_roles(kernel: Any, params: Any) -> list[ShardRole]:
     """The model presets' layers whose TP shard an entry with these params serves (rows
     and k of fp8_gemv's gate_up: 2*intermediate/tp x hidden, or down: hidden x
-    intermediate/tp); [] for another kernel or a shape no preset has."""
+    intermediate/tp), smallest TP first (the likeliest reading: GLM-5's 6144 x 256 down is
+    its shared expert at TP 8 before its dense MLP at TP 48); [] for another kernel or a
+    shape no preset has."""
     from mlpjit.models import PRESETS
 
     if kernel != "fp8_gemv" or not isinstance(params, dict):
@@ -431,4 +433,4 @@ def shard_roles(kernel: Any, params: Any) -> list[ShardRole]:
         for layer, intermediate in preset.layers().items():
             if intermediate % shard == 0:
                 roles.append(ShardRole(preset.name, layer, intermediate // shard, half))
-    return roles
+    return sorted(roles, key=lambda role: role.tp)

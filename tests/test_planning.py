@@ -202,3 +202,12 @@ def test_check_requests_names_the_argument() -> None:
 def test_a_shard_the_planner_refuses_is_a_usage_error(intermediate: int, tp: int, match) -> None:
     with pytest.raises(UsageError, match=match):
         _plan([LayerShape(1024, intermediate, "the layer")], tp)
+
+
+def test_shard_roles_list_the_smallest_tp_first() -> None:
+    """GLM-5's 6144 x 256 down is its shared expert at TP 8 as well as its dense MLP at
+    TP 48: `cache ls` shows the first role, so the likelier reading comes first."""
+    roles = planning.shard_roles("fp8_gemv", {"rows": 6144, "k": 256, "swiglu": False})
+    tps = [role.tp for role in roles]
+    assert tps == sorted(tps) and len(tps) >= 2
+    assert str(roles[0]) == "glm5 shared tp8 down"
