@@ -300,7 +300,9 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
         series.setdefault((r["variant"], r["tokens"]), []).append((r["mbytes"], r["x_floor"]))
     for (variant, tokens), points in sorted(series.items()):
         points.sort()
-        name = "fp8_gemv" if variant == "gemv" else f"fp8_stream {variant}"
+        name = {"gemv": "fp8_gemv"}.get(variant, variant)
+        if re.match(r"^\d+x\d+", variant):
+            name = f"fp8_stream {variant}"
         label = f"{name}, {tokens} token" + ("s" if tokens > 1 else "")
         marker = "o" if tokens == 1 else "x"
         ax.plot(*zip(*points, strict=True), marker=marker, linestyle="none", label=label)
