@@ -39,6 +39,7 @@ __all__ = [
     "check_limit",
     "cta_threads",
     "grid_ctas",
+    "is_persistent",
     "smem_bytes",
 ]
 
@@ -112,6 +113,12 @@ def smem_bytes(
 
 def _align16(nbytes: int) -> int:
     return -(-nbytes // 16) * 16
+
+
+def is_persistent(rows: int, tiles: int, splits: int, ctas: int) -> bool:
+    """Whether a grid of ``ctas`` CTAs loops: fewer CTAs than (16*tiles-row tile, K split)
+    units, so a CTA takes several in turn."""
+    return ctas < rows // (16 * tiles) * splits
 
 
 def grid_ctas(
@@ -397,7 +404,7 @@ class GemvParams:
     @property
     def persistent(self) -> bool:
         """Whether a CTA loops over several row tiles (a grid of one resident wave)."""
-        return self.ctas < self.row_tiles * self.splits
+        return is_persistent(self.rows, self.tiles, self.splits, self.ctas)
 
     @property
     def out_cols(self) -> int:

@@ -27,6 +27,7 @@ from mlpjit.kernels.fp8_gemv.params import (
     GemvParams,
     cta_threads,
     grid_ctas,
+    is_persistent,
     smem_bytes,
 )
 
@@ -392,17 +393,15 @@ def modeled_us(
 def _modeled_us(
     rows: int, k: int, config: GemvConfig, ctas: int, sms: int
 ) -> tuple[int, float]:
-    row_tiles = rows // 16
-    units = row_tiles // config.tiles * config.splits  # (tile group, split) pairs
+    units = rows // (16 * config.tiles) * config.splits  # (row tile, K split) pairs
     cluster = max(config.cluster, config.splits)
     waves = math.ceil(ctas / hopper.resident_ctas(sms * config.ctas_per_sm, cluster))
     per_sm = math.ceil(ctas / sms)  # CTAs on the busiest SM
     rounds = per_sm * math.ceil(units / ctas)  # units it takes in turn
     weight_kb = rounds * 16 * config.tiles * (k // config.splits) / 1e3
-    persistent = ctas < units
     us = (
         weight_kb / HBM_KB_PER_US
-        + PERSISTENT_US * persistent
+        + PERSISTENT_US * is_persistent(rows, config.tiles, config.splits, ctas)
         + ROUND_US * rounds
         + SPLIT_US * (config.splits - 1)
     )
@@ -419,7 +418,7 @@ def _spread_pick(rows: int, k: int, tokens: int, sms: int) -> GemvConfig:
     best = None
     for order, (rank, config) in enumerate(ranked):
         ctas = rank[-1]
-        if config.splits > 1 and ctas < rows // (16 * config.tiles) * config.splits:
+        if config.splits > 1 and is_persistent(rows, config.tiles, config.splits, ctas):
             continue  # a persistent grid split along K
         rating = (*_modeled_us(rows, k, config, ctas, sms), order)
         if best is None or rating < best[0]:
@@ -517,7 +516,7 @@ def _spread_grid(
     if spw * (slice_k // STEP - in_regs) > MAX_PENDING_GROUPS:
         return None
     ctas = grid_ctas(rows, k, tiles, in_regs, cps, spw, sms, **geometry)
-    persistent = ctas < rows // (16 * tiles) * splits
+    persistent = is_persistent(rows, tiles, splits, ctas)
     if persistent and tiles > 1:
         return None  # persistent grids were only measured with one tile per CTA
     waves = math.ceil(ctas / hopper.resident_ctas(sms * cps, splits))
