@@ -35,6 +35,7 @@ SOURCES: tuple[Path | str, ...] = (
     REPO / "tests" / "gpu" / "test_dense_mlp_gpu.py",
     REPO / "tests" / "gpu" / "test_fp8_gemv_gpu.py",
     REPO / "tests" / "gpu" / "test_fp8_stream_gpu.py",
+    REPO / "tests" / "gpu" / "test_fp8_layer_gpu.py",
     REPO / "tests" / "gpu" / "test_launcher_gpu.py",
     REPO / "scripts" / "bench_dense_mlp.py",
     "mlpjit.bench.launch",

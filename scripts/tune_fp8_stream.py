@@ -5,13 +5,14 @@ Each dense-layer shape runs as a PDL chain of distinct layers (gate_up then down
 totalling >= --l2-multiple x L2) captured in one CUDA graph; the time per layer is the
 median replay over the chain length, and its floor the layer's weight bytes over the
 device-to-device copy bandwidth measured in the same run. Variants: ``gemv`` (fp8_gemv as
-planned today) and ``WxR`` fp8_stream configs (W consumer warps, R ring stages; R 0: the
-planner's), and ``gN`` / ``dN``: fp8_gemv with its gate_up (g) or down (d) kernel on the
-N-th alternative decomposition (the planner model's best of each K-split count, slice size
-and slices per warp; `gemv_alternatives`), the other half as planned, which sweeps the
-planner's choices layer by layer (each row records both kernels' parameters). Before
-timing, every variant's first layer is checked against mlpjit.reference (relative L2 error
-printed).
+planned today), ``WxR`` fp8_stream configs (W consumer warps, R ring stages; R 0: the
+planner's), ``L`` / ``LWbB[sGxD]``: the whole layer in one fp8_layer kernel (the
+planner's knobs, or W consumer warps of B blocks each and G / D ring stages), and
+``gN`` / ``dN``: fp8_gemv with its gate_up (g) or down (d) kernel on the N-th alternative
+decomposition (the planner model's best of each K-split count, slice size and slices per
+warp; `gemv_alternatives`), the other half as planned, which sweeps the planner's choices
+layer by layer (each row records both kernels' parameters). Before timing, every variant's
+first layer is checked against mlpjit.reference (relative L2 error printed).
 
 Compile here, time there (the GPU machine has no compiler):
 
@@ -37,6 +38,7 @@ from typing import Any
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.kernels.fp8_gemv import plan as gemv_plan
 from mlpjit.kernels.fp8_gemv import tuning
+from mlpjit.kernels.fp8_layer import plan as layer_plan
 from mlpjit.kernels.fp8_stream import plan as stream_plan
 from mlpjit.testing.layers import DENSE_SHAPES, GRID_SHAPES, device_l2_bytes, layer_bytes
 
@@ -49,25 +51,32 @@ DEFAULT_SHAPES = (
 
 _VARIANT = re.compile(r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?$")
 _ALTERNATIVE = re.compile(r"^([gd])(\d+)$")
+_LAYER = re.compile(r"^L(?:(\d+)b(\d)(?:s(\d+)x(\d+))?)?$")
 # Decompositions a gN / dN variant draws from: the planner model's best of each (K splits,
 # slice size, slices per warp), in the model's order.
 ALTERNATIVES = 16
 
 
 def parse_variant(text: str) -> tuple | None:
-    """'gemv' -> None; 'WxR[bB][cC]' -> (warps, stages, blocks_per_warp, ctas_per_sm)
+    """'gemv' -> None; 'L[WbB[sGxD]]' -> ('L', warps, blocks_per_warp, gate_up stages,
+    down stages) (0: the planner's); 'WxR[bB][cC]' -> (warps, stages,
+    blocks_per_warp, ctas_per_sm)
     (R 0: the planner's; B and C default to 1): '16x0', '8x0b2c2'; 'gN' / 'dN' -> ('g', N) /
     ('d', N): fp8_gemv with gate_up (g) or down (d) on the N-th of
     ``gemv_alternatives`` and the other half as planned."""
     if text == "gemv":
         return None
+    layer = _LAYER.match(text)
+    if layer is not None:
+        return ("L", *(int(v) if v else 0 for v in layer.groups()))
     alternative = _ALTERNATIVE.match(text)
     if alternative is not None:
         return alternative.group(1), int(alternative.group(2))
     match = _VARIANT.match(text)
     if match is None:
         raise ValueError(
-            f"variant must be 'gemv', gN, dN or WxR[bB][cC] (g0, 16x0, 8x0b2c2), got {text!r}"
+            f"variant must be 'gemv', gN, dN, L[WbB[sGxD]] or WxR[bB][cC] (g0, L, "
+            f"L8b1s3x4, 16x0, 8x0b2c2), got {text!r}"
         )
     warps, stages, bpw, cps = match.groups()
     return int(warps), int(stages), int(bpw or 1), int(cps or 1)
@@ -76,6 +85,9 @@ def parse_variant(text: str) -> tuple | None:
 def variant_label(variant: tuple | None) -> str:
     if variant is None:
         return "gemv"
+    if _is_layer(variant):
+        _, warps, bpw, sg, sd = variant
+        return "L" + (f"{warps}b{bpw}" if warps else "") + (f"s{sg}x{sd}" if sg else "")
     if isinstance(variant[0], str):
         return f"{variant[0]}{variant[1]}"
     return "{}x{}b{}c{}".format(*variant)
@@ -116,8 +128,17 @@ def layer_requests(
     arch: str = ARCH,
     trace: bool = False,
 ) -> list[KernelRequest]:
-    """(gate_up, down) requests of one variant (UE8M0 scales, no clamp); ``trace``: the
-    fp8_stream builds that record timestamps."""
+    """(gate_up, down) requests of one variant (UE8M0 scales, no clamp; one request for a
+    one-kernel layer); ``trace``: the builds that record timestamps."""
+    if _is_layer(variant):
+        _, warps, bpw, sg, sd = variant
+        return [
+            layer_plan.layer_request(
+                hidden, inter, tokens, limit=None, ue8m0=True, arch=arch,
+                warps=warps or None, blocks_per_warp=bpw or None,
+                stages=(sg, sd) if sg else None, trace=trace,
+            )
+        ]  # fmt: skip
     if variant is None or isinstance(variant[0], str):
         configs = [None, None]
         if variant is not None:
@@ -145,7 +166,12 @@ def layer_requests(
 
 
 def _is_stream(variant: tuple | None) -> bool:
-    return variant is not None and not isinstance(variant[0], str)
+    """fp8_stream's two kernels, or fp8_layer's one: the variants with a workspace."""
+    return variant is not None and (not isinstance(variant[0], str) or _is_layer(variant))
+
+
+def _is_layer(variant: tuple | None) -> bool:
+    return variant is not None and variant[0] == "L"
 
 
 def all_requests(args: argparse.Namespace) -> list[KernelRequest]:
@@ -171,7 +197,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
     from mlpjit import reference as ref
     from mlpjit.jit.launcher import load_kernel
     from mlpjit.jit.manager import default_manager
-    from mlpjit.kernels.fp8_stream.params import workspace_bytes
+    from mlpjit.kernels.fp8_layer.params import LayerParams
     from mlpjit.testing.layers import (
         chain_length,
         copy_bandwidth,
@@ -207,23 +233,30 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                 except ValueError as err:
                     print(f"{name} t{tokens} {label}: skipped ({err})", flush=True)
                     continue
-                gate_up, down = (load_kernel(manager.get(r), device) for r in reqs)
-                extra: tuple[list, list] = ([], [])
-                if _is_stream(variant):
-                    extra = (
-                        [torch.zeros(workspace_bytes(2 * inter, hidden), dtype=torch.uint8,
-                                     device="cuda")],
-                        [torch.zeros(workspace_bytes(hidden, inter), dtype=torch.uint8,
-                                     device="cuda")],
-                    )  # fmt: skip
+                kernels = [load_kernel(manager.get(r), device) for r in reqs]
+                if _is_layer(variant):
+                    work = torch.zeros(LayerParams(**reqs[0].params).workspace_bytes,
+                                       dtype=torch.uint8, device="cuda")  # fmt: skip
 
-                def chain(gate_up=gate_up, down=down, extra=extra, layers=layers, act=act, x=x,
-                          out=out):  # fmt: skip
+                    def launch(layer, x=x, act=act, out=out, fused=kernels[0], work=work):
+                        fused.launch([out, act, x, layer["w13"], layer["w13_scale"],
+                                      layer["w2"], layer["w2_scale"], work])  # fmt: skip
+                else:
+                    launch = _pair_launcher(kernels, _is_stream(variant), hidden, inter, x, act,
+                                            out)  # fmt: skip
+
+                def chain(launch=launch, layers=layers):
                     for layer in layers:
-                        gate_up.launch([act, x, layer["w13"], layer["w13_scale"], *extra[0]])
-                        down.launch([out, act, layer["w2"], layer["w2_scale"], *extra[1]])
+                        launch(layer)
 
-                if args.trace and _is_stream(variant):
+                if args.trace and _is_layer(variant):
+                    print_layer_trace(
+                        name, tokens, label, manager, device,
+                        layer_requests(hidden, inter, tokens, variant, trace=True)[0],
+                        [out, act, x, layers[0]["w13"], layers[0]["w13_scale"],
+                         layers[0]["w2"], layers[0]["w2_scale"]],
+                    )  # fmt: skip
+                elif args.trace and _is_stream(variant):
                     print_trace(
                         name, tokens, label, manager, device,
                         layer_requests(hidden, inter, tokens, variant, trace=True),
@@ -232,8 +265,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                     )  # fmt: skip
                 act.fill_(float("nan"))
                 out.fill_(float("nan"))
-                gate_up.launch([act, x, layers[0]["w13"], layers[0]["w13_scale"], *extra[0]])
-                down.launch([out, act, layers[0]["w2"], layers[0]["w2_scale"], *extra[1]])
+                launch(layers[0])
                 torch.cuda.synchronize()
                 err_act, err_out = rel_l2(act, want_act), rel_l2(out, want)
                 times = graph_times(chain, args.replays, args.warmup)
@@ -243,13 +275,34 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                     us=round(us, 3), floor_us=round(floor_us, 3), x_floor=round(us / floor_us, 3),
                     err_act=err_act, err_out=err_out, layers=n_layers,
                     mbytes=round(nbytes / 1e6, 2), gate_up=dict(reqs[0].params),
-                    down=dict(reqs[1].params),
+                    down=dict(reqs[-1].params),
                 )  # fmt: skip
                 rows_out.append(row)
                 print(f"{name:24s} t{tokens} {label:6s} {us:8.2f} us  x{us / floor_us:5.2f} "
                       f"floor {floor_us:7.2f} us  err act {err_act:.1e} out {err_out:.1e}",
                       flush=True)  # fmt: skip
     return rows_out
+
+
+def _pair_launcher(kernels, with_workspace, hidden, inter, x, act, out):  # pragma: no cover
+    """One layer as two launches (fp8_gemv's or fp8_stream's gate_up, then down)."""
+    import torch
+
+    from mlpjit.kernels.fp8_stream.params import workspace_bytes
+
+    gate_up, down = kernels
+    extra: tuple[list, list] = ([], [])
+    if with_workspace:
+        extra = (
+            [torch.zeros(workspace_bytes(2 * inter, hidden), dtype=torch.uint8, device="cuda")],
+            [torch.zeros(workspace_bytes(hidden, inter), dtype=torch.uint8, device="cuda")],
+        )
+
+    def launch(layer):
+        gate_up.launch([act, x, layer["w13"], layer["w13_scale"], *extra[0]])
+        down.launch([out, act, layer["w2"], layer["w2_scale"], *extra[1]])
+
+    return launch
 
 
 def print_trace(name, tokens, label, manager, device, reqs, gate_up_args, down_args):
@@ -260,8 +313,7 @@ def print_trace(name, tokens, label, manager, device, reqs, gate_up_args, down_a
     from mlpjit.jit.launcher import load_kernel
     from mlpjit.kernels.fp8_stream.params import TRACE_POINTS, StreamParams
 
-    names = ("start", "waited", "x ready", "warp0 done", "warpL done", "copies out",
-             "1st piece", "epilogue done")  # fmt: skip
+    names = _TRACE_NAMES
     stamps = []
     works = []
     for r, args in zip(reqs, (gate_up_args, down_args), strict=True):
@@ -285,6 +337,41 @@ def print_trace(name, tokens, label, manager, device, reqs, gate_up_args, down_a
             f"{n} {rel[:, i].median():.2f}/{rel[:, i].max():.2f}" for i, n in enumerate(names)
         )
         print(f"trace {name} t{tokens} {label} {half}: {cells}", flush=True)
+
+
+def print_layer_trace(name, tokens, label, manager, device, req, args):  # pragma: no cover
+    """One launch of a one-kernel layer's trace build after an idle GPU: the stamps of its
+    gate_up and down phases, as print_trace prints them ("waited" of down: act ready)."""
+    import torch
+
+    from mlpjit.jit.launcher import load_kernel
+    from mlpjit.kernels.fp8_layer.params import LayerParams
+    from mlpjit.kernels.fp8_stream.params import TRACE_POINTS
+
+    params = LayerParams(**req.params)
+    work = torch.zeros(params.workspace_bytes, dtype=torch.uint8, device=device)
+    kernel = load_kernel(manager.get(req), device)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000)
+    kernel.launch([*args, work])
+    torch.cuda.synchronize()
+    times = []
+    for base, phase in ((0, params.gate_up), (params.work_down, params.down)):
+        start = base + phase.trace_offset
+        raw = work[start : start + phase.ctas * TRACE_POINTS * 8].view(torch.int64)
+        times.append(raw.view(phase.ctas, TRACE_POINTS).double())
+    origin = times[0][:, 0].min()
+    stamped = ((0, 1, 2, 3, 4, 5, 6, 7), (1, 2, 3, 4, 6, 7))  # down: no start, no copies
+    for half, t, points in zip(("gate_up", "down"), times, stamped, strict=True):
+        rel = (t - origin) / 1e3
+        cells = "  ".join(
+            f"{_TRACE_NAMES[i]} {rel[:, i].median():.2f}/{rel[:, i].max():.2f}" for i in points
+        )
+        print(f"trace {name} t{tokens} {label} {half}: {cells}", flush=True)
+
+
+_TRACE_NAMES = ("start", "waited", "x ready", "warp0 done", "warpL done", "copies out",
+                "1st piece", "epilogue done")  # fmt: skip
 
 
 def plot(rows: list[dict[str, Any]], path: str) -> None:

@@ -20,7 +20,13 @@ def test_variants_parse(tune) -> None:
     assert tune.parse_variant("8x3b2c2") == (8, 3, 2, 2)
     assert tune.parse_variant("g0") == ("g", 0)
     assert tune.parse_variant("d12") == ("d", 12)
-    for bad in ("", "16", "x4", "8x0b", "8x0c2b2", "gemv2", "g", "x1"):
+    assert tune.parse_variant("L") == ("L", 0, 0, 0, 0)
+    assert tune.parse_variant("L16b1") == ("L", 16, 1, 0, 0)
+    assert tune.parse_variant("L8b2s2x4") == ("L", 8, 2, 2, 4)
+    for text in ("L", "L16b1", "L8b2s2x4"):
+        assert tune.variant_label(tune.parse_variant(text)) == text
+    bad_layers = ("L8", "L8b", "Lb1", "L8x1", "L8b1s3", "Ls3x4", "Lt")
+    for bad in ("", "16", "x4", "8x0b", "8x0c2b2", "gemv2", "g", "x1", *bad_layers):
         with pytest.raises(ValueError, match="variant must be"):
             tune.parse_variant(bad)
 
@@ -78,3 +84,11 @@ def test_grid_adds_the_off_table_shapes(tune) -> None:
 def test_unknown_shape_is_one_line(tune) -> None:
     with pytest.raises(SystemExit, match="--shapes: unknown"):
         tune.main(["--shapes", "nope", "--emit", "/dev/null"])
+
+
+def test_a_one_kernel_layer_is_one_request(tune) -> None:
+    (fused,) = tune.layer_requests(7168, 256, 1, ("L", 0, 0, 0, 0))
+    traced = tune.layer_requests(7168, 256, 1, ("L", 8, 1, 3, 4), trace=True)[0]
+    assert fused.kernel == traced.kernel == "fp8_layer"
+    assert traced.params["trace"] is True and traced.params["blocks_per_warp"] == 1
+    assert (traced.params["stages_gate_up"], traced.params["stages_down"]) == (3, 4)

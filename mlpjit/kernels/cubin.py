@@ -9,7 +9,7 @@ from typing import Any
 
 from mlpjit.jit.scratch import scratch_prefix
 
-__all__ = ["compile_to_cubin"]
+__all__ = ["compile_to_cubin", "row_major_tensor"]
 
 
 def compile_to_cubin(program: Any, *args: Any, arch: str) -> tuple[bytes, str]:
@@ -33,3 +33,12 @@ def compile_to_cubin(program: Any, *args: Any, arch: str) -> tuple[bytes, str]:
             f"CuTe DSL returned no cubin or not exactly one kernel (symbols: {symbols})"
         )
     return bytes(cubin), symbols[0]
+
+
+def row_major_tensor(dtype: Any, shape: tuple[int, ...]) -> Any:
+    """A fake (shape-only) compact row-major tensor of 16-byte aligned data: what a kernel
+    is compiled against, so its parameters become plain pointers."""
+    import cutlass.cute as cute
+
+    order = tuple(range(len(shape) - 1, -1, -1))
+    return cute.runtime.make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=16)

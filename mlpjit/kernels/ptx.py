@@ -27,7 +27,10 @@ __all__ = [
     "cp_async_ca_4",
     "fence_acq_rel_gpu",
     "fence_mbarrier_init",
+    "ld_acquire_gpu_u32",
+    "ld_relaxed_gpu_v4",
     "ld_relaxed_gpu_v4_f32",
+    "red_add_release_gpu",
     "mbarrier_arrive",
     "mbarrier_arrive_expect_tx",
     "mbarrier_init",
@@ -911,6 +914,48 @@ def ld_relaxed_gpu_v4_f32(addr: Int64, *, loc=None, ip=None) -> tuple:
         [(_I64, addr)],
         "ld.relaxed.gpu.global.v4.f32 {$0, $1, $2, $3}, [$4];",
         "=f,=f,=f,=f,l,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def ld_relaxed_gpu_v4(addr: Int64, *, loc=None, ip=None) -> tuple:
+    """ld.relaxed.gpu.global.v4.u32 {r0..r3}, [addr]; (written in this launch: not from L1)"""
+    return _asm(
+        [_I32] * 4,
+        [(_I64, addr)],
+        "ld.relaxed.gpu.global.v4.u32 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,l,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def ld_acquire_gpu_u32(addr: Int64, *, loc=None, ip=None) -> Int32:
+    """ld.acquire.gpu.global.u32 r, [addr];"""
+    return _asm(
+        [_I32],
+        [(_I64, addr)],
+        "ld.acquire.gpu.global.u32 $0, [$1];",
+        "=r,l,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def red_add_release_gpu(addr: Int64, value: Int32, *, loc=None, ip=None) -> None:
+    """red.release.gpu.global.add.u32 [addr], value;"""
+    _asm(
+        [],
+        [(_I64, addr), (_I32, value)],
+        "red.release.gpu.global.add.u32 [$0], $1;",
+        "l,r,~{memory}",
         side_effects=True,
         loc=loc,
         ip=ip,

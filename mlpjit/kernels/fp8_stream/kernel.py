@@ -42,7 +42,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from mlpjit.kernels import ptx
-from mlpjit.kernels.cubin import compile_to_cubin
+from mlpjit.kernels.cubin import compile_to_cubin, row_major_tensor
 from mlpjit.kernels.fp8_stream.params import (
     BLOCK,
     KERNEL_ARGS,
@@ -63,12 +63,27 @@ _SLOT_BATCH = 4  # split-tile partials the last CTA loads at once
 
 
 class Fp8Stream:
-    """One specialization: every shape and knob is a Python constant of its StreamParams."""
+    """One specialization: every shape and knob is a Python constant of its StreamParams.
 
-    def __init__(self, params: StreamParams) -> None:
+    Also one phase of a one-kernel layer (mlpjit.kernels.fp8_layer), through two options:
+    ``release_at`` (gate_up: each stored tile of act is announced on the layer's arrival
+    counter at that workspace offset) and ``x_after`` (down: x is the act this kernel writes;
+    the consumers wait until the counter at that offset reaches ``tiles * 32`` instead of
+    waiting for the previous kernel, and read x from L2).
+    """
+
+    def __init__(
+        self,
+        params: StreamParams,
+        *,
+        release_at: int | None = None,
+        x_after: tuple[int, int] | None = None,
+    ) -> None:
         if not isinstance(params, StreamParams):
             raise ValueError(f"params must be a StreamParams, got {type(params).__name__}")
         self.params = params
+        self.release_at = release_at  # offset of the act counter from this phase's workspace
+        self.x_after = x_after  # (offset of the act counter, act tiles to wait for)
 
     def __getattr__(self, name: str) -> Any:
         if name == "params":
@@ -109,7 +124,6 @@ class Fp8Stream:
         m_work: cute.Tensor,
     ):
         W = self.warps
-        R = self.stages
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         warp = tid >> 5
@@ -122,12 +136,7 @@ class Fp8Stream:
 
         if tid == 0:
             self.stamp(Int64(m_work.iterator.toint()), cta, 0)
-            for i in cutlass.range_constexpr(R):
-                ptx.mbarrier_init(self.full_bar(s_base, i), 1)
-                ptx.mbarrier_init(self.empty_bar(s_base, i), W)
-            for i in cutlass.range_constexpr(PARTIAL_BUFFERS):
-                ptx.mbarrier_init(self.handed_bar(s_base, i), 32 * W)
-                ptx.mbarrier_init(self.taken_bar(s_base, i), 32)
+            self.init_barriers(s_base)
             ptx.fence_mbarrier_init()
         cute.arch.sync_threads()
 
@@ -145,6 +154,16 @@ class Fp8Stream:
                 Int64(m_x.iterator.toint()), Int64(m_ws.iterator.toint()),
                 Int64(m_work.iterator.toint()), s_base, cta, b0, b1, warp, lane,
             )  # fmt: skip
+
+    @cute.jit
+    def init_barriers(self, s_base: Int32):
+        """One thread: the ring's and the partial buffers' mbarriers."""
+        for i in cutlass.range_constexpr(self.stages):
+            ptx.mbarrier_init(self.full_bar(s_base, i), 1)
+            ptx.mbarrier_init(self.empty_bar(s_base, i), self.warps)
+        for i in cutlass.range_constexpr(PARTIAL_BUFFERS):
+            ptx.mbarrier_init(self.handed_bar(s_base, i), 32 * self.warps)
+            ptx.mbarrier_init(self.taken_bar(s_base, i), 32)
 
     @cute.jit
     def stamp(self, g_work: Int64, cta: Int32, point: int):
@@ -331,8 +350,11 @@ class Fp8Stream:
             ptx.cp_async_ca_4(s_wsc + p * 8 + 4, g_ws + Int64((ru * KB + kb) * 4))
         cute.arch.cp_async_commit_group()
 
-        cute.arch.griddepcontrol_wait()
-        cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(self.x_after is None):
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
+        else:
+            self.wait_for_act(g_work, warp, lane)
         if warp * 32 + lane == 0:
             self.stamp(g_work, cta, 1)
 
@@ -415,6 +437,24 @@ class Fp8Stream:
                 self.stamp(g_work, cta, 4)
 
     @cute.jit
+    def wait_for_act(self, g_work: Int64, warp: Int32, lane: Int32):
+        """One thread spins (acquire) until every act tile is announced; the consumer barrier
+        then orders the other consumer threads' act loads after it. The last CTA to pass
+        puts the two counters back to zero for the next launch (nobody reads them after
+        passing)."""
+        offset, act_tiles = self.x_after
+        g_cnt = g_work + Int64(offset)
+        if warp * 32 + lane == 0:
+            seen = ptx.ld_acquire_gpu_u32(g_cnt)
+            while seen < act_tiles * 32:
+                seen = ptx.ld_acquire_gpu_u32(g_cnt)
+            passed = ptx.atom_add_acq_rel_gpu(g_cnt + Int64(4), Int32(1))
+            if passed == self.ctas - 1:
+                ptx.st_relaxed_gpu_u32(g_cnt, Int32(0))
+                ptx.st_relaxed_gpu_u32(g_cnt + Int64(4), Int32(0))
+        ptx.bar_sync(_CONSUMERS, 32 * self.warps)
+
+    @cute.jit
     def block_sums(
         self, s_ring, slot, off, part, seg, blk, kb, kb_first, s_b, s_xs0, s_xs1, s_ws, g, q
     ):
@@ -487,7 +527,12 @@ class Fp8Stream:
                 if kb >= KB:
                     kb = kb - KB
                 g_src = g_x + Int64((t * self.k + kb * BLOCK + cl * 16) * 2)
-                words = list(ptx.ld_global_v4(g_src)) + list(ptx.ld_global_v4(g_src + 16))
+                if cutlass.const_expr(self.x_after is None):
+                    words = list(ptx.ld_global_v4(g_src)) + list(ptx.ld_global_v4(g_src + 16))
+                else:  # act of this launch: from L2, never a stale L1 line
+                    words = list(ptx.ld_relaxed_gpu_v4(g_src)) + list(
+                        ptx.ld_relaxed_gpu_v4(g_src + 16)
+                    )
                 todo.append((c, t, xb, words))
             for c, t, xb, words in todo:
                 packed, scale = quantize16(words, self.ue8m0)
@@ -540,7 +585,7 @@ class Fp8Stream:
                     if first + KB <= b1:
                         owned = Int32(1)
                 if owned != 0:
-                    self.epilogue(g_out, tile, lane, s0, s1, s2, s3)
+                    self.epilogue(g_out, g_work, tile, lane, s0, s1, s2, s3)
                 else:
                     self.reduce_split_tile(g_out, g_work, cta, b0, tile, lane, s0, s1, s2, s3)
                 pos = cutlass.min(first + KB, stop)
@@ -606,13 +651,15 @@ class Fp8Stream:
                         r1 = r1 + got[j][1]
                         r2 = r2 + got[j][2]
                         r3 = r3 + got[j][3]
-            self.epilogue(g_out, tile, lane, r0, r1, r2, r3)
+            self.epilogue(g_out, g_work, tile, lane, r0, r1, r2, r3)
 
     @cute.jit
     def epilogue(
-        self, g_out: Int64, tile: Int32, lane: Int32, s0: Float32, s1: Float32, s2, s3
-    ):
-        """Lane (g, q) holds A rows g, g+8 x tokens 2q, 2q+1: act (SwiGLU) or out, in BF16."""
+        self, g_out: Int64, g_work: Int64, tile: Int32, lane: Int32, s0: Float32, s1: Float32,
+        s2, s3,
+    ):  # fmt: skip
+        """Lane (g, q) holds A rows g, g+8 x tokens 2q, 2q+1: act (SwiGLU) or out, in BF16;
+        with ``release_at``, every lane then announces its stores (a release add)."""
         T = self.tokens
         g = lane >> 2
         q = lane & 3
@@ -628,6 +675,8 @@ class Fp8Stream:
                     g_dst = g_out + Int64((t * self.out_cols + tile * TILE_ROWS + g) * 2)
                     ptx.st_global_b16(g_dst, ptx.cvt_bf16(lo[c]))
                     ptx.st_global_b16(g_dst + 16, ptx.cvt_bf16(hi[c]))
+        if cutlass.const_expr(self.release_at is not None):
+            ptx.red_add_release_gpu(g_work + Int64(self.release_at), Int32(1))
 
 
 def compile_cubin(params: StreamParams, arch: str):
@@ -639,11 +688,7 @@ def compile_cubin(params: StreamParams, arch: str):
 
     kern = Fp8Stream(params)
 
-    def fake(dtype, shape):
-        order = tuple(range(len(shape) - 1, -1, -1))  # row-major
-        return cute.runtime.make_fake_compact_tensor(
-            dtype, shape, stride_order=order, assumed_align=16
-        )
+    fake = row_major_tensor
 
     m_out = fake(cutlass.BFloat16, (kern.tokens, kern.out_cols))
     m_x = fake(cutlass.BFloat16, (kern.tokens, kern.k))

@@ -15,6 +15,7 @@ __all__ = [
     "DEFAULT_BLOCKS_PER_WARP",
     "DEFAULT_WARPS",
     "MAX_STAGES",
+    "MIN_STAGES",
     "choose_stages",
     "stream_params",
     "stream_request",
