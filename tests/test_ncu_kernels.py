@@ -1,0 +1,73 @@
+"""mlpjit.bench.ncu_kernels on the CPU: the launch list, the bytes-in-flight model and the
+join of an ncu CSV with the launch order."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlpjit.bench import ncu_kernels
+from mlpjit.kernels import hopper
+from mlpjit.kernels.fp8_gemv.params import GemvParams
+
+
+def test_launches_are_both_halves_of_every_shape_and_token_count() -> None:
+    got = ncu_kernels.launches(["glm5-tp8", "deepseek-v3-shared-tp8"], [1, 8])
+    assert [(g["shape"], g["tokens"], g["half"]) for g in got[:4]] == [
+        ("glm5-tp8", 1, "gate_up"), ("glm5-tp8", 1, "down"),
+        ("glm5-tp8", 8, "gate_up"), ("glm5-tp8", 8, "down"),
+    ]  # fmt: skip
+    assert len(got) == 8 and all(g["request"].kernel == "fp8_gemv" for g in got)
+    with pytest.raises(ValueError, match="shape must be one of"):
+        ncu_kernels.launches(["glm6"], [1])
+
+
+def test_in_flight_is_a_ctas_k_part_times_resident_ctas() -> None:
+    for launch in ncu_kernels.launches(["glm5-tp8", "deepseek-v3-shared-tp8"], [1]):
+        p = GemvParams(**launch["request"].params)
+        got = ncu_kernels.in_flight_per_sm(p)
+        assert got % (p.tiles * 16 * (p.k // p.splits)) == 0
+        # never more than the SM's resident CTAs request, never less than one CTA's share
+        assert p.tiles * 16 * (p.k // p.splits) <= got
+        assert got <= p.ctas_per_sm * p.tiles * 16 * (p.k // p.splits)
+        assert got * min(p.ctas, hopper.SMS) >= p.rows * p.k / max(1, p.ctas_per_sm) / 2
+
+
+HEADER = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream",
+          "Block Size", "Grid Size", "Device", "CC", "Section Name", "Metric Name",
+          "Metric Unit", "Metric Value")  # fmt: skip
+VALUES = {  # what ncu --print-units base --csv writes: thousands separators included
+    "0": (("dram__bytes_read.sum", "byte", "18,874,368"),
+          ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "%", "40.5"),
+          ("gpu__time_duration.sum", "nsecond", "9,790")),
+    "1": (("dram__bytes_read.sum", "byte", "9,437,184"),
+          ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "%", "31"),
+          ("gpu__time_duration.sum", "nsecond", "6,460")),
+}  # fmt: skip
+
+
+def _quoted(cells) -> str:
+    return ",".join(f'"{c}"' for c in cells)
+
+
+CSV = "\n".join(
+    ["==PROF== Connected to process 1", _quoted(HEADER)]
+    + [
+        _quoted((i, "1", "python3", "h", f"kernel_Fp8Gemv_{i}", "1", "7", "(256, 1, 1)",
+                 "(132, 1, 1)", "0", "9.0", "Command line profiler metrics", *metric))
+        for i, metrics in VALUES.items()
+        for metric in metrics
+    ]
+)  # fmt: skip
+
+
+def test_table_joins_ncu_rows_with_the_order_by_id() -> None:
+    order = [dict(shape="glm5-tp8", half="gate_up"), dict(shape="glm5-tp8", half="down")]
+    rows = ncu_kernels.table(CSV, order)
+    assert [r["half"] for r in rows] == ["gate_up", "down"]
+    assert rows[0]["us"] == pytest.approx(9.79) and rows[1]["dram_pct"] == 31.0
+    assert rows[0]["dram_mb"] == pytest.approx(18.874368)
+    with pytest.raises(ValueError, match="profiled 2 kernels but the order file lists 1"):
+        ncu_kernels.table(CSV, order[:1])
+    missing = "\n".join(line for line in CSV.splitlines() if "dram__bytes" not in line)
+    with pytest.raises(ValueError, match="--metrics"):
+        ncu_kernels.table(missing, order)
