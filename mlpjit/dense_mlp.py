@@ -347,13 +347,14 @@ class DenseMlp:
         named = layers.items() if isinstance(layers, Mapping) else enumerate(layers)
         for name, layer in named:
             try:
-                layer._check_scales()
+                layer.check_scales()
             except ValueError as err:
                 raise ValueError(f"layer {name!r}: {err}") from None
 
-    def _check_scales(self) -> None:
-        """Raise the ValueError of a bad weight scale (resolving the queued checks first if
-        this layer's is open); nothing once passed, or while its device is capturing."""
+    def check_scales(self) -> None:
+        """Raise the ValueError of a bad weight scale, resolving the queued checks first if
+        this layer's is open (see the class); nothing once passed, or while its device's
+        stream captures a graph (then the next prepare() or call checks)."""
         check = self._scale_check
         if check is not None and check.verify():
             self._scale_check = None
@@ -434,7 +435,7 @@ class DenseMlp:
         """
         asked = _token_counts(tokens)
         counts = [m for m in asked if self.path(m) == "kernel"]
-        self._check_scales()
+        self.check_scales()
         if len(counts) < len(asked) and not self._capturing():
             self._fallback.prepare()  # the stock path's scale operands, before capture
         self._load(counts)
@@ -563,7 +564,7 @@ class DenseMlp:
         yet is loaded now (never during capture) and then called; any other count runs the
         fallback. ``act`` None: called as ``__call__``, else as ``forward_into``. The weight
         scales' queued check is resolved here first (a loaded kernel implies it passed)."""
-        self._check_scales()
+        self.check_scales()
         if self.path(m) != "kernel":
             return self._call_fallback(x, act, out)
         if self._capturing():

@@ -40,6 +40,7 @@ from collections.abc import Iterable
 
 import torch
 from torch import Tensor
+from torch._C import _is_torch_function_mode_enabled, _len_torch_dispatch_stack
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from mlpjit.dense_mlp import DenseMlp
@@ -198,8 +199,8 @@ def _direct(x: object) -> bool:
         and not x.requires_grad  # the op has no autograd formula: let torch say so
         and not torch.jit.is_tracing()
         and not is_in_torch_dispatch_mode()  # make_fx, export, FakeTensorMode, FlopCounterMode
-        and not torch._C._len_torch_dispatch_stack()
-        and not torch._C._is_torch_function_mode_enabled()
+        and not _len_torch_dispatch_stack()
+        and not _is_torch_function_mode_enabled()
     )
 
 

@@ -176,6 +176,11 @@ class ScaleCheck:
         """Not resolved yet (queued, or its device was capturing a graph when asked)."""
         return self._open
 
+    @property
+    def scales(self) -> tuple[Tensor, ...]:
+        """The float32 scales checked (one layer's, on one device)."""
+        return tuple(scale for scale, _, _ in self._scales)
+
     def verify(self) -> bool:
         """True when every scale is finite and >= 0; False while still open (its device's
         stream is capturing a graph: no sync possible); ValueError naming the bad scale."""
@@ -185,9 +190,10 @@ class ScaleCheck:
             raise ValueError(self._error)
         return not self._open
 
-    def _resolve(self, bad: bool) -> None:
-        """Close the check; where ``bad`` (some scale on its device failed), find which
-        (on the failure path only: a host sync per scale) and keep its message."""
+    def settle(self, bad: bool) -> None:
+        """Close the check (resolve_scale_checks' verdict); where ``bad`` (some scale of its
+        device failed), find which (the failure path only: a host sync per scale) and keep
+        its message."""
         if bad:
             for scale, name, form in self._scales:
                 if not bool((torch.isfinite(scale) & (scale >= 0)).all()):
@@ -234,14 +240,14 @@ def resolve_scale_checks() -> None:
         checks = [c for ref in _open_checks if (c := ref()) is not None and c.open]
         by_device: dict[torch.device, list[ScaleCheck]] = {}
         for check in checks:
-            by_device.setdefault(check._scales[0][0].device, []).append(check)
+            by_device.setdefault(check.scales[0].device, []).append(check)
         left = []
         for device, group in by_device.items():
             if current_stream_capturing(device):
                 left += group
                 continue
-            flat = torch.cat([scale.reshape(-1) for c in group for scale, _, _ in c._scales])
+            flat = torch.cat([scale.reshape(-1) for c in group for scale in c.scales])
             bad = not bool((torch.isfinite(flat) & (flat >= 0)).all())
             for check in group:
-                check._resolve(bad)
+                check.settle(bad)
         _open_checks[:] = [weakref.ref(c) for c in left]
