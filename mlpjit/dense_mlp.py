@@ -18,8 +18,11 @@ count takes the kernel path there. To fill a cache on a machine without a GPU us
 ``mlpjit warm --arch sm_90a``.
 
 The weights are the caller's tensors (no copy is kept or made); weight scales are converted
-to float32 once (scales.to_float32_scale: no copy for contiguous float32 scales) and checked
-once there (finite and >= 0: one reduction and one host sync per tensor, never per call).
+to float32 once (scales.convert_scale: no copy for contiguous float32 scales) and their
+values checked once (finite and >= 0, never per call): CPU scales at construction, CUDA
+scales queued without a host sync and checked at the layer's first prepare() or call,
+together with every other layer's queued check (one host sync per device for a whole model;
+``DenseMlp.check_weight_scales(layers)`` does it at once).
 
 Start-up: the kernels come through mlpjit.jit.loaded, the process-wide memo of loaded
 kernels, so the many layers of one shape cost one cache lookup and one module load per
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,7 +55,7 @@ from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests, token_counts
 from mlpjit.kernels.fp8_gemv.tuning import kernel_supports
 from mlpjit.kernels.hopper import SMS
 from mlpjit.scale_rule import DEFAULT_UE8M0, resolve_ue8m0
-from mlpjit.scales import to_float32_scale
+from mlpjit.scales import ScaleCheck, convert_scale, queue_scale_checks, resolve_scale_checks
 from mlpjit.stock import StockLayer
 
 if TYPE_CHECKING:
@@ -260,8 +263,11 @@ class DenseMlp:
             see mlpjit.scale_rule).
 
     hidden and intermediate must be multiples of 128 (>= 128). Every block scale must be
-    finite and >= 0 (no UE8M0 byte 0xFF, the e8m0 NaN code): checked once here, so a bad
-    checkpoint fails at construction with a ValueError instead of giving NaN outputs.
+    finite and >= 0 (no UE8M0 byte 0xFF, the e8m0 NaN code), so a bad checkpoint fails with
+    a ValueError naming the scale instead of giving NaN outputs: checked here for CPU
+    scales; for CUDA scales (a host sync) at the first prepare() or call, every constructed
+    layer's at once (or by ``check_weight_scales``), and that layer's prepare() and calls
+    raise it until it is dropped. Shapes, dtypes and devices are always checked here.
 
     Attribute ``pdl`` (default None: as compiled, i.e. on) set to False launches the kernels
     without programmatic dependent launch, to measure what streaming weights early buys.
@@ -290,9 +296,13 @@ class DenseMlp:
         self.device = w13.device
         self._w13 = w13
         self._w2 = w2
-        # Last of the checks: the scale values cost a host sync, the checks above none.
-        self._w13_scale = to_float32_scale(w13_scale, 2 * inter, hidden, name="w13_scale")
-        self._w2_scale = to_float32_scale(w2_scale, hidden, inter, name="w2_scale")
+        self._w13_scale, w13_form = convert_scale(w13_scale, 2 * inter, hidden, name="w13_scale")
+        self._w2_scale, w2_form = convert_scale(w2_scale, hidden, inter, name="w2_scale")
+        # The values: on the CPU now, on a GPU (a host sync) queued until the first
+        # prepare() or call resolves every layer's queued check at once.
+        self._scale_check: ScaleCheck | None = queue_scale_checks(
+            [(self._w13_scale, "w13_scale", w13_form), (self._w2_scale, "w2_scale", w2_form)]
+        )
         self.arch = kernel_arch(self.device)
         self.sms = device_sms(self.device)  # sizes the persistent grids of its kernels
         # -1 off CUDA; get_device() is the cheapest per-call device check (cpu and meta
@@ -326,6 +336,28 @@ class DenseMlp:
     def w2_scale(self) -> Tensor:
         """w2's block scales as float32 [hidden/128, inter/128] (converted once)."""
         return self._w2_scale
+
+    @classmethod
+    def check_weight_scales(cls, layers: Iterable[DenseMlp] | Mapping[str, DenseMlp]) -> None:
+        """Check the weight-scale values of many layers now, all of them (and every other
+        layer's queued check) in one host sync per device, instead of at each layer's
+        first prepare() or call. ValueError naming the first bad layer (its key in a
+        mapping, else its index) and scale."""
+        resolve_scale_checks()
+        named = layers.items() if isinstance(layers, Mapping) else enumerate(layers)
+        for name, layer in named:
+            try:
+                layer.check_scales()
+            except ValueError as err:
+                raise ValueError(f"layer {name!r}: {err}") from None
+
+    def check_scales(self) -> None:
+        """Raise the ValueError of a bad weight scale, resolving the queued checks first if
+        this layer's is open (see the class); nothing once passed, or while its device's
+        stream captures a graph (then the next prepare() or call checks)."""
+        check = self._scale_check
+        if check is not None and check.verify():
+            self._scale_check = None
 
     def __repr__(self) -> str:
         return (
@@ -394,11 +426,18 @@ class DenseMlp:
 
         Call it in every worker before CUDA graph capture, from the thread and on the stream
         that will make eager calls: it also makes the act buffers those calls reuse (see
-        _ActBuffers). Token counts that do not take the kernel path (see ``path``) need
-        nothing and are skipped, so on CPU this is a no-op. Raises CaptureError if called
-        while the current stream is capturing and anything is left to load.
+        _ActBuffers). Token counts that do not take the kernel path (see ``path``) need no
+        kernel: on the stock path prepare makes its weight-scale operands (else the first
+        stock call does), on CPU it does nothing. Raises CaptureError if called
+        while the current stream is capturing and anything is left to load, and the
+        ValueError of a bad weight scale (see the class: CUDA scales are checked here, with
+        every other layer's queued check, in one host sync).
         """
-        counts = [m for m in _token_counts(tokens) if self.path(m) == "kernel"]
+        asked = _token_counts(tokens)
+        counts = [m for m in asked if self.path(m) == "kernel"]
+        self.check_scales()
+        if len(counts) < len(asked) and not self._capturing():
+            self._fallback.prepare()  # the stock path's scale operands, before capture
         self._load(counts)
         if counts:
             self._act_buffers.keep(counts)
@@ -523,7 +562,9 @@ class DenseMlp:
     ) -> Tensor:
         """A call whose token count has no kernels loaded: a kernel-path count not prepared
         yet is loaded now (never during capture) and then called; any other count runs the
-        fallback. ``act`` None: called as ``__call__``, else as ``forward_into``."""
+        fallback. ``act`` None: called as ``__call__``, else as ``forward_into``. The weight
+        scales' queued check is resolved here first (a loaded kernel implies it passed)."""
+        self.check_scales()
         if self.path(m) != "kernel":
             return self._call_fallback(x, act, out)
         if self._capturing():

@@ -3,6 +3,10 @@
     import mlpjit.ops                      # registers torch.ops.mlpjit.dense_mlp (once)
     out = mlpjit.ops.dense_mlp(x, w13, w13_scale, w2, w2_scale, limit=None, ue8m0=True)
 
+``dense_mlp`` calls the op wherever a call is traced or intercepted (torch.compile, fx, jit,
+export, fake tensors, dispatch modes, autograd) and the layer directly in plain eager calls,
+which skips the op's dispatch (8-12 us of host time per call); ``dense_mlp_op`` is the op.
+
 The op takes tensors and plain scalars only: x bf16 [m, hidden], w13 float8_e4m3fn
 [2*inter, hidden], w13_scale float32 [2*inter/128, hidden/128], w2 float8_e4m3fn
 [hidden, inter], w2_scale float32 [hidden/128, inter/128], limit (float or None), ue8m0
@@ -36,6 +40,8 @@ from collections.abc import Iterable
 
 import torch
 from torch import Tensor
+from torch._C import _is_torch_function_mode_enabled, _len_torch_dispatch_stack
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from mlpjit.dense_mlp import DenseMlp
 from mlpjit.scale_rule import DEFAULT_UE8M0
@@ -45,6 +51,7 @@ __all__ = [
     "OP_NAME",
     "clear_registry",
     "dense_mlp",
+    "dense_mlp_op",
     "get_mlp",
     "prepare",
     "registry_capacity",
@@ -161,9 +168,6 @@ def set_registry_capacity(capacity: int) -> None:
             _registry.popitem(last=False)
 
 
-# Annotations stay real objects here (no `from __future__ import annotations`): torch infers
-# the op schema from them.
-@torch.library.custom_op(OP_NAME, mutates_args=())
 def dense_mlp(
     x: Tensor,
     w13: Tensor,
@@ -173,11 +177,50 @@ def dense_mlp(
     limit: float | None = None,
     ue8m0: bool = DEFAULT_UE8M0,
 ) -> Tensor:
-    """DenseMlp(w13, w13_scale, w2, w2_scale, limit, ue8m0)(x): bf16 [m, hidden], new tensor."""
+    """DenseMlp(w13, w13_scale, w2, w2_scale, limit, ue8m0)(x): bf16 [m, hidden], new tensor.
+
+    Through torch.ops.mlpjit.dense_mlp wherever something records calls (see ``_direct``):
+    torch.compile, torch.jit or torch.fx tracing, torch.export, tensor subclasses (fake or
+    functional tensors), dispatch or function modes, autograd. Otherwise (a plain eager
+    call, CUDA graph capture included) the registry's layer is called directly: the same
+    result without the op's dispatch, 8-12 us of host time per call on the H200 test host.
+    """
+    if _direct(x):
+        return get_mlp(w13, w13_scale, w2, w2_scale, limit=limit, ue8m0=ue8m0)(x)
+    return dense_mlp_op(x, w13, w13_scale, w2, w2_scale, limit, ue8m0)
+
+
+def _direct(x: object) -> bool:
+    """Whether a call may skip the custom op: nothing traces or intercepts it. Compiling
+    first: under torch.compile it is the only condition dynamo evaluates."""
+    return (
+        not torch.compiler.is_compiling()
+        and type(x) is Tensor  # no FakeTensor, FunctionalTensor, fx Proxy or other subclass
+        and not x.requires_grad  # the op has no autograd formula: let torch say so
+        and not torch.jit.is_tracing()
+        and not is_in_torch_dispatch_mode()  # make_fx, export, FakeTensorMode, FlopCounterMode
+        and not _len_torch_dispatch_stack()
+        and not _is_torch_function_mode_enabled()
+    )
+
+
+# Annotations stay real objects here (no `from __future__ import annotations`): torch infers
+# the op schema from them.
+@torch.library.custom_op(OP_NAME, mutates_args=())
+def dense_mlp_op(
+    x: Tensor,
+    w13: Tensor,
+    w13_scale: Tensor,
+    w2: Tensor,
+    w2_scale: Tensor,
+    limit: float | None = None,
+    ue8m0: bool = DEFAULT_UE8M0,
+) -> Tensor:
+    """The mlpjit::dense_mlp op: ``dense_mlp`` as one node torch.compile traces."""
     return get_mlp(w13, w13_scale, w2, w2_scale, limit=limit, ue8m0=ue8m0)(x)
 
 
-@dense_mlp.register_fake
+@dense_mlp_op.register_fake
 def _dense_mlp_fake(
     x: Tensor,
     w13: Tensor,
@@ -240,7 +283,8 @@ class DenseMlpOp(torch.nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:
-        """x bf16 [m, hidden] -> bf16 [m, hidden] through torch.ops.mlpjit.dense_mlp."""
+        """x bf16 [m, hidden] -> bf16 [m, hidden] through ``dense_mlp`` (the
+        torch.ops.mlpjit.dense_mlp op wherever a call is traced)."""
         return dense_mlp(
             x, self.w13, self.w13_scale, self.w2, self.w2_scale, self.limit, self.ue8m0
         )

@@ -11,10 +11,18 @@ float8_e8m0fnu NaN) is a checkpoint-loading bug that would otherwise surface as 
 at the first call. Zero is allowed: it is what ``amax / 448`` gives for an all-zero weight
 block when a quantizer has no amax floor, and a zero scale times finite FP8 products is 0,
 never NaN (UE8M0 cannot encode 0 at all; its smallest scale is 2^-127).
+
+On a GPU that check is a host sync, so a layer queues it instead (``queue_scale_checks``:
+CPU scales are still checked at once, they cost no sync) and ``resolve_scale_checks`` runs
+every check queued in the process together, one host sync per device: a model's 78 layers
+cost one sync at the first prepare() instead of 156 at construction.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -23,7 +31,15 @@ from torch import Tensor
 from mlpjit.jit.capture import current_stream_capturing
 from mlpjit.kernels.blocks import BLOCK, scale_shape
 
-__all__ = ["ScaleForm", "check_scale_values", "to_float32_scale"]
+__all__ = [
+    "ScaleCheck",
+    "ScaleForm",
+    "check_scale_values",
+    "convert_scale",
+    "queue_scale_checks",
+    "resolve_scale_checks",
+    "to_float32_scale",
+]
 
 # The form a block-scale tensor came in: decides how its bad values are described.
 ScaleForm = Literal["float32", "e8m0", "packed"]
@@ -102,6 +118,16 @@ def to_float32_scale(scale: Tensor, rows: int, k: int, *, name: str = "w_scale")
     also when a weight dim is not a positive multiple of 128 or a converted scale is not
     finite and >= 0 (see ``check_scale_values``: one host sync).
     """
+    out, form = convert_scale(scale, rows, k, name=name)
+    check_scale_values(out, name, form=form)
+    return out
+
+
+def convert_scale(
+    scale: Tensor, rows: int, k: int, *, name: str = "w_scale"
+) -> tuple[Tensor, ScaleForm]:
+    """``to_float32_scale`` without the value check: (float32 scales, the form they came
+    in), for a caller that checks the values later (``queue_scale_checks``)."""
     if not isinstance(scale, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(scale).__name__}")
     if rows < BLOCK or k < BLOCK or rows % BLOCK or k % BLOCK:
@@ -117,16 +143,111 @@ def to_float32_scale(scale: Tensor, rows: int, k: int, *, name: str = "w_scale")
         f"or int32 [{n_blocks}, {packed_cols}] (UE8M0 bytes packed four per int32 along K)"
     )
     shape = tuple(scale.shape)
-    form: ScaleForm
     if scale.dtype == torch.float32 and shape == (n_blocks, k_blocks):
-        out, form = scale.contiguous(), "float32"
-    elif scale.dtype == torch.float8_e8m0fnu and shape == (n_blocks, k_blocks):
-        out, form = scale.to(torch.float32).contiguous(), "e8m0"
-    elif scale.dtype == torch.int32 and shape == (n_blocks, packed_cols):
+        return scale.contiguous(), "float32"
+    if scale.dtype == torch.float8_e8m0fnu and shape == (n_blocks, k_blocks):
+        return scale.to(torch.float32).contiguous(), "e8m0"
+    if scale.dtype == torch.int32 and shape == (n_blocks, packed_cols):
         exponents = _unpack_ue8m0(scale, k_blocks)
-        out = exponents.view(torch.float8_e8m0fnu).to(torch.float32).contiguous()
-        form = "packed"
-    else:
-        raise ValueError(f"{name} must be {expected}; got {scale.dtype} {list(shape)}")
-    check_scale_values(out, name, form=form)
-    return out
+        return exponents.view(torch.float8_e8m0fnu).to(torch.float32).contiguous(), "packed"
+    raise ValueError(f"{name} must be {expected}; got {scale.dtype} {list(shape)}")
+
+
+# ---- checks queued on the device, resolved together ------------------------------------------
+
+
+class ScaleCheck:
+    """The value checks of one layer's CUDA block scales, queued (see queue_scale_checks).
+
+    ``verify()`` resolves every queued check of the process if this one is still open (one
+    host sync per device), then raises this one's ValueError if a scale was bad: the same
+    error, every time it is asked, until the layer is dropped.
+    """
+
+    __slots__ = ("__weakref__", "_error", "_open", "_scales")
+
+    def __init__(self, scales: Sequence[tuple[Tensor, str, ScaleForm]]) -> None:
+        self._scales = tuple(scales)
+        self._open = True
+        self._error: str | None = None
+
+    @property
+    def open(self) -> bool:
+        """Not resolved yet (queued, or its device was capturing a graph when asked)."""
+        return self._open
+
+    @property
+    def scales(self) -> tuple[Tensor, ...]:
+        """The float32 scales checked (one layer's, on one device)."""
+        return tuple(scale for scale, _, _ in self._scales)
+
+    def verify(self) -> bool:
+        """True when every scale is finite and >= 0; False while still open (its device's
+        stream is capturing a graph: no sync possible); ValueError naming the bad scale."""
+        if self._open:
+            resolve_scale_checks()
+        if self._error is not None:
+            raise ValueError(self._error)
+        return not self._open
+
+    def settle(self, bad: bool) -> None:
+        """Close the check (resolve_scale_checks' verdict); where ``bad`` (some scale of its
+        device failed), find which (the failure path only: a host sync per scale) and keep
+        its message."""
+        if bad:
+            for scale, name, form in self._scales:
+                if not bool((torch.isfinite(scale) & (scale >= 0)).all()):
+                    self._error = _describe_bad_values(scale, name, form)
+                    break
+        self._open = False
+
+
+# Open checks of the process (weak: a layer dropped before resolution takes its check along).
+_open_checks: list[weakref.ref[ScaleCheck]] = []
+_checks_lock = threading.Lock()
+
+
+def queue_scale_checks(scales: Sequence[tuple[Tensor, str, ScaleForm]]) -> ScaleCheck | None:
+    """Check (scale, name, form) block scales as ``check_scale_values`` does, without a host
+    sync: CPU scales (no sync) and empty or meta ones at once, CUDA scales (all on one
+    device: one layer's) queued until ``resolve_scale_checks`` (or the returned check's
+    ``verify``) runs; None when nothing was queued. ValueError at once for a bad CPU
+    scale."""
+    queued = []
+    for scale, name, form in scales:
+        if _queued(scale):
+            queued.append((scale, name, form))
+        else:
+            check_scale_values(scale, name, form=form)
+    if not queued:
+        return None
+    check = ScaleCheck(queued)
+    with _checks_lock:
+        _open_checks.append(weakref.ref(check))
+    return check
+
+
+def _queued(scale: Tensor) -> bool:
+    """Whether ``scale``'s value check is queued (a CUDA tensor with values) or runs now."""
+    return scale.device.type == "cuda" and scale.numel() > 0
+
+
+def resolve_scale_checks() -> None:
+    """Resolve every open ScaleCheck of the process: per device, all their scales in one
+    concatenation, one test and one host sync (the failure path then finds the bad scale).
+    Checks on a device whose current stream is capturing a graph stay open."""
+    with _checks_lock:
+        checks = [c for ref in _open_checks if (c := ref()) is not None and c.open]
+        by_device: dict[torch.device, list[ScaleCheck]] = {}
+        for check in checks:
+            by_device.setdefault(check.scales[0].device, []).append(check)
+        left = []
+        for device, group in by_device.items():
+            if current_stream_capturing(device):
+                left += group
+                continue
+            flat = torch.cat([scale.reshape(-1) for c in group for scale in c.scales])
+            bad = not bool((torch.isfinite(flat) & (flat >= 0)).all())
+            for check in group:
+                check.settle(bad)
+        _open_checks[:] = [weakref.ref(c) for c in left]

@@ -18,6 +18,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from mlpjit.jit.capture import current_stream_capturing
 from mlpjit.reference import (
     GROUP,
     expand_block_rows,
@@ -119,13 +120,17 @@ def dense_mlp(
 
 
 class StockLayer:
-    """One layer's math off the kernel path, with its weight-scale operands prepared once.
+    """One layer's math off the kernel path, with its weight-scale operands made once.
 
-    ``path`` is "stock" when torch's block-scaled _scaled_mm runs on the weights' device
-    (the scale operands are made here: views unless k/128 % 4 != 0), else "reference" (the
-    reference math: CPU, or a GPU without that GEMM). The weights are the caller's tensors,
-    read at each call; the scales must be float32 [rows/128, k/128] (DenseMlp converts
-    checkpoint forms once, before this).
+    ``path`` is "stock" when torch's block-scaled _scaled_mm runs on the weights' device,
+    else "reference" (the reference math: CPU, or a GPU without that GEMM). The stock
+    path's scale operands (views unless k/128 % 4 != 0) are made by ``prepare`` or by the
+    first stock call outside CUDA graph capture, not at construction: most layers of a
+    server never take the stock path, and a model's start-up would pay for them all. A
+    call during capture with none made yet makes them inside the graph, unkept (a kept
+    tensor made there would hold no values until the graph's first replay). The weights
+    are the caller's tensors, read at each call; the scales must be float32
+    [rows/128, k/128] (DenseMlp converts checkpoint forms once, before this).
     """
 
     def __init__(self, w13: Tensor, w13_scale: Tensor, w2: Tensor, w2_scale: Tensor) -> None:
@@ -134,16 +139,28 @@ class StockLayer:
         self.path: Literal["stock", "reference"] = (
             "stock" if gemm_supported(w13.device) else "reference"
         )
-        self._scale_operands = (
-            (weight_scale_operand(w13_scale, *w13.shape), weight_scale_operand(w2_scale, *w2.shape))
-            if self.path == "stock"
-            else None
+        self._scale_operands: tuple[Tensor, Tensor] | None = None
+
+    def prepare(self) -> None:
+        """Make the stock path's scale operands now (before graph capture); no-op off it."""
+        if self.path == "stock" and self._scale_operands is None:
+            self._scale_operands = self._make_scale_operands()
+
+    def _make_scale_operands(self) -> tuple[Tensor, Tensor]:
+        return (
+            weight_scale_operand(self._w13_scale, *self._w13.shape),
+            weight_scale_operand(self._w2_scale, *self._w2.shape),
         )
 
     def __call__(self, x: Tensor, *, limit: float | None, ue8m0: bool) -> tuple[Tensor, Tensor]:
         """x BF16 [m, hidden] -> (act BF16 [m, inter], out BF16 [m, hidden])."""
-        if self._scale_operands is not None:
-            w13_b, w2_b = self._scale_operands
+        if self.path == "stock":
+            operands = self._scale_operands
+            if operands is None:
+                operands = self._make_scale_operands()
+                if not current_stream_capturing(x.device):
+                    self._scale_operands = operands
+            w13_b, w2_b = operands
             return forward(x, self._w13, self._w2, w13_b, w2_b, limit=limit, ue8m0=ue8m0)
         act = gemv_reference(x, self._w13, self._w13_scale, swiglu=True, limit=limit, ue8m0=ue8m0)
         out = gemv_reference(act, self._w2, self._w2_scale, swiglu=False, ue8m0=ue8m0)

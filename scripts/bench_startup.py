@@ -10,9 +10,16 @@ Each worker (spawned, like a TP rank; worker i on GPU i modulo the visible GPUs)
   4. constructs every layer (DenseMlp: checks, scale checks)               -> construct s
   5. prepares every layer with the token counts (default 1-8)              -> prepare s,
      cuModuleLoadData calls and distinct kernels, the cache lookups behind them
+  4b. resolves the weight-scale checks construction queued (DenseMlp.check_weight_scales:
+     one host sync for all layers)                                          -> scale check s
   6. eager host time per call at m=1 of the first dense MLP and the first shared expert
      (median of --calls calls, each timed until it returns, with torch.cuda.synchronize only
-     around the loop), and of one torch op (x.mul(1)) the same way: this CPU's scale.
+     around the loop), split into: the two launches alone (launch host us), a DenseMlp
+     call (eager host us), a call through the torch op torch.ops.mlpjit.dense_mlp (op host
+     us) and mlpjit.ops.dense_mlp's eager call that skips the op's dispatch (op eager host
+     us); and one torch op (x.mul(1)) the same way: this CPU's scale
+  7. host syncs of constructing one layer of each kind (construct syncs per layer), and a
+     cold planning of the model's shapes in this process (plan s, part of prepare s)
 
 A model has first-k dense MLP layers and a shared expert in each MoE layer (LAYER_COUNTS;
 GLM-5: 3 dense + 75 shared = 78 MLPs, 32 distinct kernels at TP 8 for tokens 1-8).
@@ -58,7 +65,10 @@ LAYER_COUNTS: dict[str, tuple[int, int]] = {
 DEFAULT_TOKENS = "1-8"
 EAGER_TOKENS = 1
 # The goals of a GLM-5 TP 8 start-up, printed beside the numbers.
-GOALS = "goals: prepare <= 0.100 s (1 worker), <= 0.150 s (8 workers); construct <= 0.040 s"
+GOALS = (
+    "goals: prepare <= 0.100 s (1 worker), <= 0.150 s (8 workers); construct <= 0.040 s; "
+    "eager <= 12 us"
+)
 
 
 def model_layers(model: str, tp: int) -> list[tuple[str, int, int]]:
@@ -153,6 +163,11 @@ def _worker_body(rank: int, opts: dict, barrier: Any) -> dict:
     t0 = time.perf_counter()
     mlps = [DenseMlp(**w) for w in weights]
     result["construct_s"] = round(time.perf_counter() - t0, 4)
+    # The weight-scale checks construction queued (one host sync for all layers), which
+    # the first prepare() would otherwise resolve: timed apart from prepare.
+    t0 = time.perf_counter()
+    DenseMlp.check_weight_scales(mlps)
+    result["scale_check_s"] = round(time.perf_counter() - t0, 4)
     t0 = time.perf_counter()
     for mlp in mlps:
         mlp.prepare(opts["tokens"])
@@ -165,16 +180,116 @@ def _worker_body(rank: int, opts: dict, barrier: Any) -> dict:
     result["compiles"] = after.compiles - before.compiles
     result["paths"] = sorted({mlp.path(m) for mlp in mlps for m in opts["tokens"]})
 
+    # Host syncs of constructing one layer of each kind (untimed: the count is patched in).
+    kinds: dict[str, int] = {}  # the first layer of each kind
+    for i, (kind, _, _) in enumerate(layers):
+        kinds.setdefault(kind, i)
+    with _counting_syncs(torch) as syncs:
+        for i in kinds.values():
+            DenseMlp(**weights[i])
+    result["construct_syncs_per_layer"] = round(len(syncs) / len(kinds), 2)
+
     sync = torch.cuda.synchronize
-    eager = {}
-    for kind in dict.fromkeys(kind for kind, _, _ in layers):
-        mlp = mlps[next(i for i, layer in enumerate(layers) if layer[0] == kind)]
+    eager, launch, op, op_direct = {}, {}, {}, {}
+    for kind, i in kinds.items():
+        mlp = mlps[i]
         x = torch.randn(EAGER_TOKENS, mlp.hidden, device=device, generator=gen)
         x = x.to(torch.bfloat16)
-        eager[kind] = _host_us(lambda mlp=mlp, x=x: mlp(x), opts["calls"], opts["warmup"], sync)
-    result["eager_host_us"] = eager
+        times = {"calls": opts["calls"], "warmup": opts["warmup"], "sync": sync}
+        eager[kind] = _host_us(lambda mlp=mlp, x=x: mlp(x), **times)
+        launch[kind] = _host_us(_launches_only(torch, mlp, x), **times)
+        op[kind], op_direct[kind] = _op_host_us(mlp, x, opts["tokens"], times)
+    result["eager_host_us"] = eager  # DenseMlp.__call__: checks, out, both launches
+    result["launch_host_us"] = launch  # the two launches alone (KernelPair.launch)
+    result["op_host_us"] = op  # torch.ops.mlpjit.dense_mlp: the op's dispatch and the call
+    result["op_eager_host_us"] = op_direct  # mlpjit.ops.dense_mlp eager: no dispatch
     result["torch_op_host_us"] = _host_us(lambda: x.mul(1), opts["calls"], opts["warmup"], sync)
+
+    # The planning of the model's distinct shapes, cold, in this process (part of prepare).
+    _clear_planning_caches()
+    t0 = time.perf_counter()
+    distinct_requests(layers, opts["tokens"], "sm_90a")
+    result["plan_s"] = round(time.perf_counter() - t0, 4)
     return result
+
+
+@contextlib.contextmanager
+def _counting_syncs(torch: Any):
+    """The host syncs inside the block, by name: bool(), item(), tolist(), cpu() of a
+    tensor and torch.cuda.synchronize."""
+    found: list[str] = []
+    patched = [(torch.Tensor, name) for name in ("__bool__", "item", "tolist", "cpu")]
+    patched.append((torch.cuda, "synchronize"))
+    saved = [(owner, name, getattr(owner, name)) for owner, name in patched]
+
+    def counting(name: str, real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            found.append(name)
+            return real(*args, **kwargs)
+
+        return call
+
+    for owner, name, real in saved:
+        setattr(owner, name, counting(name, real))
+    try:
+        yield found
+    finally:
+        for owner, name, real in saved:
+            setattr(owner, name, real)
+
+
+def _launches_only(torch: Any, mlp: Any, x: Any) -> Callable[[], None]:
+    """A call of the two kernel launches of ``mlp`` at x's token count, nothing else: the
+    raw slots DenseMlp passes, on the current stream."""
+    from mlpjit.jit import launcher
+
+    m = x.shape[0]
+    act = torch.empty(m, mlp.intermediate, dtype=torch.bfloat16, device=x.device)
+    out = torch.empty(m, mlp.hidden, dtype=torch.bfloat16, device=x.device)
+    pair = launcher.kernel_pair(*_pair_kernels(mlp, m))
+    first = (act.data_ptr(), x.data_ptr(), mlp.w13.data_ptr(), mlp.w13_scale.data_ptr())
+    second = (out.data_ptr(), act.data_ptr(), mlp.w2.data_ptr(), mlp.w2_scale.data_ptr())
+    stream = launcher.stream_handle_getter()(x.device.index)
+    return lambda: pair.launch(first, second, mlp.pdl, stream)
+
+
+def _pair_kernels(mlp: Any, m: int) -> tuple[Any, Any]:
+    """The loaded gate_up and down kernels of ``mlp`` at m tokens (from the process memo)."""
+    from mlpjit.dense_mlp import kernel_requests
+    from mlpjit.jit import loaded
+
+    requests = kernel_requests(
+        mlp.hidden, mlp.intermediate, [m], mlp.arch, limit=mlp.limit, ue8m0=mlp.ue8m0, sms=mlp.sms
+    )
+    gate_up, down = loaded.load_kernels(requests, mlp.device)
+    return gate_up, down
+
+
+def _op_host_us(mlp: Any, x: Any, tokens: Sequence[int], times: dict) -> tuple[float, float]:
+    """Host us of one call through the torch op, and through mlpjit.ops.dense_mlp eager."""
+    import torch
+
+    from mlpjit import ops
+
+    args = (mlp.w13, mlp.w13_scale, mlp.w2, mlp.w2_scale, mlp.limit, mlp.ue8m0)
+    ops.prepare(*args[:4], tokens, limit=mlp.limit, ue8m0=mlp.ue8m0)
+    through_op = _host_us(lambda: torch.ops.mlpjit.dense_mlp(x, *args), **times)
+    eager = _host_us(lambda: ops.dense_mlp(x, *args), **times)
+    return through_op, eager
+
+
+def _clear_planning_caches() -> None:
+    """Forget every memoized plan of this process (fp8_gemv's searches, the shard requests,
+    DenseMlp's paths), so the next planning is cold."""
+    import mlpjit.dense_mlp
+    import mlpjit.kernels.fp8_gemv.plan
+    import mlpjit.kernels.fp8_gemv.tuning
+
+    modules = (mlpjit.kernels.fp8_gemv.tuning, mlpjit.kernels.fp8_gemv.plan, mlpjit.dense_mlp)
+    for module in modules:
+        for value in vars(module).values():
+            if callable(getattr(value, "cache_clear", None)):
+                value.cache_clear()
 
 
 def _worker(rank: int, opts: dict, barrier: Any, out_path: str) -> None:
@@ -281,10 +396,12 @@ def run_workers(count: int, opts: dict) -> list[dict]:
 
 
 def format_table(runs: list[dict]) -> str:
-    """A markdown table, one row per worker of each run."""
+    """A markdown table, one row per worker of each run (host us per layer kind: DenseMlp
+    call / its two launches alone / through the torch op / mlpjit.ops.dense_mlp eager)."""
     head = (
-        "| workers | worker | construct s | prepare s | module loads | distinct kernels | "
-        "cache lookups | eager host us | torch op host us |"
+        "| workers | worker | construct s | syncs/layer | scale check s | prepare s | plan s | "
+        "module loads | distinct kernels | cache lookups | eager host us (call / launches / "
+        "op / op eager) | torch op host us |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for run in runs:
@@ -292,11 +409,17 @@ def format_table(runs: list[dict]) -> str:
             if "error" in r:
                 lines.append(f"| {run['workers']} | {r['worker']} | error: {r['error']} |")
                 continue
-            eager = " / ".join(f"{kind} {us:.1f}" for kind, us in r["eager_host_us"].items())
+            eager = " ; ".join(
+                f"{kind} {us:.1f} / {r['launch_host_us'][kind]:.1f} / "
+                f"{r['op_host_us'][kind]:.1f} / {r['op_eager_host_us'][kind]:.1f}"
+                for kind, us in r["eager_host_us"].items()
+            )
             lines.append(
                 f"| {run['workers']} | {r['worker']} | {r['construct_s']:.3f} | "
-                f"{r['prepare_s']:.3f} | {r['module_loads']} | {r['distinct_kernels']} | "
-                f"{r['cache_lookups']} | {eager} | {r['torch_op_host_us']:.1f} |"
+                f"{r['construct_syncs_per_layer']} | {r['scale_check_s']:.3f} | "
+                f"{r['prepare_s']:.3f} | {r['plan_s']:.3f} | {r['module_loads']} | "
+                f"{r['distinct_kernels']} | {r['cache_lookups']} | {eager} | "
+                f"{r['torch_op_host_us']:.1f} |"
             )
     return "\n".join(lines)
 

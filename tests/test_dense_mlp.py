@@ -659,3 +659,94 @@ def test_token_counts_keep_first_seen_order_as_plain_ints() -> None:
     counts = dense_mlp._token_counts([3, 1, _CountingInt(3), 2, 1, _CountingInt(9)])
     assert counts == [3, 1, 2, 9]
     assert all(type(m) is int for m in counts)
+
+
+# ---- weight-scale checks queued without a host sync (as on a GPU) ------------------------------
+
+
+@pytest.fixture()
+def queued_checks(monkeypatch):
+    """CPU scales checked the way CUDA ones are (queued, resolved together), and a count of
+    the host syncs a CUDA tensor would take: bool(), item(), tolist(), cpu()."""
+    import mlpjit.scales as scales
+
+    monkeypatch.setattr(scales, "_queued", lambda scale: scale.numel() > 0)
+    monkeypatch.setattr(scales, "_open_checks", [])
+    syncs: list[str] = []
+    for name in ("__bool__", "item", "tolist", "cpu"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            syncs.append(_name)
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return syncs
+
+
+def _bad_scales(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    bad = dict(weights)
+    bad["w2_scale"] = weights["w2_scale"].clone()
+    bad["w2_scale"][1, 0] = float("nan")
+    return bad
+
+
+def test_construction_queues_the_scale_checks_without_a_sync(weights, queued_checks) -> None:
+    syncs = queued_checks
+    layers = [_mlp(weights) for _ in range(5)] + [_mlp(_bad_scales(weights))]
+    assert syncs == []  # a bad scale too: found later, never at construction
+    with pytest.raises(ValueError, match=r"^layer 5: w2_scale has 1 NaN value; first at block"):
+        DenseMlp.check_weight_scales(layers)
+    with pytest.raises(ValueError, match=r"^layer 'shared': w2_scale has 1 NaN value"):
+        DenseMlp.check_weight_scales({"dense": layers[0], "shared": layers[5]})
+    DenseMlp.check_weight_scales(layers[:5])  # resolved: no more syncs for them
+
+
+def test_good_scales_of_many_layers_cost_one_sync(weights, queued_checks) -> None:
+    syncs = queued_checks
+    layers = [_mlp(weights) for _ in range(8)]
+    layers[0].prepare(range(1, 9))  # resolves every layer's check at once
+    assert syncs == ["__bool__"]
+    for layer in layers:
+        layer.prepare(range(1, 9))
+        layer(_x(2))
+    assert syncs == ["__bool__"]
+
+
+def test_a_bad_scale_fails_its_layers_prepare_and_calls_every_time(
+    weights, queued_checks
+) -> None:
+    good, bad = _mlp(weights), _mlp(_bad_scales(weights))
+    good.prepare([1])  # resolves both; the good layer is not blamed for the bad one
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"^w2_scale has 1 NaN value"):
+            bad.prepare([1])
+        with pytest.raises(ValueError, match=r"^w2_scale has 1 NaN value"):
+            bad(_x(1))
+    assert torch.equal(good(_x(1)), _mlp(weights)(_x(1)))
+
+
+def test_scale_checks_wait_out_graph_capture(weights, queued_checks, monkeypatch) -> None:
+    """No sync while the device captures: the check stays open and is resolved (and its
+    error raised) at the first prepare or call after the capture."""
+    import mlpjit.scales as scales
+
+    bad = _mlp(_bad_scales(weights))
+    monkeypatch.setattr(scales, "current_stream_capturing", lambda device: True)
+    bad(_x(1))  # CPU: the reference math; the check cannot run yet
+    DenseMlp.check_weight_scales([bad])
+    assert queued_checks == []
+    monkeypatch.setattr(scales, "current_stream_capturing", lambda device: False)
+    with pytest.raises(ValueError, match=r"^w2_scale has 1 NaN value"):
+        bad(_x(1))
+
+
+def test_a_dropped_layer_leaves_no_open_check(weights, queued_checks) -> None:
+    import gc
+
+    import mlpjit.scales as scales
+
+    _mlp(_bad_scales(weights))
+    gc.collect()
+    scales.resolve_scale_checks()  # nothing left to check: the layer is gone
+    assert queued_checks == [] and scales._open_checks == []

@@ -192,3 +192,55 @@ def test_prepare_on_cpu_builds_the_layer(weights) -> None:
     module = ops.DenseMlpOp(**weights, ue8m0=True)
     assert module.prepare([1, 2]) is mlp
     assert "hidden=256" in repr(module)
+
+
+@pytest.fixture()
+def op_calls(monkeypatch):
+    """Count the calls that go through the custom op (its CPU implementation)."""
+    calls = []
+    real = ops.get_mlp
+
+    def counting(*args, **kwargs):
+        import inspect
+
+        calls.append(any(f.function == "dense_mlp_op" for f in inspect.stack()[1:4]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "get_mlp", counting)
+    return calls
+
+
+def test_eager_calls_skip_the_op_dispatch(weights, op_calls) -> None:
+    """A plain eager call runs the layer directly (the same tensor as through the op)."""
+    x = _x(3)
+    direct = ops.dense_mlp(x, *_args(weights), None, True)
+    through_op = torch.ops.mlpjit.dense_mlp(x, *_args(weights), None, True)
+    assert op_calls == [False, True]
+    assert torch.equal(direct, through_op)
+    layer = ops.DenseMlpOp(**weights)
+    op_calls.clear()
+    assert torch.equal(layer(x), direct)
+    assert op_calls == [False]
+
+
+def test_traced_or_intercepted_calls_go_through_the_op(weights, op_calls) -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.overrides import TorchFunctionMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = _x(2)
+    with FlopCounterMode(display=False):
+        ops.dense_mlp(x, *_args(weights), None, True)
+    class Passing(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passing():
+        ops.dense_mlp(x, *_args(weights), None, True)
+    assert op_calls == [True, True]
+    graph = make_fx(lambda x: ops.dense_mlp(x, *_args(weights), None, True))(x)
+    targets = [n.target for n in graph.graph.nodes if n.op == "call_function"]
+    assert targets == [torch.ops.mlpjit.dense_mlp.default]
+    assert not ops._direct(x.clone().requires_grad_())
+    with FakeTensorMode() as mode:
+        assert not ops._direct(mode.from_tensor(x))

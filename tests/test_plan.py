@@ -603,3 +603,13 @@ def test_k1152_down_projections_are_one_wave_of_several_tiles() -> None:
             pick = tuning.choose_config(rows, 1152, tokens, swiglu=False)
             launch = tuning._launch(rows, 1152, tokens, pick, hopper.SMS)
             assert pick.tiles > 1 and not launch.persistent, (rows, tokens, pick)
+
+
+@pytest.mark.parametrize(("rows", "k"), [(512, 6144), (6144, 256), (7168, 1152), (4096, 7168)])
+def test_spread_table_ranks_each_token_count_as_alone(rows, k) -> None:
+    """_spread_table ranks every token count in one pass (shared memory checked once per
+    step count, as a prefix of the counts): the same ranks as each count searched alone."""
+    table = tuning._spread_table(rows, k, hopper.SMS, tuning._TABLE_COUNTS, waves_ok=False)
+    for at, tokens in enumerate(tuning._TABLE_COUNTS):
+        alone = tuning._spread_table(rows, k, hopper.SMS, (tokens,), waves_ok=False)
+        assert table[at] == alone[0], tokens

@@ -64,3 +64,31 @@ def test_stock_layer_off_hopper_runs_the_reference(limit: float | None, ue8m0: b
     want_act = ref.gemv_reference(x, w13, s13, swiglu=True, limit=limit, ue8m0=ue8m0)
     assert torch.equal(act, want_act)
     assert torch.equal(out, ref.dense_mlp_reference(x, w13, s13, w2, s2, limit=limit, ue8m0=ue8m0))
+
+
+def test_stock_scale_operands_are_made_on_first_use_or_prepare(monkeypatch) -> None:
+    """Not at construction (a model's start-up would pay for every layer's); in a call
+    during graph capture made inside the graph and not kept."""
+    hidden, inter = 512, 384  # down: k/128 = 3 blocks, the expanded 1x128 recipe
+    w13, s13 = _weights(2 * inter, hidden, seed=20)
+    w2, s2 = _weights(hidden, inter, seed=21)
+    monkeypatch.setattr(stock, "gemm_supported", lambda device: True)
+    used = []
+    monkeypatch.setattr(stock, "forward", lambda x, w13, w2, a, b, **kw: used.append((a, b)))
+    want = (stock.weight_scale_operand(s13, *w13.shape), stock.weight_scale_operand(s2, *w2.shape))
+    x = _x(9, hidden, seed=22)
+
+    layer = stock.StockLayer(w13, s13, w2, s2)
+    assert layer.path == "stock" and layer._scale_operands is None
+    monkeypatch.setattr(stock, "current_stream_capturing", lambda device: True)
+    layer(x, limit=None, ue8m0=True)
+    assert layer._scale_operands is None  # made in the capture: not kept
+    monkeypatch.setattr(stock, "current_stream_capturing", lambda device: False)
+    layer(x, limit=None, ue8m0=True)
+    kept = layer._scale_operands
+    assert kept is not None and all(torch.equal(a, b) for a, b in zip(kept, want, strict=True))
+    assert all(torch.equal(a, b) for call in used for a, b in zip(call, want, strict=True))
+
+    prepared = stock.StockLayer(w13, s13, w2, s2)
+    prepared.prepare()
+    assert all(torch.equal(a, b) for a, b in zip(prepared._scale_operands, want, strict=True))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 from mlpjit.kernels import hopper
@@ -63,17 +64,26 @@ def max_in_regs(
     """The most 64-K steps in registers that fit the register and shared-memory budgets
     of this tiling and launch bound, or None if none does."""
     threads = cta_threads(k, tiles, slices_per_warp, slice_k=slice_k, splits=splits)
+    in_regs = _register_steps(threads, ctas_per_sm, slices_per_warp, slice_k)
+    if in_regs is None:
+        return None
+    smem = smem_bytes(k, tokens, tiles, in_regs, slices_per_warp, slice_k=slice_k, splits=splits)
+    if smem > hopper.smem_budget(ctas_per_sm):
+        return None
+    return in_regs
+
+
+def _register_steps(threads: int, ctas_per_sm: int, spw: int, slice_k: int) -> int | None:
+    """The most 64-K steps in registers the register budget of ``threads`` per CTA at this
+    launch bound allows (shared memory aside), or None if none or the threads do not fit."""
     if threads * ctas_per_sm > hopper.THREADS_PER_SM:
         return None
     regs = hopper.reg_budget(threads, ctas_per_sm)
     # At most steps-1: with no cp.async at all, ptxas 13.0 hoists griddepcontrol.wait
     # (ACQBULK) above every weight load, losing the PDL overlap; a committed cp.async group
     # keeps the loads before it (tests/test_fp8_gemv_compile.py checks the order).
-    in_regs = min(slice_k // STEP - 1, (regs - BASE_REGS) // (8 * slices_per_warp))
-    smem = smem_bytes(k, tokens, tiles, in_regs, slices_per_warp, slice_k=slice_k, splits=splits)
-    if in_regs < 0 or smem > hopper.smem_budget(ctas_per_sm):
-        return None
-    return in_regs
+    in_regs = min(slice_k // STEP - 1, (regs - BASE_REGS) // (8 * spw))
+    return in_regs if in_regs >= 0 else None
 
 
 def _config(
@@ -443,17 +453,41 @@ def _spread_ranked(
     """Every _spread decomposition that fits, as (rank, config), best first: those of one
     wave, or where there are none (more weights than one wave's shared memory and registers
     hold, and no persistent form fits: Qwen3-14B's TP-1 down projection), those of several
-    waves of one CTA per (tile, split), fewest waves first."""
-    ranked = _spread_candidates(rows, k, tokens, sms, waves_ok=False)
+    waves of one CTA per (tile, split), fewest waves first.
+
+    Read from the shape's table of every token count the kernel takes (_spread_table): a
+    layer plans 1-8 tokens, and all but shared memory and the cost model is the same for
+    each of them."""
+    counts = _TABLE_COUNTS if tokens in _TABLE_COUNTS else (tokens,)
+    at = counts.index(tokens)
+    ranked = _spread_table(rows, k, sms, counts, waves_ok=False)[at]
     if not ranked:
-        ranked = _spread_candidates(rows, k, tokens, sms, waves_ok=True)
-    return tuple(sorted(ranked, key=lambda item: item[0]))
+        ranked = _spread_table(rows, k, sms, counts, waves_ok=True)[at]
+    return ranked
 
 
-def _spread_candidates(
-    rows: int, k: int, tokens: int, sms: int, waves_ok: bool
-) -> list[tuple[tuple, GemvConfig]]:
-    ranked = []
+# The token counts _spread_table ranks in one pass (ascending: see _smem_fits).
+_TABLE_COUNTS = tuple(range(1, MAX_TOKENS + 1))
+
+
+@functools.lru_cache(maxsize=256)
+def _spread_table(
+    rows: int, k: int, sms: int, counts: tuple[int, ...], waves_ok: bool
+) -> tuple[tuple[tuple[tuple, GemvConfig], ...], ...]:
+    """For each of ``counts`` (ascending), its _spread decompositions as (rank, config), best
+    first: one CTA per (tile, split) in one resident wave (or, with ``waves_ok``, at most
+    SPREAD_MAX_WAVES of them), or a persistent grid of one wave.
+
+    Each decomposition (splits, slice size, tiles, slices per warp, launch bound) takes the
+    fewest register steps that fit (at most HEURISTIC_MAX_IN_REGS where shared memory
+    allows). Whether a step count fits the registers, the cp.async groups and the grid rules
+    does not depend on the token count; shared memory does, and grows with it, so each
+    decomposition is checked once and its shared memory once per step count tried
+    (_smem_fits). Ranks: fewest waves, the cost model, then fewer splits, longer slices,
+    fewer warps, lighter launch bound (the grid last: what _spread_pick's model reads);
+    ties keep the search order."""
+    found: list[list[tuple[tuple, GemvConfig]]] = [[] for _ in counts]
+    max_waves = SPREAD_MAX_WAVES if waves_ok else 1
     row_tiles = rows // 16
     for splits in _divisors(k // GROUP, SPLITS_MAX):
         kc = k // splits
@@ -461,71 +495,104 @@ def _spread_candidates(
             if kc % slice_k:
                 continue
             slices = kc // slice_k
+            geometry = {"slice_k": slice_k, "splits": splits}
+            spws = _divisors(slices, slices)
             for tiles in _divisors(row_tiles, MAX_WARPS):
-                for spw in _divisors(slices, slices):
+                for spw in spws:
                     warps = tiles * slices // spw
                     if warps > MAX_WARPS:
                         continue
+                    threads = cta_threads(k, tiles, spw, **geometry)
                     for cps in range(1, SPREAD_MAX_CTAS_PER_SM + 1):
-                        found = _spread_config(
-                            rows, k, tokens, tiles, spw, cps, slice_k, splits, sms, waves_ok
+                        options = _spread_options(
+                            rows, k, tiles, spw, cps, threads, geometry, sms, max_waves
                         )
-                        if found is None:
+                        if options is None:
                             continue
-                        config, ctas = found
-                        waves = math.ceil(ctas / hopper.resident_ctas(sms * cps, splits))
-                        cost = _modeled_cost(rows, k, tokens, tiles, ctas, splits, warps, sms)
-                        # Then: fewer splits, longer slices, fewer warps, lighter launch bound
-                        # (the grid last: what _spread_pick's model reads).
-                        rank = (waves, cost, splits, -slice_k, warps, cps, ctas)
-                        ranked.append((rank, config))
-    return ranked
+                        fit, slots, ctas, tried = options
+                        fits = functools.partial(
+                            _smem_fits, k, counts, tiles, spw, geometry, hopper.smem_budget(cps)
+                        )
+                        waves = math.ceil(ctas / slots)
+                        configs: dict[int, GemvConfig] = {}
+                        for at, in_regs in enumerate(_first_fitting(fits(fit), tried, fits)):
+                            config = configs.get(in_regs)
+                            if config is None:
+                                config = configs[in_regs] = GemvConfig(
+                                    tiles, in_regs, cps, slices_per_warp=spw, **geometry
+                                )
+                            cost = _modeled_cost(
+                                rows, k, counts[at], tiles, ctas, splits, warps, sms
+                            )
+                            rank = (waves, cost, splits, -slice_k, warps, cps, ctas)
+                            found[at].append((rank, config))
+    return tuple(tuple(sorted(ranked, key=lambda item: item[0])) for ranked in found)
 
 
-def _spread_config(
-    rows: int, k: int, tokens: int, tiles: int, spw: int, cps: int, slice_k: int, splits: int,
-    sms: int, waves_ok: bool = False,
-) -> tuple[GemvConfig, int] | None:  # fmt: skip
-    """The config (and its grid) of one _spread decomposition, with the fewest register
-    steps that fit (at most HEURISTIC_MAX_IN_REGS where shared memory allows), or None."""
-    geometry = {"slice_k": slice_k, "splits": splits}
-    fit = max_in_regs(k, tokens, tiles, cps, spw, **geometry)
-    if fit is None or hopper.resident_ctas(sms * cps, splits) == 0:
-        return None  # nothing fits, or not even one cluster of the splits is resident
-    cap = min(fit, HEURISTIC_MAX_IN_REGS)
-    for in_regs in [*range(cap, -1, -1), *range(cap + 1, fit + 1)]:
-        ctas = _spread_grid(rows, k, tokens, tiles, spw, cps, in_regs, geometry, sms, waves_ok)
-        if ctas is not None:
-            break
-    else:
-        return None
-    config = GemvConfig(tiles, in_regs, cps, slices_per_warp=spw, slice_k=slice_k, splits=splits)
-    return config, ctas
-
-
-def _spread_grid(
-    rows: int, k: int, tokens: int, tiles: int, spw: int, cps: int, in_regs: int,
-    geometry: dict, sms: int, waves_ok: bool = False,
-) -> int | None:  # fmt: skip
-    """The grid of a _spread decomposition with ``in_regs`` register steps, or None where
-    it does not fit shared memory, the cp.async groups, or the persistent kernel's
-    registers, or is more than one wave."""
+def _spread_options(
+    rows: int, k: int, tiles: int, spw: int, cps: int, threads: int, geometry: dict,
+    sms: int, max_waves: int,
+) -> tuple[int, int, int, list[int]] | None:  # fmt: skip
+    """The token-independent half of one _spread decomposition: (the most register steps
+    the registers allow, the resident CTA slots, the grid's CTAs, the register step counts
+    that fit the cp.async groups and the kernel's registers, in the order tried), or None
+    if none can fit: no cluster resident, a persistent grid of several tiles per CTA (only
+    measured with one), or more than ``max_waves`` waves."""
     slice_k, splits = geometry["slice_k"], geometry["splits"]
-    if smem_bytes(k, tokens, tiles, in_regs, spw, **geometry) > hopper.smem_budget(cps):
-        return None
-    if spw * (slice_k // STEP - in_regs) > MAX_PENDING_GROUPS:
-        return None
-    ctas = grid_ctas(rows, k, tiles, in_regs, cps, spw, sms, **geometry)
+    fit = _register_steps(threads, cps, spw, slice_k)  # max_in_regs less shared memory
+    slots = hopper.resident_ctas(sms * cps, splits)
+    if fit is None or slots == 0:
+        return None  # nothing fits, or not even one cluster of the splits is resident
+    regs = hopper.reg_budget(threads, cps)
+    steps = slice_k // STEP
+    # The grid depends on the register steps only when all of them are in registers
+    # (grid_ctas), which fit (< steps) rules out: one grid for every step count tried.
+    ctas = grid_ctas(rows, k, tiles, fit, cps, spw, sms, **geometry)
     persistent = is_persistent(rows, tiles, splits, ctas)
     if persistent and tiles > 1:
         return None  # persistent grids were only measured with one tile per CTA
-    waves = math.ceil(ctas / hopper.resident_ctas(sms * cps, splits))
-    if not persistent and waves > (SPREAD_MAX_WAVES if waves_ok else 1):
+    if not persistent and math.ceil(ctas / slots) > max_waves:
         return None
-    threads = cta_threads(k, tiles, spw, **geometry)
-    if _spread_regs(spw, in_regs, slice_k, splits, persistent) > hopper.reg_budget(threads, cps):
-        return None
-    return ctas
+    cap = min(fit, HEURISTIC_MAX_IN_REGS)
+    steps_tried = [
+        in_regs
+        for in_regs in [*range(cap, -1, -1), *range(cap + 1, fit + 1)]
+        if spw * (steps - in_regs) <= MAX_PENDING_GROUPS
+        and _spread_regs(spw, in_regs, slice_k, splits, persistent) <= regs
+    ]
+    return (fit, slots, ctas, steps_tried) if steps_tried else None
+
+
+def _first_fitting(counted: int, tried: list[int], fits: Callable[[int], int]) -> list[int]:
+    """For each of the first ``counted`` token counts, the first register step count of
+    ``tried`` whose shared memory fits it (``fits(steps)``: how many counts it fits); cut
+    short at the first count none fits (larger counts need more)."""
+    taken = []
+    fitting: list[int] = []  # fits() of tried[:len(fitting)], asked only when needed
+    for at in range(counted):
+        for i, in_regs in enumerate(tried):
+            if i == len(fitting):
+                fitting.append(fits(in_regs))
+            if fitting[i] > at:
+                taken.append(in_regs)
+                break
+        else:
+            break
+    return taken
+
+
+def _smem_fits(
+    k: int, counts: tuple[int, ...], tiles: int, spw: int, geometry: dict, budget: int,
+    in_regs: int,
+) -> int:  # fmt: skip
+    """How many of ``counts`` (ascending) this decomposition's shared memory fits in
+    ``budget``: it grows with the token count, so they are the first ones."""
+    if smem_bytes(k, counts[-1], tiles, in_regs, spw, **geometry) <= budget:
+        return len(counts)
+    for n, tokens in enumerate(counts):
+        if smem_bytes(k, tokens, tiles, in_regs, spw, **geometry) > budget:
+            return n
+    return len(counts)
 
 
 def _spread_regs(spw: int, in_regs: int, slice_k: int, splits: int, persistent: bool) -> int:
