@@ -90,7 +90,7 @@ def run(shapes: Sequence[str], tokens: Sequence[int], order_path: str) -> None: 
 
     from mlpjit.jit.launcher import load_kernel
     from mlpjit.jit.manager import default_manager
-    from mlpjit.testing.layers import random_fp8_weight
+    from mlpjit.testing.layers import block_scale, random_fp8_weight
 
     device = torch.device("cuda", 0)
     manager = default_manager()
@@ -99,7 +99,7 @@ def run(shapes: Sequence[str], tokens: Sequence[int], order_path: str) -> None: 
     for launch in launches(shapes, tokens):
         params = GemvParams(**launch["request"].params)
         kernel = load_kernel(manager.get(launch["request"]), device)
-        w, w_scale = random_fp8_weight(params.rows, params.k, gen)
+        w, w_scale = random_fp8_weight(params.rows, params.k, gen, scale=block_scale(params.k, 2.0))
         x = torch.randn(params.tokens, params.k, generator=gen, device="cuda").to(torch.bfloat16)
         out = torch.empty(params.tokens, params.out_cols, dtype=torch.bfloat16, device="cuda")
         torch.cuda.synchronize()
