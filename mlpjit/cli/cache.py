@@ -61,10 +61,20 @@ def add_parsers(group: Any, sub: Any) -> None:
         _export,
         "write verified entries (all, or those the filters select) to one portable archive",
     )
-    export.add_argument("file", metavar="FILE", help="a .tar file, or - for stdout")
+    export.add_argument(
+        "file",
+        metavar="FILE",
+        help="a .tar, .tar.gz (.tgz), .tar.xz or .tar.bz2 file (compressed as named), or - "
+        "for a plain tar on stdout",
+    )
     _add_filters(export)
     imp = sub(group, "import", _import, "verify an archive and add its entries")
-    imp.add_argument("file", metavar="FILE", help="a .tar file written by export, or - for stdin")
+    imp.add_argument(
+        "file",
+        metavar="FILE",
+        help="an archive written by export (plain or compressed, whatever its name), or - for "
+        "stdin",
+    )
 
 
 # --------------------------------------------------------------------- filters
@@ -378,20 +388,16 @@ def _clear(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------- archives
 
-_COMPRESSED_SUFFIXES = (".gz", ".tgz", ".bz2", ".xz", ".zst", ".lz4", ".zip")
-
 
 def _check_archive_name(file: str) -> None:
-    """Refuse a name that promises compression: archives are plain tar (import refuses a
-    compressed one: it could inflate to any size), so a .tar.gz would be a lie."""
-    if file != STDIO and file.lower().endswith(_COMPRESSED_SUFFIXES):
-        raise UsageError(
-            f"FILE must be a plain .tar (archives are never compressed; compress the file "
-            f"yourself for transport and decompress it before import), got {file!r}",
-            argument="FILE",
-            value=file,
-            path=file,
-        )
+    """Refuse a name that asks for a compression export does not write (.zst, .zip): a plain
+    tar under that name would be a lie. .tar.gz, .tar.xz and .tar.bz2 are written as named."""
+    from mlpjit.jit.compression import compression_for_name
+
+    try:
+        compression_for_name(file)
+    except ValueError as err:
+        raise UsageError(str(err), argument="FILE", value=file, path=file) from None
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -432,7 +438,6 @@ def _export(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     from mlpjit.jit.archive import import_archive
 
-    _check_archive_name(args.file)
     store = cache_store()
     try:
         if args.file != STDIO:

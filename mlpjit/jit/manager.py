@@ -548,8 +548,6 @@ def remote_tier(store: CacheStore) -> RemoteTier | None:
     return None if remote is None else RemoteTier(store, remote)
 
 
-
-
 def _remote_settings() -> tuple[Any, ...] | None:
     """The MLPJIT_REMOTE_* values a default manager was built from (None: no remote; the
     error's text for a malformed value, so that fixing it rebuilds the manager)."""

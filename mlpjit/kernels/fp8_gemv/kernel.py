@@ -39,6 +39,7 @@ from mlpjit.kernels.numerics import quantize16, swiglu
 
 __all__ = ["Fp8Gemv", "compile_cubin"]
 
+
 class Fp8Gemv:
     """One specialization of the kernel: every shape and tuning fact is a Python constant,
     read from its GemvParams (validated there)."""

@@ -390,9 +390,7 @@ def modeled_us(
     return _modeled_us(rows, k, config, p.ctas, sms)
 
 
-def _modeled_us(
-    rows: int, k: int, config: GemvConfig, ctas: int, sms: int
-) -> tuple[int, float]:
+def _modeled_us(rows: int, k: int, config: GemvConfig, ctas: int, sms: int) -> tuple[int, float]:
     units = rows // (16 * config.tiles) * config.splits  # (row tile, K split) pairs
     cluster = max(config.cluster, config.splits)
     waves = math.ceil(ctas / hopper.resident_ctas(sms * config.ctas_per_sm, cluster))

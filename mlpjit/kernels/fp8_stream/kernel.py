@@ -291,8 +291,11 @@ class Fp8Stream:
     def stage_part(self, s_ring, slot, off, part):
         """Where a stage's part (the blocks of one tile from block ``off`` of the stage on,
         the stage's part-th) starts: rows of seg * 128 + ROW_PAD bytes follow."""
-        return s_ring + slot * self.stage_bytes + off * (TILE_ROWS * BLOCK) + part * (
-            TILE_ROWS * ROW_PAD
+        return (
+            s_ring
+            + slot * self.stage_bytes
+            + off * (TILE_ROWS * BLOCK)
+            + part * (TILE_ROWS * ROW_PAD)
         )
 
     # ------------------------------------------------------------------ consumer warps
@@ -609,9 +612,7 @@ class Fp8Stream:
             self.epilogue(g_out, tile, lane, r0, r1, r2, r3)
 
     @cute.jit
-    def epilogue(
-        self, g_out: Int64, tile: Int32, lane: Int32, s0: Float32, s1: Float32, s2, s3
-    ):
+    def epilogue(self, g_out: Int64, tile: Int32, lane: Int32, s0: Float32, s1: Float32, s2, s3):
         """Lane (g, q) holds A rows g, g+8 x tokens 2q, 2q+1: act (SwiGLU) or out, in BF16."""
         T = self.tokens
         g = lane >> 2

@@ -50,9 +50,7 @@ def choose_stages(
         # A range of b blocks fills at most b / stage_blocks + 3 stages (its segments).
         most = -(-params.max_blocks_per_cta // params.stage_blocks) + 3
         return max(MIN_STAGES, min(stages, most))
-    raise ValueError(
-        f"fp8_stream cannot hold x for k={k} and {tokens} tokens in shared memory"
-    )
+    raise ValueError(f"fp8_stream cannot hold x for k={k} and {tokens} tokens in shared memory")
 
 
 def stream_params(
