@@ -1070,3 +1070,35 @@ def test_a_truncated_compressed_archive_is_one_line(warmed: tuple[Path, dict], t
     run = mlpjit(tmp_path / "target", "cache", "import", str(tmp_path / "cut.tar.gz"))
     assert run.returncode != 0 and "corrupt or truncated" in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+def test_export_wheel_writes_a_wheel_of_the_selected_entries(
+    warmed: tuple[Path, dict], tmp_path: Path
+) -> None:
+    cache, summary = warmed
+    key = summary["entries"][0]["key"]
+    args = ["cache", "export", "--wheel", str(tmp_path / "dist"), key[:8]]
+    report = ok_json(cache, *args, "--name", "mlpjit-cubins-one", "--version", "2.0")
+    assert (report["entries"], report["name"], report["version"]) == (1, "mlpjit-cubins-one", "2.0")
+    assert Path(report["path"]).name == "mlpjit_cubins_one-2.0-py3-none-any.whl"
+    text = mlpjit(cache, *args).stdout
+    assert "entries" in text and "pip install" in text
+
+
+@pytest.mark.parametrize(
+    "args, status, message",
+    [
+        (["out.tar", "--name", "mlpjit-cubins-x"], 2, "--name goes with --wheel"),
+        ([], 2, "cache export needs FILE (or --wheel DIR)"),
+        (["--wheel", "d", "--version", "v1"], 2, "normalized PEP 440"),
+        (["--wheel", "d", "--name", "torch"], 2, "must start with 'mlpjit-cubins'"),
+        (["--wheel", "d", "--model", "glm5"], 1, "the filters select no entries"),
+    ],
+)
+def test_export_wheel_usage_errors_are_one_line(
+    warmed: tuple[Path, dict], tmp_path: Path, args: list[str], status: int, message: str
+) -> None:
+    args = [str(tmp_path / "d") if a == "d" else a for a in args]
+    run = mlpjit(warmed[0], "cache", "export", *args)
+    assert run.returncode == status and message in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and not (tmp_path / "d").exists()

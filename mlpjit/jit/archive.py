@@ -32,18 +32,16 @@ archive is checked for integrity, not authenticity: whoever imports it trusts it
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
 import os
 import re
-import stat
 import tarfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from mlpjit.errors import CorruptEntryError
 from mlpjit.jit.cache_layout import MAX_CUBIN_BYTES, MAX_MANIFEST_BYTES, is_key
@@ -56,7 +54,7 @@ from mlpjit.jit.compression import (
 from mlpjit.jit.entry import Entry, compile_seconds_of, verify_manifest
 from mlpjit.jit.key import canonical_json, short_key
 from mlpjit.jit.messages import one_line
-from mlpjit.jit.safe_fs import create_exclusive_at, lstat_at, open_dir, replace_at
+from mlpjit.jit.safe_fs import write_replacing
 from mlpjit.jit.safe_read import loads_json, open_regular
 from mlpjit.jit.store import CacheStore
 
@@ -224,46 +222,18 @@ def export_archive(
 
 def _write_archive(path: Path, members: list[tuple[str, bytes]], compression: str | None) -> int:
     """Write ``members`` as a tar at ``path`` atomically (through ``compression``, None: a
-    plain tar), mode 0644; returns the file's size.
+    plain tar), mode 0644, never through a link (safe_fs.write_replacing); returns the
+    file's size."""
 
-    Everything happens through an fd of the destination's directory: a destination that
-    exists and is not a regular file (a symlink, device, FIFO, socket or directory:
-    `export /dev/null` as root) is refused with a one-line ValueError, since whoever made
-    it may expect the archive to land elsewhere; the temp file is created exclusively with
-    a random name (never through a planted file or symlink), then renamed over ``path``
-    (a link that appears there meanwhile is replaced itself, never its target written).
-    """
-    dir_fd = open_dir(path.parent if str(path.parent) else Path("."), follow_symlinks=True)
-    try:
-        st = lstat_at(dir_fd, path.name)
-        if st is not None and not stat.S_ISREG(st.st_mode):
-            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
-            raise ValueError(
-                f"export destination {path} is {what} ({stat.filemode(st.st_mode)}); "
-                f"name a new file or an existing regular file"
-            )
-        fd, tmp = create_exclusive_at(dir_fd, f".{path.name}.", ".tmp", ARCHIVE_MODE)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                with (
-                    compressed_writer(out, compression) as stream,
-                    tarfile.open(fileobj=stream, mode="w", format=tarfile.PAX_FORMAT) as tar,
-                ):
-                    for member, data in members:
-                        _add(tar, member, data)
-                out.flush()
-                os.fsync(out.fileno())
-                size = out.tell()
-            replace_at(dir_fd, tmp, path.name)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
-            raise
-        with contextlib.suppress(OSError):
-            os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return size
+    def write(out: BinaryIO) -> None:
+        with (
+            compressed_writer(out, compression) as stream,
+            tarfile.open(fileobj=stream, mode="w", format=tarfile.PAX_FORMAT) as tar,
+        ):
+            for member, data in members:
+                _add(tar, member, data)
+
+    return write_replacing(path, ARCHIVE_MODE, write, "export destination")
 
 
 def _member_limit(name: str) -> int:
