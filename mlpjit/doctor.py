@@ -8,8 +8,9 @@ means a cache can serve hits but nothing new can be compiled).
 Checks: the toolchain (torch, nvidia-cutlass-dsl*, cuda-python), the GPUs and the kernels'
 target arch, MLPJIT_* settings, the writable cache dir (the store's safety rules: a cubin is
 code, so a dir writable by group/other or owned by another user is refused), the read-only
-cache dirs of MLPJIT_CACHE_PATH, the fleet cache when MLPJIT_REMOTE_CACHE is set (reachable,
-login accepted, server version, entries, the fleet's hits and rejects), lock files (stale
+cache dirs of MLPJIT_CACHE_PATH and of installed cubin wheels, the fleet cache when
+MLPJIT_REMOTE_CACHE is set (reachable, login accepted, server version, entries, the fleet's
+hits and rejects), lock files (stale
 ones are harmless: flock locks die with their process), leftover temp files and quarantined
 entries, and optionally a full re-verification
 of every entry (``verify=True``; like `mlpjit cache verify` it quarantines bad entries of the
@@ -271,42 +272,61 @@ def _check_cache_dir() -> Check:
 
 
 def _check_read_only_tiers() -> list[Check]:
-    from mlpjit.jit import cache_layout, config
-    from mlpjit.jit.trust import tier_problem
+    from mlpjit.jit import config
 
+    return [_check_read_only_tier(f"read-only dir {p.absolute()}", p) for p in config.cache_path()]
+
+
+def _check_wheels() -> list[Check]:
+    """The installed cubin wheels (none: no check; MLPJIT_CACHE_WHEELS=0: one line)."""
+    from mlpjit.jit import config
+    from mlpjit.jit.installed import installed_caches
+
+    if not config.cache_wheels():
+        return [Check("cubin wheels", OK, "off (MLPJIT_CACHE_WHEELS=0)")]
     checks = []
-    for tier in config.cache_path():
-        tier = tier.absolute()
-        name = f"read-only dir {tier}"
-        if not tier.exists():
-            checks.append(Check(name, WARN, "missing: skipped", {"path": str(tier)}))
-            continue
-        reason = tier_problem(Path(os.path.realpath(tier)))  # resolved, as the store does
-        if reason:
+    for wheel in installed_caches():
+        name = f"cubin wheel {wheel.label()}"
+        if wheel.path is None:
             checks.append(
-                Check(
-                    name,
-                    WARN,
-                    f"skipped by the store: {reason}",
-                    hint="a read-only cache dir must be owned by you or root, and neither it nor "
-                    "a directory above it writable by other users (chmod go-w, or chmod +t above)",
-                )
+                Check(name, WARN, f"skipped: {wheel.problem}", hint="reinstall or uninstall it")
             )
             continue
-        entries_dir = cache_layout.area(tier, "entries")
-        if not os.access(tier, os.R_OK | os.X_OK) or (
-            entries_dir.exists() and not os.access(entries_dir, os.R_OK | os.X_OK)
-        ):
-            checks.append(Check(name, FAIL, "not readable by this user", {"path": str(tier)}))
-            continue
-        try:
-            count = sum(1 for _ in entries_dir.glob("*/*.json"))
-        except OSError:
-            count = 0
-        status = OK if count else WARN
-        summary = f"{count} entries" + ("" if count else " (empty?)")
-        checks.append(Check(name, status, summary, {"path": str(tier), "entries": count}))
+        checks.append(_check_read_only_tier(name, wheel.path))
     return checks
+
+
+def _check_read_only_tier(name: str, tier: Path) -> Check:
+    """One read-only tier (an MLPJIT_CACHE_PATH dir or a cubin wheel's) under the store's
+    rule: there, trusted, readable, and how many entries it holds."""
+    from mlpjit.jit import cache_layout
+    from mlpjit.jit.trust import tier_problem
+
+    tier = tier.absolute()
+    if not tier.exists():
+        return Check(name, WARN, "missing: skipped", {"path": str(tier)})
+    reason = tier_problem(Path(os.path.realpath(tier)))  # resolved, as the store does
+    if reason:
+        return Check(
+            name,
+            WARN,
+            f"skipped by the store: {reason}",
+            {"path": str(tier)},
+            hint="a read-only cache dir must be owned by you or root, and neither it nor "
+            "a directory above it writable by other users (chmod go-w, or chmod +t above)",
+        )
+    entries_dir = cache_layout.area(tier, "entries")
+    if not os.access(tier, os.R_OK | os.X_OK) or (
+        entries_dir.exists() and not os.access(entries_dir, os.R_OK | os.X_OK)
+    ):
+        return Check(name, FAIL, "not readable by this user", {"path": str(tier)})
+    try:
+        count = sum(1 for _ in entries_dir.glob("*/*.json"))
+    except OSError:
+        count = 0
+    status = OK if count else WARN
+    summary = f"{count} entries" + ("" if count else " (empty?)")
+    return Check(name, status, summary, {"path": str(tier), "entries": count})
 
 
 def _remote_summary(report: dict[str, Any]) -> str:
@@ -466,6 +486,7 @@ def run_doctor(verify: bool = False) -> DoctorReport:
     checks += _guarded("settings", _check_settings)
     checks += _guarded("cache dir", _check_cache_dir)
     checks += _guarded("read-only dirs", _check_read_only_tiers)
+    checks += _guarded("cubin wheels", _check_wheels)
     checks += _guarded("remote", _check_remote)
     checks += _guarded("locks", _check_locks)
     if verify:  # before leftovers: it may quarantine entries

@@ -44,6 +44,7 @@ def isolated_cache(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch) 
     monkeypatch.setenv("MLPJIT_CACHE_DIR", str(root))
     for name in (
         "MLPJIT_CACHE_PATH",
+        "MLPJIT_CACHE_WHEELS",
         "MLPJIT_RECORD",
         "MLPJIT_LOCK_TIMEOUT",
         "MLPJIT_ARCH",

@@ -370,21 +370,114 @@ def test_deeply_nested_manifest_is_rejected_alone(archive: Path, tmp_path: Path)
     assert "nested too deeply" in report.rejected[0]["reason"]
 
 
-@pytest.mark.parametrize("kind", ["gz", "bz2", "xz"])
-def test_compressed_archive_is_refused_in_one_line(
-    archive: Path, tmp_path: Path, kind: str
+COMPRESSED = {".tar.gz": b"\x1f\x8b", ".tgz": b"\x1f\x8b", ".tar.xz": b"\xfd7zXZ\x00"}
+COMPRESSED[".tar.bz2"] = b"BZh"
+
+
+@pytest.mark.parametrize("suffix", sorted(COMPRESSED))
+def test_a_compressed_name_exports_compressed_and_imports(
+    source: CacheStore, archive: Path, tmp_path: Path, suffix: str
 ) -> None:
-    path = tmp_path / f"a.tar.{kind}"
-    with tarfile.open(path, f"w:{kind}") as tar:
-        for name, data in members(archive).items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+    path = tmp_path / f"a{suffix}"
+    report = export_archive(source, path)
+    assert report.entries == 2 and report.bytes == path.stat().st_size
+    assert path.read_bytes().startswith(COMPRESSED[suffix])
+    assert path.stat().st_size < archive.stat().st_size
+    export_archive(source, tmp_path / f"b{suffix}")
+    assert (tmp_path / f"b{suffix}").read_bytes() == path.read_bytes()  # deterministic
     target = target_store(tmp_path)
-    with pytest.raises(ValueError, match="uncompressed tar") as err:
-        import_archive(target, path)
-    assert "\n" not in str(err.value) and "mlpjit cache export" in str(err.value)
+    assert len(import_archive(target, path).imported) == 2
+    assert keys_in(target) == keys_in(source)
+
+
+def test_import_goes_by_content_not_by_name(source: CacheStore, tmp_path: Path) -> None:
+    export_archive(source, tmp_path / "a.tar.xz")
+    renamed = tmp_path / "looks-plain.tar"
+    os.rename(tmp_path / "a.tar.xz", renamed)
+    assert len(import_archive(target_store(tmp_path), renamed).imported) == 2
+
+
+@pytest.mark.parametrize("name", ["a.tar.zst", "a.zip", "a.tar.lz4"])
+def test_a_compression_export_does_not_write_is_refused(
+    source: CacheStore, tmp_path: Path, name: str
+) -> None:
+    with pytest.raises(ValueError, match="does not write") as err:
+        export_archive(source, tmp_path / name)
+    assert "\n" not in str(err.value) and not (tmp_path / name).exists()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_zstd_archive_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "a.tar.zst"
+    path.write_bytes(b"\x28\xb5\x2f\xfd" + os.urandom(64))
+    with pytest.raises(ValueError, match="zstd-compressed") as err:
+        import_archive(target_store(tmp_path), path)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
+
+
+def _damaged(data: bytes, how: str) -> bytes:
+    if how == "truncated":
+        return data[: len(data) // 2]
+    middle = len(data) // 2
+    return data[:middle] + bytes(b ^ 0x55 for b in data[middle : middle + 16]) + data[middle + 16 :]
+
+
+@pytest.mark.parametrize("how", ["truncated", "corrupt"])
+@pytest.mark.parametrize("suffix", [".tar.gz", ".tar.xz", ".tar.bz2"])
+def test_a_damaged_compressed_archive_is_one_line_and_writes_nothing(
+    source: CacheStore, tmp_path: Path, suffix: str, how: str
+) -> None:
+    good = tmp_path / f"good{suffix}"
+    export_archive(source, good)
+    bad = tmp_path / f"bad{suffix}"
+    bad.write_bytes(_damaged(good.read_bytes(), how))
+    target = target_store(tmp_path)
+    with pytest.raises(ValueError) as err:
+        import_archive(target, bad)
+    message = str(err.value)
+    assert "\n" not in message and str(bad) in message, message
     assert keys_in(target) == []
+
+
+def _gzip_of_zeros(path: Path, size: int) -> Path:
+    import gzip
+
+    with gzip.open(path, "wb") as out:
+        for _ in range(size >> 20):
+            out.write(bytes(1 << 20))
+    return path
+
+
+def test_the_cap_applies_to_decompressed_bytes(tmp_path: Path, monkeypatch) -> None:
+    """A small file that inflates past MAX_ARCHIVE_BYTES is refused once the cap is reached:
+    32 MiB of zeros are a 32 KiB gzip, and with a 4 MiB cap no more than that is written."""
+    bomb = _gzip_of_zeros(tmp_path / "bomb.tar.gz", 32 << 20)
+    assert bomb.stat().st_size < 64 << 10
+    monkeypatch.setattr(archive_module, "MAX_ARCHIVE_BYTES", 4 << 20)
+    written: list[int] = []
+    real = archive_module.decompress_capped
+
+    def spy(src, compression, cap):
+        out = real(src, compression, cap)
+        written.append(os.fstat(out.fileno()).st_size)
+        return out
+
+    monkeypatch.setattr(archive_module, "decompress_capped", spy)
+    with pytest.raises(ValueError, match="decompresses to more than 4194304 bytes") as err:
+        import_archive(target_store(tmp_path), bomb)
+    assert "\n" not in str(err.value) and written == []
+
+
+def test_decompress_capped_stops_at_the_cap(tmp_path: Path) -> None:
+    from mlpjit.jit.compression import decompress_capped
+
+    bomb = _gzip_of_zeros(tmp_path / "bomb.gz", 8 << 20)
+    with open(bomb, "rb") as src:
+        out = decompress_capped(src, "gz", 8 << 20)
+    with out:
+        assert os.fstat(out.fileno()).st_size == 8 << 20 and out.read(4) == bytes(4)
+    with open(bomb, "rb") as src, pytest.raises(ValueError, match="more than 1048575 bytes"):
+        decompress_capped(src, "gz", (1 << 20) - 1)
 
 
 @pytest.mark.parametrize(

@@ -1033,8 +1033,72 @@ def test_export_a_subset_to_stdout_and_import_from_stdin(
     assert json.loads(imported.stdout)["imported"] == [key]
 
 
-@pytest.mark.parametrize("name", ["out.tar.gz", "out.tgz", "out.tar.zst"])
-def test_a_compressed_archive_name_is_refused(warmed: tuple[Path, dict], tmp_path: Path, name):
+@pytest.mark.parametrize("name", ["out.tar.gz", "out.tgz", "out.tar.xz", "out.tar.bz2"])
+def test_a_compressed_archive_name_compresses(warmed: tuple[Path, dict], tmp_path: Path, name):
+    cache = warmed[0]
+    report = ok_json(cache, "cache", "export", str(tmp_path / name))
+    assert report["entries"] == 3 and report["bytes"] == (tmp_path / name).stat().st_size
+    with tarfile.open(tmp_path / name) as tar:  # "r:*" reads any of them
+        assert "mlpjit-archive.json" in tar.getnames()
+    imported = ok_json(tmp_path / "target", "cache", "import", str(tmp_path / name))
+    assert imported["counts"] == {"imported": 3, "skipped": 0, "rejected": 0}
+
+
+def test_a_compressed_archive_imports_from_stdin(warmed: tuple[Path, dict], tmp_path: Path):
+    ok_json(warmed[0], "cache", "export", str(tmp_path / "a.tar.xz"))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MLPJIT_CACHE_DIR": str(tmp_path / "other")}
+    imported = subprocess.run([sys.executable, "-m", "mlpjit", "cache", "import", "-", "--json"],
+                              input=(tmp_path / "a.tar.xz").read_bytes(), capture_output=True,
+                              env=env, timeout=120, check=False)  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+    assert json.loads(imported.stdout)["counts"]["imported"] == 3
+
+
+@pytest.mark.parametrize("name", ["out.tar.zst", "out.zip"])
+def test_a_compression_export_does_not_write_is_refused(
+    warmed: tuple[Path, dict], tmp_path: Path, name: str
+):
     run = mlpjit(warmed[0], "cache", "export", str(tmp_path / name))
-    assert run.returncode == 1 and "FILE must be a plain .tar" in run.stderr
-    assert not (tmp_path / name).exists()
+    assert run.returncode == 1 and "does not write" in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and not (tmp_path / name).exists()
+
+
+def test_a_truncated_compressed_archive_is_one_line(warmed: tuple[Path, dict], tmp_path: Path):
+    ok_json(warmed[0], "cache", "export", str(tmp_path / "a.tar.gz"))
+    data = (tmp_path / "a.tar.gz").read_bytes()
+    (tmp_path / "cut.tar.gz").write_bytes(data[: len(data) // 2])
+    run = mlpjit(tmp_path / "target", "cache", "import", str(tmp_path / "cut.tar.gz"))
+    assert run.returncode != 0 and "corrupt or truncated" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+def test_export_wheel_writes_a_wheel_of_the_selected_entries(
+    warmed: tuple[Path, dict], tmp_path: Path
+) -> None:
+    cache, summary = warmed
+    key = summary["entries"][0]["key"]
+    args = ["cache", "export", "--wheel", str(tmp_path / "dist"), key[:8]]
+    report = ok_json(cache, *args, "--name", "mlpjit-cubins-one", "--version", "2.0")
+    assert (report["entries"], report["name"], report["version"]) == (1, "mlpjit-cubins-one", "2.0")
+    assert Path(report["path"]).name == "mlpjit_cubins_one-2.0-py3-none-any.whl"
+    text = mlpjit(cache, *args).stdout
+    assert "entries" in text and "pip install" in text
+
+
+@pytest.mark.parametrize(
+    "args, status, message",
+    [
+        (["out.tar", "--name", "mlpjit-cubins-x"], 2, "--name goes with --wheel"),
+        ([], 2, "cache export needs FILE (or --wheel DIR)"),
+        (["--wheel", "d", "--version", "v1"], 2, "normalized PEP 440"),
+        (["--wheel", "d", "--name", "torch"], 2, "must start with 'mlpjit-cubins'"),
+        (["--wheel", "d", "--model", "glm5"], 1, "the filters select no entries"),
+    ],
+)
+def test_export_wheel_usage_errors_are_one_line(
+    warmed: tuple[Path, dict], tmp_path: Path, args: list[str], status: int, message: str
+) -> None:
+    args = [str(tmp_path / "d") if a == "d" else a for a in args]
+    run = mlpjit(warmed[0], "cache", "export", *args)
+    assert run.returncode == status and message in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and not (tmp_path / "d").exists()

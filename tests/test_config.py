@@ -15,6 +15,7 @@ def test_every_reader_has_a_documented_variable():
     assert set(config.ENV_VARS) == {
         "MLPJIT_CACHE_DIR",
         "MLPJIT_CACHE_PATH",
+        "MLPJIT_CACHE_WHEELS",
         "MLPJIT_LOCK_TIMEOUT",
         "MLPJIT_ARCH",
         "MLPJIT_RECORD",
@@ -35,6 +36,23 @@ def test_cache_dir_from_env_and_default(monkeypatch, tmp_path):
     monkeypatch.setenv("MLPJIT_CACHE_DIR", "")
     default = config.cache_dir()
     assert default.is_absolute() and "mlpjit" in default.parts[-1]
+
+
+@pytest.mark.parametrize(
+    "value, on", [(None, True), ("", True), ("1", True), ("on", True), ("0", False), ("OFF", False)]
+)
+def test_cache_wheels_is_on_unless_turned_off(monkeypatch, value, on: bool):
+    if value is None:
+        monkeypatch.delenv("MLPJIT_CACHE_WHEELS", raising=False)
+    else:
+        monkeypatch.setenv("MLPJIT_CACHE_WHEELS", value)
+    assert config.cache_wheels() is on
+
+
+def test_a_bad_cache_wheels_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv("MLPJIT_CACHE_WHEELS", "maybe")
+    with pytest.raises(ValueError, match="MLPJIT_CACHE_WHEELS must be 1 or 0.*'maybe'"):
+        config.cache_wheels()
 
 
 def test_cache_path_is_a_pathsep_list(monkeypatch):

@@ -30,15 +30,20 @@ STDIO = "-"  # export to stdout / import from stdin
 
 
 def cache_store() -> CacheStore:
-    """The store of MLPJIT_CACHE_DIR / MLPJIT_CACHE_PATH."""
+    """The store of MLPJIT_CACHE_DIR / MLPJIT_CACHE_PATH and the installed cubin wheels."""
+    from mlpjit.jit import config
     from mlpjit.jit.store import CacheStore
 
+    try:
+        config.cache_wheels()
+    except ValueError as err:
+        raise UsageError(str(err), argument="MLPJIT_CACHE_WHEELS") from None
     return CacheStore()
 
 
 def add_parsers(group: Any, sub: Any) -> None:
     """Add the local cache actions to the ``cache`` subparsers."""
-    sub(group, "path", _path, "print the writable cache dir and read-only layers")
+    sub(group, "path", _path, "print the writable cache dir, read-only dirs and cubin wheels")
     ls = sub(group, "ls", _ls, "list entries: kernel, what it serves, shape, tokens, size, age")
     _add_filters(ls)
     ls.add_argument(
@@ -59,12 +64,44 @@ def add_parsers(group: Any, sub: Any) -> None:
         group,
         "export",
         _export,
-        "write verified entries (all, or those the filters select) to one portable archive",
+        "write verified entries (all, or those the filters select) to one portable archive, "
+        "or to a pip-installable cubin wheel (--wheel)",
     )
-    export.add_argument("file", metavar="FILE", help="a .tar file, or - for stdout")
+    export.set_defaults(check=_check_export)
+    export.add_argument(
+        "file",
+        nargs="?",
+        metavar="FILE",
+        help="a .tar, .tar.gz (.tgz), .tar.xz or .tar.bz2 file (compressed as named), or - "
+        "for a plain tar on stdout; not with --wheel",
+    )
     _add_filters(export)
+    wheel = export.add_argument_group("cubin wheel")
+    wheel.add_argument(
+        "--wheel",
+        metavar="DIR",
+        help="write a wheel into DIR instead (created if missing): pip install it and mlpjit "
+        "finds its entries as a read-only cache dir",
+    )
+    wheel.add_argument(
+        "--name",
+        type=arg_type(_wheel_name),
+        help="the wheel's distribution name, starting with mlpjit-cubins (default: "
+        "mlpjit-cubins-[MODEL-][tpN-][HALF-]ARCH from the filters and the entries)",
+    )
+    wheel.add_argument(
+        "--version",
+        type=arg_type(_wheel_version),
+        help="its version, normalized PEP 440 (default: YEAR.MONTH.DAY of the newest entry "
+        "+g and 12 hex digits of its keys' hash)",
+    )
     imp = sub(group, "import", _import, "verify an archive and add its entries")
-    imp.add_argument("file", metavar="FILE", help="a .tar file written by export, or - for stdin")
+    imp.add_argument(
+        "file",
+        metavar="FILE",
+        help="an archive written by export (plain or compressed, whatever its name), or - for "
+        "stdin",
+    )
 
 
 # --------------------------------------------------------------------- filters
@@ -132,7 +169,7 @@ def _selected(args: argparse.Namespace, rows: list[dict[str, Any]]) -> list[dict
 
 def _path(args: argparse.Namespace) -> int:
     store = cache_store()
-    layers = [{"path": str(p), "exists": p.is_dir()} for p in store.read_only]
+    layers = [_layer(store, p) for p in store.read_only]
     data = {
         "root": str(store.root),
         "exists": store.root.is_dir(),
@@ -145,13 +182,23 @@ def _path(args: argparse.Namespace) -> int:
     def lines() -> list[str]:
         state = "" if data["exists"] else " (not created yet)"
         out = [f"{store.root}{state}"]
-        out += [
-            f"{x['path']} (read-only layer{'' if x['exists'] else ', missing'})" for x in layers
-        ]
+        for x in layers:
+            what = f"cubin wheel {x['wheel']}" if "wheel" in x else "read-only layer"
+            out.append(f"{x['path']} ({what}{'' if x['exists'] else ', missing'})")
         return out
 
     output.emit(args.json, data, lines)
     return 0
+
+
+def _layer(store: CacheStore, path: Path) -> dict[str, Any]:
+    """A read-only tier for `cache path`: path, exists, and "wheel" (name version) for a
+    cubin wheel's."""
+    layer: dict[str, Any] = {"path": str(path), "exists": path.is_dir()}
+    wheel = store.wheel_of(path)
+    if wheel is not None:
+        layer["wheel"] = wheel.label()
+    return layer
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -236,11 +283,15 @@ _TIME_FIELDS = ("created", "last_used")
 def _info(args: argparse.Namespace) -> int:
     from mlpjit.jit.maintenance import find_entry
 
+    store = cache_store()
     try:
-        key, manifest = find_entry(cache_store(), args.key)
+        key, manifest = find_entry(store, args.key)
     except ValueError as err:  # the KEY the user gave: no entry, bad hex, ambiguous
         raise UsageError(str(err), argument="KEY", value=args.key) from None
     data = {"key": key, **manifest}
+    wheel = store.wheel_of(str(manifest.get("origin", "")))
+    if wheel is not None:
+        data["wheel"] = wheel.label()
 
     def lines() -> list[str]:
         components = data.get("components") if isinstance(data.get("components"), dict) else {}
@@ -282,7 +333,9 @@ def _stats(args: argparse.Namespace) -> int:
             out.append(f"  {name}: {slot['entries']} ({size(slot['bytes'])})")
         for name, slot in data["origins"].items():
             if name != data["root"]:
-                out.append(f"  layer {name}: {slot['entries']} ({size(slot['bytes'])})")
+                wheel = data["wheels"].get(name)
+                what = f"wheel {wheel}" if wheel else "layer"
+                out.append(f"  {what} {name}: {slot['entries']} ({size(slot['bytes'])})")
         out += [
             f"unreadable:  {data['unreadable_manifests']}",
             f"quarantined: {data['quarantined']}",
@@ -378,30 +431,60 @@ def _clear(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------- archives
 
-_COMPRESSED_SUFFIXES = (".gz", ".tgz", ".bz2", ".xz", ".zst", ".lz4", ".zip")
+
+def _wheel_name(text: str) -> str:
+    from mlpjit.jit.wheel import check_name
+
+    return check_name(text)
+
+
+def _wheel_version(text: str) -> str:
+    from mlpjit.jit.wheel import check_version
+
+    return check_version(text)
+
+
+def _check_export(args: argparse.Namespace) -> None:
+    """FILE or --wheel; --name and --version only with --wheel. With --wheel, a FILE given is
+    the first key prefix (`export --wheel dist 3f2a`)."""
+    if args.wheel is None:
+        if args.file is None:
+            args.parser.error("cache export needs FILE (or --wheel DIR)")
+        for flag, value in (("--name", args.name), ("--version", args.version)):
+            if value is not None:
+                args.parser.error(f"{flag} goes with --wheel")
+        return
+    if args.file is not None:
+        try:
+            args.prefixes.insert(0, key_prefix_arg(args.file))
+        except ValueError:
+            args.parser.error(
+                f"with --wheel DIR, no FILE is written; {args.file!r} is not a key prefix either"
+            )
+        args.file = None
 
 
 def _check_archive_name(file: str) -> None:
-    """Refuse a name that promises compression: archives are plain tar (import refuses a
-    compressed one: it could inflate to any size), so a .tar.gz would be a lie."""
-    if file != STDIO and file.lower().endswith(_COMPRESSED_SUFFIXES):
-        raise UsageError(
-            f"FILE must be a plain .tar (archives are never compressed; compress the file "
-            f"yourself for transport and decompress it before import), got {file!r}",
-            argument="FILE",
-            value=file,
-            path=file,
-        )
+    """Refuse a name that asks for a compression export does not write (.zst, .zip): a plain
+    tar under that name would be a lie. .tar.gz, .tar.xz and .tar.bz2 are written as named."""
+    from mlpjit.jit.compression import compression_for_name
+
+    try:
+        compression_for_name(file)
+    except ValueError as err:
+        raise UsageError(str(err), argument="FILE", value=file, path=file) from None
 
 
 def _export(args: argparse.Namespace) -> int:
     from mlpjit.jit.archive import export_archive
     from mlpjit.jit.maintenance import entry_rows
 
-    _check_archive_name(args.file)
     store = cache_store()
     filtered = args.prefixes or args.kernel or args.model or args.tp or args.half
     keys = [r["key"] for r in _selected(args, entry_rows(store))] if filtered else None
+    if args.wheel is not None:
+        return _export_wheel(args, store, keys)
+    _check_archive_name(args.file)
     if args.file != STDIO:
         report = export_archive(store, Path(args.file), keys)
     else:
@@ -414,12 +497,11 @@ def _export(args: argparse.Namespace) -> int:
     data = asdict(report)
 
     def lines() -> list[str]:
-        out = [f"{r['key'][:12]}: skipped ({r['reason']})" for r in report.skipped]
-        out.append(
+        return [
+            *_skipped_lines(report.skipped),
             f"exported {report.entries} entries to {report.path} "
-            f"({output.human_size(report.bytes)})"
-        )
-        return out
+            f"({output.human_size(report.bytes)})",
+        ]
 
     if args.file == STDIO:  # stdout holds the archive: the summary goes to stderr
         for line in lines():
@@ -429,10 +511,47 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _skipped_lines(skipped: list[dict[str, str]]) -> list[str]:
+    return [f"{r['key'][:12]}: skipped ({r['reason']})" for r in skipped]
+
+
+def _export_wheel(args: argparse.Namespace, store: CacheStore, keys: list[str] | None) -> int:
+    from mlpjit.jit.wheel import write_wheel
+
+    if keys == []:
+        raise UsageError("the filters select no entries; `mlpjit cache ls` with them shows none")
+    tags = []
+    if args.model:
+        from mlpjit.models import get_preset
+
+        tags.append(get_preset(args.model).name)
+    if args.tp:
+        tags.append(f"tp{args.tp}")
+    if args.half:
+        tags.append(args.half)
+    try:
+        report = write_wheel(
+            store, Path(args.wheel), keys, name=args.name, version=args.version, tags=tags
+        )
+    except ValueError as err:
+        raise UsageError(str(err), argument="--wheel", value=args.wheel, path=args.wheel) from None
+    data = asdict(report)
+
+    def lines() -> list[str]:
+        return [
+            *_skipped_lines(report.skipped),
+            f"wrote {report.path}: {report.name} {report.version}, {report.entries} entries "
+            f"({output.human_size(report.bytes)})",
+            f"install it where the kernels run: pip install {report.path}",
+        ]
+
+    output.emit(args.json, data, lines)
+    return 0
+
+
 def _import(args: argparse.Namespace) -> int:
     from mlpjit.jit.archive import import_archive
 
-    _check_archive_name(args.file)
     store = cache_store()
     try:
         if args.file != STDIO:

@@ -195,7 +195,11 @@ def check_settings() -> None:
     (UsageError naming the variable) instead of on the rare lock wait that reads it."""
     from mlpjit.jit import config
 
-    try:
-        config.lock_timeout()
-    except ValueError as err:
-        raise UsageError(str(err), argument="MLPJIT_LOCK_TIMEOUT") from None
+    for name, read in (
+        ("MLPJIT_LOCK_TIMEOUT", config.lock_timeout),
+        ("MLPJIT_CACHE_WHEELS", config.cache_wheels),
+    ):
+        try:
+            read()
+        except ValueError as err:
+            raise UsageError(str(err), argument=name) from None

@@ -1,8 +1,9 @@
 """Portable cache archives: `mlpjit cache export FILE` / `mlpjit cache import FILE`.
 
-Format (version 1): an uncompressed POSIX tar of regular files only, written
-deterministically (sorted, mtime 0, uid/gid 0, mode 0644), so the same cache exports to the
-same bytes:
+Format (version 1): a POSIX tar of regular files only, written deterministically (sorted,
+mtime 0, uid/gid 0, mode 0644), so the same cache exports to the same bytes; compressed with
+gzip, xz or bzip2 when the destination's name asks for it (.tar.gz / .tgz, .tar.xz,
+.tar.bz2: compression.py), deterministically too:
 
     mlpjit-archive.json        {"format": "mlpjit-archive", "version": 1, "entries": [
                                  {"key", "kernel", "cubin_sha256", "cubin_bytes",
@@ -17,10 +18,13 @@ renames it into place.
 
 Import never extracts: members are read into memory and every entry is published through
 CacheStore.publish (temp file, fsync, rename, manifest last) under the key's lock. Only a
-regular file holding a plain tar is read (a compressed one is refused: it could inflate to
-any size), with caps on each member and on the bytes read in all. An archive with anything
-but the members above (links, devices, directories, sparse files, absolute or ".." paths,
-unknown names, duplicates) is rejected as a whole before anything is written; an entry
+regular file is read, with caps on its size, on each member and on the bytes read in all.
+A compressed one (found by its magic bytes, whatever its name) is first decompressed into
+an anonymous temp file, at most MAX_ARCHIVE_BYTES of output, and that plain tar is read
+under the same caps, so a decompression bomb is refused once the cap is reached. An
+archive with anything but the members above (links, devices, directories, sparse files,
+absolute or ".." paths, unknown names, duplicates) is rejected as a whole before anything
+is written; an entry
 whose bytes do not match the archive index, or that fails the store's own manifest check
 (components that hash to its key, cubin sha256, launch_sha256), is rejected alone. An
 archive is checked for integrity, not authenticity: whoever imports it trusts its source.
@@ -28,25 +32,29 @@ archive is checked for integrity, not authenticity: whoever imports it trusts it
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
 import os
 import re
-import stat
 import tarfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from mlpjit.errors import CorruptEntryError
 from mlpjit.jit.cache_layout import MAX_CUBIN_BYTES, MAX_MANIFEST_BYTES, is_key
+from mlpjit.jit.compression import (
+    compressed_writer,
+    compression_for_name,
+    compression_of,
+    decompress_capped,
+)
 from mlpjit.jit.entry import Entry, compile_seconds_of, verify_manifest
 from mlpjit.jit.key import canonical_json, short_key
 from mlpjit.jit.messages import one_line
-from mlpjit.jit.safe_fs import create_exclusive_at, lstat_at, open_dir, replace_at
+from mlpjit.jit.safe_fs import write_replacing
 from mlpjit.jit.safe_read import loads_json, open_regular
 from mlpjit.jit.store import CacheStore
 
@@ -57,6 +65,7 @@ __all__ = [
     "MAX_MEMBERS",
     "ExportReport",
     "ImportReport",
+    "collect_entries",
     "export_archive",
     "import_archive",
     "portable_manifest",
@@ -87,14 +96,10 @@ _EXTENDED_TYPES = {
     tarfile.GNUTYPE_LONGLINK: "GNU long link",
 }
 _BLOCK = tarfile.BLOCKSIZE
-# Leading bytes of the compressed formats tarfile would otherwise unpack ("r:*").
-_COMPRESSED_MAGIC = (
-    (b"\x1f\x8b", "gzip"),
-    (b"BZh", "bzip2"),
-    (b"\xfd7zXZ\x00", "xz"),
-    (b"\x28\xb5\x2f\xfd", "zstd"),
+_EXPORT_HINT = (
+    "an mlpjit archive is a tar (plain, or gzip, xz or bzip2 compressed) written by "
+    "`mlpjit cache export`"
 )
-_EXPORT_HINT = "an mlpjit archive is an uncompressed tar written by `mlpjit cache export`"
 
 _MEMBER_RE = re.compile(r"entries/([0-9a-f]{64})\.(cubin|json)")
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
@@ -144,27 +149,57 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def export_archive(
-    store: CacheStore, path: Path, keys: Iterable[str] | None = None
-) -> ExportReport:
-    """Write every verified entry of ``store`` (every local tier), or only ``keys``, to ``path``.
+def collect_entries(
+    store: CacheStore, keys: Iterable[str] | None = None
+) -> tuple[list[Entry], list[dict[str, str]]]:
+    """The verified entries of ``store`` (every local tier), or only those of ``keys``, in
+    key order, and the skipped ones ({"key", "reason"}: failed verification).
 
-    The archive is written to a temp file next to ``path`` and renamed into place, so a
-    failed export leaves no half archive behind; the file gets mode 0644. Entries that fail
-    verification are skipped and listed in the report.
+    What an archive or a cubin wheel holds. ValueError (one line) when a key of ``keys`` is
+    not in the cache, or for more than MAX_ENTRIES entries.
     """
-    path = Path(path)
     wanted = None if keys is None else set(keys)
-    report = ExportReport(str(path))
-    index: list[dict[str, Any]] = []
-    members: list[tuple[str, bytes]] = []
+    entries: list[Entry] = []
+    skipped: list[dict[str, str]] = []
     for key in sorted({k for k, _ in store.iter_manifests()}):
         if wanted is not None and key not in wanted:
             continue
         entry = store.lookup(key)
         if entry is None:
-            report.skipped.append({"key": key, "reason": "failed verification"})
+            skipped.append({"key": key, "reason": "failed verification"})
             continue
+        entries.append(entry)
+    if wanted is not None:
+        missing = sorted(wanted - {e.key for e in entries})
+        if missing:
+            raise ValueError(f"keys not in the cache: {', '.join(short_key(k) for k in missing)}")
+    if len(entries) > MAX_ENTRIES:
+        raise ValueError(
+            f"the cache holds {len(entries)} entries, more than an archive may hold "
+            f"({MAX_ENTRIES}); prune it first"
+        )
+    return entries, skipped
+
+
+def export_archive(
+    store: CacheStore, path: Path, keys: Iterable[str] | None = None
+) -> ExportReport:
+    """Write every verified entry of ``store`` (every local tier), or only ``keys``, to ``path``.
+
+    Compressed as the name asks (compression.compression_for_name: .tar.gz, .tar.xz,
+    .tar.bz2; ValueError before anything is read for one mlpjit does not write). The
+    archive is written to a temp file next to ``path`` and renamed into place, so a failed
+    export leaves no half archive behind; the file gets mode 0644. Entries that fail
+    verification are skipped and listed in the report.
+    """
+    path = Path(path)
+    compression = compression_for_name(path.name)
+    report = ExportReport(str(path))
+    index: list[dict[str, Any]] = []
+    members: list[tuple[str, bytes]] = []
+    entries, report.skipped = collect_entries(store, keys)
+    for entry in entries:
+        key = entry.key
         manifest = portable_manifest(entry)
         index.append(
             {
@@ -178,60 +213,27 @@ def export_archive(
         )
         members.append((f"entries/{key}.cubin", entry.cubin))
         members.append((f"entries/{key}.json", manifest))
-    if wanted is not None:
-        missing = sorted(wanted - {e["key"] for e in index})
-        if missing:
-            raise ValueError(f"keys not in the cache: {', '.join(short_key(k) for k in missing)}")
-    if len(index) > MAX_ENTRIES:
-        raise ValueError(
-            f"the cache holds {len(index)} entries, more than an archive may hold "
-            f"({MAX_ENTRIES}); prune it first"
-        )
     header = {"format": ARCHIVE_FORMAT, "version": ARCHIVE_VERSION, "entries": index}
     members.insert(0, (INDEX_NAME, json.dumps(header, sort_keys=True, indent=1).encode()))
     report.entries = len(index)
-    report.bytes = _write_archive(path, members)
+    report.bytes = _write_archive(path, members, compression)
     return report
 
 
-def _write_archive(path: Path, members: list[tuple[str, bytes]]) -> int:
-    """Write ``members`` as a tar at ``path`` atomically, mode 0644; returns its size.
+def _write_archive(path: Path, members: list[tuple[str, bytes]], compression: str | None) -> int:
+    """Write ``members`` as a tar at ``path`` atomically (through ``compression``, None: a
+    plain tar), mode 0644, never through a link (safe_fs.write_replacing); returns the
+    file's size."""
 
-    Everything happens through an fd of the destination's directory: a destination that
-    exists and is not a regular file (a symlink, device, FIFO, socket or directory:
-    `export /dev/null` as root) is refused with a one-line ValueError, since whoever made
-    it may expect the archive to land elsewhere; the temp file is created exclusively with
-    a random name (never through a planted file or symlink), then renamed over ``path``
-    (a link that appears there meanwhile is replaced itself, never its target written).
-    """
-    dir_fd = open_dir(path.parent if str(path.parent) else Path("."), follow_symlinks=True)
-    try:
-        st = lstat_at(dir_fd, path.name)
-        if st is not None and not stat.S_ISREG(st.st_mode):
-            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
-            raise ValueError(
-                f"export destination {path} is {what} ({stat.filemode(st.st_mode)}); "
-                f"name a new file or an existing regular file"
-            )
-        fd, tmp = create_exclusive_at(dir_fd, f".{path.name}.", ".tmp", ARCHIVE_MODE)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                    for member, data in members:
-                        _add(tar, member, data)
-                out.flush()
-                os.fsync(out.fileno())
-                size = out.tell()
-            replace_at(dir_fd, tmp, path.name)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
-            raise
-        with contextlib.suppress(OSError):
-            os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return size
+    def write(out: BinaryIO) -> None:
+        with (
+            compressed_writer(out, compression) as stream,
+            tarfile.open(fileobj=stream, mode="w", format=tarfile.PAX_FORMAT) as tar,
+        ):
+            for member, data in members:
+                _add(tar, member, data)
+
+    return write_replacing(path, ARCHIVE_MODE, write, "export destination")
 
 
 def _member_limit(name: str) -> int:
@@ -340,9 +342,9 @@ def import_archive(store: CacheStore, path: Path) -> ImportReport:
     """Verify ``path`` and publish its entries into ``store``'s writable root.
 
     Raises a one-line ValueError (nothing written) when the archive itself is malformed,
-    compressed, too big or unsafe; otherwise returns a report: imported, skipped (already
-    present or being compiled now), rejected (entry failed verification, or could not be
-    written).
+    corrupt, too big (compressed, or once decompressed) or unsafe; otherwise returns a
+    report: imported, skipped (already present or being compiled now), rejected (entry
+    failed verification, or could not be written).
     """
     path = Path(path)
     with _open_archive(path) as raw:
@@ -438,10 +440,13 @@ class _CappedReader(io.RawIOBase):
 
 
 def _open_archive(path: Path) -> _CappedReader:
-    """``path`` opened for reading if it is a regular file that may hold a plain tar.
+    """The plain tar in ``path`` opened for reading, if it is a regular file.
 
-    ValueError (one line) for a FIFO, device or directory (without blocking on a FIFO), a
-    file over MAX_ARCHIVE_BYTES, or a compressed file; OSError if it cannot be opened.
+    A compressed file (by its magic bytes) is decompressed into an anonymous temp file
+    first, which is what is returned. ValueError (one line) for a FIFO, device or directory
+    (without blocking on a FIFO), a file over MAX_ARCHIVE_BYTES, a compressed stream that is
+    corrupt, truncated or decompresses to more than MAX_ARCHIVE_BYTES, or one in a format
+    mlpjit does not read (zstd); OSError if it cannot be opened.
     """
     try:
         fd, st = open_regular(path, follow_symlinks=True)  # the operator named this path
@@ -454,16 +459,21 @@ def _open_archive(path: Path) -> _CappedReader:
                 f"archive {path} rejected: {st.st_size} bytes, over the {MAX_ARCHIVE_BYTES} "
                 f"byte limit"
             )
-        head = os.pread(fd, 8, 0)
-        for magic, kind in _COMPRESSED_MAGIC:
-            if head.startswith(magic):
-                raise ValueError(
-                    f"{path} is {kind}-compressed, but {_EXPORT_HINT}; decompress it first"
-                )
+        compression = compression_of(os.pread(fd, 8, 0))
+        if compression is None:
+            return _CappedReader(raw, MAX_ARCHIVE_BYTES, path)
+        source = io.BufferedReader(_CappedReader(raw, MAX_ARCHIVE_BYTES, path))
+        with source:  # closes raw too
+            try:
+                plain = decompress_capped(source, compression, MAX_ARCHIVE_BYTES)
+            except ValueError as err:
+                if str(err).startswith("archive "):  # the capped reader's own message
+                    raise
+                raise ValueError(f"archive {path} rejected: {err}") from None
     except BaseException:
         raw.close()
         raise
-    return _CappedReader(raw, MAX_ARCHIVE_BYTES, path)
+    return _CappedReader(plain, MAX_ARCHIVE_BYTES, path)
 
 
 def _import(store: CacheStore, tar: tarfile.TarFile, path: Path) -> ImportReport:

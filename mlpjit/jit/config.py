@@ -32,6 +32,7 @@ __all__ = [
     "arch_override",
     "cache_dir",
     "cache_path",
+    "cache_wheels",
     "check_remote_url",
     "kernel_modules",
     "lock_timeout",
@@ -84,6 +85,13 @@ ENV_VARS: dict[str, EnvVar] = {
             "(none)",
             "os.pathsep-separated read-only cache roots (prebuilt caches), searched after "
             "MLPJIT_CACHE_DIR.",
+        ),
+        EnvVar(
+            "MLPJIT_CACHE_WHEELS",
+            "1",
+            "0 turns off the cubin wheels: installed Python distributions (written by `mlpjit "
+            "cache export --wheel`) whose `mlpjit.cache_dirs` entry point names a read-only "
+            "cache dir, searched after MLPJIT_CACHE_PATH with the same trust rules.",
         ),
         EnvVar(
             "MLPJIT_LOCK_TIMEOUT",
@@ -177,6 +185,22 @@ def cache_path() -> tuple[Path, ...]:
     if value is None:
         return ()
     return tuple(Path(p).expanduser() for p in value.split(os.pathsep) if p.strip())
+
+
+_FLAGS = {"1": True, "true": True, "yes": True, "on": True}
+_FLAGS |= {"0": False, "false": False, "no": False, "off": False}
+
+
+def cache_wheels() -> bool:
+    """Whether installed cubin wheels are read-only cache tiers (MLPJIT_CACHE_WHEELS, default
+    on; 0/false/no/off turn it off). ValueError naming the variable for another value."""
+    value = _get("MLPJIT_CACHE_WHEELS")
+    if value is None:
+        return True
+    flag = _FLAGS.get(value.strip().lower())
+    if flag is None:
+        raise ValueError(f"MLPJIT_CACHE_WHEELS must be 1 or 0 (on or off), got {_shown(value)}")
+    return flag
 
 
 def lock_timeout() -> float:

@@ -102,7 +102,8 @@ def find_entry(store: CacheStore, prefix: str) -> tuple[str, dict[str, Any]]:
 
 def cache_stats(store: CacheStore, remote: RemoteCache | None = None) -> dict[str, Any]:
     """Entries and bytes (total, per kernel, per origin), quarantined entries, lock files;
-    "layers" lists the read-only dirs (the key users know);
+    "layers" lists the read-only dirs (the key users know), "wheels" the cubin wheels among
+    them (path -> "name version");
     with ``remote`` also "remote": the fleet cache's report (remote.remote_report: entries,
     the fleet-wide hits, rejected and uploads, reachable, error)."""
     kernels: dict[str, dict[str, int]] = {}
@@ -120,6 +121,8 @@ def cache_stats(store: CacheStore, remote: RemoteCache | None = None) -> dict[st
     data = {
         "root": str(store.root),
         "layers": [str(p) for p in store.read_only],
+        # Which layers are installed cubin wheels: path -> "name version".
+        "wheels": {str(p): w.label() for p in store.read_only if (w := store.wheel_of(p))},
         "entries": entries,
         "bytes": total,
         "unreadable_manifests": unreadable,

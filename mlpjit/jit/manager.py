@@ -44,6 +44,7 @@ from mlpjit.jit.binary import KernelBinary
 from mlpjit.jit.bounds import seconds
 from mlpjit.jit.capture import current_stream_capturing as _capturing
 from mlpjit.jit.entry import Entry
+from mlpjit.jit.installed import installed_caches
 from mlpjit.jit.key import cache_key, key_components, short_key, spec_key, toolchain
 from mlpjit.jit.messages import error_line, strip_ansi
 from mlpjit.jit.safe_fs import open_append
@@ -548,8 +549,6 @@ def remote_tier(store: CacheStore) -> RemoteTier | None:
     return None if remote is None else RemoteTier(store, remote)
 
 
-
-
 def _remote_settings() -> tuple[Any, ...] | None:
     """The MLPJIT_REMOTE_* values a default manager was built from (None: no remote; the
     error's text for a malformed value, so that fixing it rebuilds the manager)."""
@@ -573,19 +572,21 @@ def _remote_settings() -> tuple[Any, ...] | None:
 
 
 def default_manager() -> CompileManager:
-    """The process-wide manager, built on first use from MLPJIT_CACHE_DIR / MLPJIT_CACHE_PATH
-    and MLPJIT_REMOTE_* (the fleet cache, when MLPJIT_REMOTE_CACHE is set).
+    """The process-wide manager, built on first use from MLPJIT_CACHE_DIR / MLPJIT_CACHE_PATH,
+    the installed cubin wheels (MLPJIT_CACHE_WHEELS) and MLPJIT_REMOTE_* (the fleet cache,
+    when MLPJIT_REMOTE_CACHE is set).
 
     Rebuilt if those variables changed since (tests, or a server that re-points its cache).
     """
     global _DEFAULT, _DEFAULT_SETTINGS
     root = config.cache_dir().absolute()
     read_only = tuple(p.absolute() for p in config.cache_path())
+    wheels = installed_caches()
     # Compared as configured: the store resolves symlinks once, which must not rebuild it.
-    settings = (root, read_only, _remote_settings())
+    settings = (root, read_only, wheels, _remote_settings())
     with _DEFAULT_MUTEX:
         if _DEFAULT is None or settings != _DEFAULT_SETTINGS:
-            store = CacheStore(root, read_only)
+            store = CacheStore(root, read_only, wheels)
             _DEFAULT = CompileManager(store, remote=remote_tier(store))
             _DEFAULT_SETTINGS = settings
         return _DEFAULT

@@ -15,8 +15,9 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 __all__ = [
     "create_exclusive_at",
@@ -27,6 +28,7 @@ __all__ = [
     "opened_dir",
     "remove_at",
     "replace_at",
+    "write_replacing",
 ]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -156,3 +158,43 @@ def open_append(path: Path, mode: int = 0o600) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def write_replacing(path: Path, mode: int, write: Callable[[BinaryIO], None], what: str) -> int:
+    """Write a file at ``path`` atomically with ``write(file)``, mode ``mode`` whatever the
+    umask; returns its size.
+
+    Everything happens through an fd of the destination's directory: a destination that
+    exists and is not a regular file (a symlink, device, FIFO, socket or directory:
+    `/dev/null` as root) is refused with a one-line ValueError naming it as ``what``, since
+    whoever made it may expect the file to land elsewhere; the temp file is created
+    exclusively with a random name (never through a planted file or symlink), fsync-ed, then
+    renamed over ``path`` (a link that appears there meanwhile is replaced itself, never its
+    target written). On any failure the temp file is removed: nothing is left half written.
+    """
+    dir_fd = open_dir(path.parent if str(path.parent) else Path("."), follow_symlinks=True)
+    try:
+        st = lstat_at(dir_fd, path.name)
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise ValueError(
+                f"{what} {path} is {kind} ({stat.filemode(st.st_mode)}); "
+                f"name a new file or an existing regular file"
+            )
+        fd, tmp = create_exclusive_at(dir_fd, f".{path.name}.", ".tmp", mode)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                write(out)
+                out.flush()
+                os.fsync(out.fileno())
+                size = out.tell()
+            replace_at(dir_fd, tmp, path.name)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+        with contextlib.suppress(OSError):
+            os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return size

@@ -1,7 +1,8 @@
 """The local compile cache: the writable root and the read-only directories, as one chain.
 
 ``CacheStore`` walks its tiers in order (tiers.py: the WritableTier of MLPJIT_CACHE_DIR,
-then a ReadOnlyTier per MLPJIT_CACHE_PATH directory) and writes only to the first. The
+then a ReadOnlyTier per MLPJIT_CACHE_PATH directory, then one per installed cubin wheel,
+installed.py) and writes only to the first. The
 layout every tier has is cache_layout.py's, the rules that decide whether a directory or file is
 trusted are trust.py's, and the check that makes bytes an entry is entry.verify_manifest.
 
@@ -24,6 +25,7 @@ from mlpjit.jit.binary import KernelBinary
 from mlpjit.jit.cache_layout import check_key
 from mlpjit.jit.directory_tier import DirectoryTier, ReadOnlyTier
 from mlpjit.jit.entry import Entry
+from mlpjit.jit.installed import InstalledCache, installed_caches
 from mlpjit.jit.writable_tier import WritableTier
 
 __all__ = ["CacheStore"]
@@ -36,15 +38,23 @@ class CacheStore:
         self,
         root: Path | None = None,
         read_only: Sequence[Path] | None = None,
+        installed: Sequence[InstalledCache] | None = None,
     ) -> None:
         """``root``: the writable root (None: MLPJIT_CACHE_DIR); ``read_only``: the
-        read-only directories (None: MLPJIT_CACHE_PATH)."""
+        read-only directories (None: MLPJIT_CACHE_PATH); ``installed``: the cubin wheels
+        searched after them (None: those installed, unless MLPJIT_CACHE_WHEELS=0; () for
+        none)."""
         # As configured (absolute), for display and for comparing configurations.
         self.configured_root = Path(root if root is not None else config.cache_dir()).absolute()
+        self.installed = tuple(
+            c
+            for c in (installed if installed is not None else installed_caches())
+            if c.path is not None
+        )
         self.configured_read_only = tuple(
             Path(p).absolute()
             for p in (read_only if read_only is not None else config.cache_path())
-        )
+        ) + tuple(c.path.absolute() for c in self.installed if c.path is not None)
         # Symlinks are resolved once, here: every check and every file operation uses these
         # paths, so re-pointing a symlink later cannot redirect the store to an unchecked dir.
         self.writable = WritableTier(Path(os.path.realpath(self.configured_root)))
@@ -62,6 +72,15 @@ class CacheStore:
     def read_only(self) -> tuple[Path, ...]:
         """The read-only directories (resolved), in search order."""
         return tuple(tier.path for tier in self.read_only_tiers)
+
+    def wheel_of(self, path: Path | str) -> InstalledCache | None:
+        """The installed cubin wheel whose tier is ``path`` (resolved, as an entry's
+        origin), or None for the writable root and MLPJIT_CACHE_PATH dirs."""
+        for cache in self.installed:
+            assert cache.path is not None
+            if os.path.realpath(cache.path) == os.path.realpath(path):
+                return cache
+        return None
 
     @property
     def quarantined(self) -> int:
