@@ -95,3 +95,21 @@ def test_the_cli_shows_wheel_tiers(site, tmp_path: Path) -> None:
     off = run_cli(cache, "cache", "path", **env, MLPJIT_CACHE_WHEELS="maybe")
     assert off.returncode != 0 and "MLPJIT_CACHE_WHEELS must be 1 or 0" in off.stderr
     assert len(off.stderr.strip().splitlines()) == 1, off.stderr
+
+
+def test_only_cubin_wheel_dist_infos_are_read(tmp_path: Path, monkeypatch) -> None:
+    """Another distribution declaring the group is not a cubin wheel (nor read: start-up
+    never parses every installed distribution's metadata)."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o755)
+    for dist in ("other_pkg-1.0", "mlpjit_cubins_x-2.0"):
+        info = tmp_path / "site" / f"{dist}.dist-info"
+        info.mkdir(parents=True)
+        name = dist.split("-")[0].replace("_", "-")
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1\n")
+        (info / "entry_points.txt").write_text(
+            f"[mlpjit.cache_dirs]\n{name} = os.path:abspath\n"
+        )
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    (found,) = installed_caches()
+    assert found.name == "mlpjit-cubins-x"

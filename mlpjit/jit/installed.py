@@ -30,6 +30,9 @@ from mlpjit.jit.messages import one_line
 __all__ = ["ENTRY_POINT_GROUP", "InstalledCache", "installed_cache_dirs", "installed_caches"]
 
 ENTRY_POINT_GROUP = "mlpjit.cache_dirs"
+# A cubin wheel's dist-info dir: its distribution name normalized (mlpjit-cubins-... ->
+# mlpjit_cubins_...).
+_DIST_INFO_PREFIX = "mlpjit_cubins"
 
 log = logging.getLogger("mlpjit.jit.store")
 _MUTEX = threading.Lock()
@@ -73,16 +76,33 @@ def installed_cache_dirs() -> tuple[Path, ...]:
 
 
 def _scan() -> tuple[InstalledCache, ...]:
-    from importlib.metadata import entry_points
-
     found: dict[str, InstalledCache] = {}
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        if point.name in found:  # a distribution shadowed on sys.path: the first one counts
-            continue
-        dist = getattr(point, "dist", None)
-        meta = (dist.metadata["Name"] or "", dist.version or "") if dist is not None else ("", "")
-        found[point.name] = _resolve(point, *meta)
+    for dist in _cubin_distributions():
+        for point in dist.entry_points.select(group=ENTRY_POINT_GROUP):
+            if point.name in found:  # a distribution shadowed on sys.path: the first counts
+                continue
+            found[point.name] = _resolve(point, dist.metadata["Name"] or "", dist.version or "")
     return tuple(found[name] for name in sorted(found))
+
+
+def _cubin_distributions():
+    """The installed cubin wheels' distributions, in sys.path order. Only dist-info dirs
+    named like a cubin wheel (``mlpjit_cubins*``, which `cache export --wheel` enforces) are
+    read: importlib.metadata.entry_points() would parse every installed distribution's
+    metadata, tens of milliseconds of a server's start-up."""
+    from importlib.metadata import PathDistribution
+
+    for entry in sys.path:
+        try:
+            with os.scandir(entry or ".") as names:
+                infos = sorted(
+                    n.path for n in names
+                    if n.name.startswith(_DIST_INFO_PREFIX) and n.name.endswith(".dist-info")
+                )  # fmt: skip
+        except OSError:  # not a directory (a zip, a missing entry): no wheel there
+            continue
+        for info in infos:
+            yield PathDistribution(Path(info))
 
 
 def _resolve(point, dist: str, version: str) -> InstalledCache:
