@@ -14,6 +14,11 @@ bench/results/compile_cache.json (the numbers: docs/BENCHMARKS.md).
         --out bench/results/compile_cache_fp8_gemv.json
 
 ``--kernel fp8_gemv`` takes the 16 GLM-5 TP8 DenseMlp kernels instead of the smoke kernel.
+``--plot PNG`` draws the results (matplotlib); with ``--plot-from JSON...`` it draws (and
+prints the tables of) earlier results instead of running, e.g. docs/compile_cache.png:
+
+    python3 scripts/bench_compile_cache.py --plot docs/compile_cache.png --plot-from \
+        bench/results/compile_cache.json bench/results/compile_cache_fp8_gemv.json
 """
 
 from __future__ import annotations
@@ -153,15 +158,66 @@ def _env(**extra: str) -> dict:
     return env
 
 
-def main() -> None:
+def report(result: dict) -> str:
+    """The markdown table and the warm-start line of one result (as docs/BENCHMARKS.md has)."""
+    kernel, k, ws = result.get("kernel", "smoke"), result["kernels"], result["warm_start"]
+    cpus = result.get("machine", {}).get("cpus", "?")
+    lines = [
+        f"Cold cache, {k} {kernel} kernels for {result['arch']}, {cpus} CPU cores:",
+        "",
+        "| W | mlpjit wall s | mlpjit compiles | mlpjit CPU s "
+        "| cute.compile wall s | cute.compile compiles | cute.compile CPU s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        m, b = r["mlpjit"], r["baseline"]
+        lines.append(
+            f"| {r['workers']} | {m['wall_s']:.2f} | {m['compiles']} | {m['cpu_s']:.1f} "
+            f"| {b['wall_s']:.2f} | {b['compiles']} | {b['cpu_s']:.1f} |"
+        )
+    repeats = f" (median of {result['warm_repeats']})" if "warm_repeats" in result else ""
+    lines += [
+        "",
+        f"Warm start of a fresh process, all {k} ready{repeats}: mlpjit "
+        f"{ws['mlpjit_ready_ms']:.1f} ms in-process including `import mlpjit` "
+        f"({ws['mlpjit_after_import_ms']:.1f} ms of it after the import; "
+        f"{ws['mlpjit_compiles']} compiles, cutlass imported: {ws['mlpjit_imports_cutlass']}; "
+        f"{ws['mlpjit_process_wall_s']:.2f} s with interpreter start); cute.compile "
+        f"{ws['baseline_ready_ms']:.0f} ms ({ws['baseline_process_wall_s']:.2f} s with "
+        "interpreter start).",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--kernel", choices=["smoke", "fp8_gemv"], default="smoke")
     ap.add_argument("--kernels", type=int, default=16)
     ap.add_argument("--warm-repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "compile_cache.json")
+    ap.add_argument("--plot", type=Path, help="write a PNG of the results here (matplotlib)")
+    ap.add_argument(
+        "--plot-from",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="print the tables of earlier results (and --plot them together) instead of running",
+    )
     ap.add_argument("--worker", choices=["mlpjit", "baseline"], help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.plot_from:
+        for path in args.plot_from:
+            if not path.is_file():
+                ap.error(f"--plot-from: no such file {path}")
+        results = [json.loads(path.read_text()) for path in args.plot_from]
+        print("\n\n".join(report(result) for result in results))
+        if args.plot is not None:
+            from mlpjit.bench import plots
+
+            plots.compile_cache(results, args.plot)
+            print(f"\nplot: {args.plot}")
+        return
     if args.worker:
         fn = worker_mlpjit if args.worker == "mlpjit" else worker_baseline
         print(json.dumps(fn(args.kernel, args.kernels)), flush=True)
@@ -217,37 +273,18 @@ def main() -> None:
         },
         "rows": rows,
         "warm_start": warm_start,
+        "warm_repeats": args.warm_repeats,
         "command": "python3 scripts/bench_compile_cache.py " + " ".join(sys.argv[1:]),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.plot is not None:
+        from mlpjit.bench import plots
 
-    k = args.kernels
+        plots.compile_cache([result], args.plot)
+
     print()
-    print(f"Cold cache, {k} {args.kernel} kernels for {ARCH}, {os.cpu_count()} CPU cores:")
-    print()
-    print(
-        "| W | mlpjit wall s | mlpjit compiles | mlpjit CPU s "
-        "| cute.compile wall s | cute.compile compiles | cute.compile CPU s |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        m, b = r["mlpjit"], r["baseline"]
-        print(
-            f"| {r['workers']} | {m['wall_s']:.2f} | {m['compiles']} | {m['cpu_s']:.1f} "
-            f"| {b['wall_s']:.2f} | {b['compiles']} | {b['cpu_s']:.1f} |"
-        )
-    print()
-    print(
-        f"Warm start of a fresh process, all {k} ready (median of {args.warm_repeats}): mlpjit "
-        f"{warm_start['mlpjit_ready_ms']:.1f} ms in-process including `import mlpjit` "
-        f"({warm_start['mlpjit_after_import_ms']:.1f} ms of it after the import; "
-        f"{warm_start['mlpjit_compiles']} "
-        f"compiles, cutlass imported: {warm_start['mlpjit_imports_cutlass']}; "
-        f"{warm_start['mlpjit_process_wall_s']:.2f} s with interpreter start); cute.compile "
-        f"{warm_start['baseline_ready_ms']:.0f} ms ({warm_start['baseline_process_wall_s']:.2f} "
-        f"s with interpreter start)."
-    )
+    print(report(result))
     print(f"\nwrote {args.out}")
 
 

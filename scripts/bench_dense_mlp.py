@@ -326,34 +326,9 @@ def markdown_table(rows: list[dict]) -> str:
 
 def plot(results: dict, path: Path) -> None:
     """One panel per shape: per-layer time vs tokens for every method and the floor."""
-    import matplotlib
+    from mlpjit.bench import plots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = results["results"]
-    shapes = list(dict.fromkeys(r["shape"] for r in rows))
-    fig, axes = plt.subplots(1, len(shapes), figsize=(4.5 * len(shapes), 4), squeeze=False)
-    for ax, shape in zip(axes[0], shapes, strict=True):
-        mine = [r for r in rows if r["shape"] == shape]
-        tokens = [r["tokens"] for r in mine]
-        for method in (*METHODS, "floor"):
-            key = f"{method}_us"
-            if all(key in r for r in mine):
-                style = "k--" if method == "floor" else "o-"
-                ax.plot(tokens, [r[key] for r in mine], style, label=method)
-        ax.set_title(shape)
-        ax.set_xlabel("tokens")
-        ax.set_ylabel("us per layer")
-        ax.set_xticks(tokens)
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    meta = results.get("meta", {})
-    fig.suptitle(f"DenseMlp per-layer time on {meta.get('gpu', '?')} (CUDA graph replay)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    plots.dense_mlp(results, path, (*METHODS, "floor"))
     print(f"plot: {path}")
 
 

@@ -32,6 +32,12 @@ carry it to the GPU machine, and there run
 A kernel missing from the cache fails the run with one line (the workers cannot compile).
 ``--dry-run`` lists the layers and kernels without a GPU. The top of this file imports no
 torch and nothing of mlpjit that does, so a spawned worker's import time is its own.
+
+``--plot PNG --plot-from JSON...`` draws stored reports instead (matplotlib, no GPU): a file
+is one --json report or {"runs": {name: report, ...}}; ``--series LABEL=TEXT`` puts the runs
+whose name holds TEXT into one series (default: a series per run). docs/startup.png:
+    python3 scripts/bench_startup.py --plot docs/startup.png --plot-from \\
+        bench/results/startup_glm5_tp8_h200.json --series before=old --series after=new
 """
 
 from __future__ import annotations
@@ -64,11 +70,17 @@ LAYER_COUNTS: dict[str, tuple[int, int]] = {
 }
 DEFAULT_TOKENS = "1-8"
 EAGER_TOKENS = 1
-# The goals of a GLM-5 TP 8 start-up, printed beside the numbers.
+# The goals of a GLM-5 TP 8 start-up, printed beside the numbers and drawn in --plot's
+# panels (ms, ms and us: {worker count: goal}).
 GOALS = (
     "goals: prepare <= 0.100 s (1 worker), <= 0.150 s (8 workers); construct <= 0.040 s; "
     "eager <= 12 us"
 )
+PLOT_GOALS = {
+    "prepare_s": {1: 100.0, 8: 150.0},
+    "construct_s": {1: 40.0, 8: 40.0},
+    "eager_host_us": {1: 12.0, 8: 12.0},
+}
 
 
 def model_layers(model: str, tp: int) -> list[tuple[str, int, int]]:
@@ -346,6 +358,44 @@ def _positive(text: str) -> int:
     return value
 
 
+def _series(text: str) -> tuple[str, str]:
+    label, sep, match = text.partition("=")
+    if not (sep and label and match):
+        raise argparse.ArgumentTypeError(f"--series takes LABEL=TEXT, got {text!r}")
+    return label, match
+
+
+def stored_runs(paths: Sequence[Path]) -> dict[str, dict]:
+    """name -> report of the files: a --json report (named after its file) or a file of
+    named reports, {"runs": {name: report}}."""
+    runs: dict[str, dict] = {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        if isinstance(data.get("runs"), dict):
+            runs.update(data["runs"])
+        else:
+            runs[path.stem] = data
+    return runs
+
+
+def group_series(
+    runs: dict[str, dict], series: Sequence[tuple[str, str]] | None
+) -> dict[str, list[dict]]:
+    """label -> reports: the runs whose name holds each series' text (each run in the first
+    series that matches it), or one series per run without ``series``."""
+    if not series:
+        return {name: [report] for name, report in runs.items()}
+    grouped: dict[str, list[dict]] = {label: [] for label, _ in series}
+    for name, report in runs.items():
+        label = next((label for label, match in series if match in name), None)
+        if label is not None:
+            grouped[label].append(report)
+    empty = [label for label, reports in grouped.items() if not reports]
+    if empty:
+        raise ValueError(f"--series {empty[0]}: no run name holds its text ({', '.join(runs)})")
+    return grouped
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -359,7 +409,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--dry-run", action="store_true", help="list layers and kernels; no GPU")
+    p.add_argument("--plot", type=Path, help="with --plot-from: write a PNG of those reports")
+    p.add_argument("--plot-from", type=Path, nargs="+", metavar="JSON", help="stored reports")
+    p.add_argument(
+        "--series",
+        type=_series,
+        action="append",
+        metavar="LABEL=TEXT",
+        help="plot the runs whose name holds TEXT as one series LABEL (default: one per run)",
+    )
     args = p.parse_args(argv)
+    if (args.plot is None) != (args.plot_from is None):
+        p.error("--plot and --plot-from go together")
+    for path in args.plot_from or ():
+        if not path.is_file():
+            p.error(f"--plot-from: no such file {path}")
     if args.warmup < 0:
         p.error("--warmup must be >= 0")
     try:
@@ -440,6 +504,17 @@ def failure_line(args: argparse.Namespace, error: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.plot is not None:
+        from mlpjit.bench import plots
+
+        try:
+            series = group_series(stored_runs(args.plot_from), args.series)
+        except ValueError as err:
+            print(f"bench_startup: {err}", file=sys.stderr)
+            return 2
+        plots.startup(series, args.plot, PLOT_GOALS)
+        print(f"plot: {args.plot}")
+        return 0
     import mlpjit.dense_mlp  # noqa: F401  (imported first: the planning alone is timed)
     from mlpjit.jit import config
 

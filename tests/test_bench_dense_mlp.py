@@ -99,6 +99,16 @@ def test_table_from_saved_json(tmp_path, capsys) -> None:
     assert "| glm5-tp8 | 1 | 8.00 | 7.00 | 1.143 | - | 40.00 |" in table[2]
 
 
+def test_plot_from_saved_json(tmp_path, capsys) -> None:
+    row = {"shape": "glm5-tp8", "tokens": 1, "mlpjit_us": 8.0, "floor_us": 7.0}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"meta": {}, "results": [row, {**row, "tokens": 8}]}))
+    png = tmp_path / "plot.png"
+    assert bench.main(["--plot-from", str(path), "--plot", str(png)]) == 0
+    assert png.read_bytes().startswith(b"\x89PNG") and png.stat().st_size > 10_000
+    assert capsys.readouterr().out.endswith(f"plot: {png}\n")
+
+
 def test_requests_cover_the_benchmark() -> None:
     requests = bench.kernel_requests("sm_90a")
     assert {r.params["tokens"] for r in requests} == {1, 2, 4, 8}

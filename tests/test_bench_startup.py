@@ -3,9 +3,12 @@ the report table and the one-line failures."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import load_script
+from test_bench_plots import PNG_MAGIC, startup_report
 
 from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
 from mlpjit.models import PRESETS
@@ -127,3 +130,48 @@ def test_without_a_gpu_it_refuses_in_one_line(capsys) -> None:
     assert bench.main(["--workers", "1"]) == 2
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and "no CUDA GPU visible" in out
+
+
+def test_plot_from_named_runs_groups_them_into_series(tmp_path, capsys) -> None:
+    """The stored results file holds named runs; --series groups them, --plot draws them."""
+    runs = {"a:startup_old": startup_report(0.3), "b:startup_new": startup_report(0.2)}
+    stored = tmp_path / "startup.json"
+    stored.write_text(json.dumps({"note": "two runs", "runs": runs}))
+    png = tmp_path / "startup.png"
+    argv = ["--plot", str(png), "--plot-from", str(stored)]
+    assert bench.main([*argv, "--series", "before=old", "--series", "after=new"]) == 0
+    assert png.read_bytes().startswith(PNG_MAGIC)
+    assert capsys.readouterr().out == f"plot: {png}\n"
+    grouped = bench.group_series(bench.stored_runs([stored]), [("x", "startup")])
+    assert list(grouped) == ["x"] and len(grouped["x"]) == 2
+    assert list(bench.group_series(bench.stored_runs([stored]), None)) == list(runs)
+
+
+def test_plot_from_one_report_names_it_after_its_file(tmp_path) -> None:
+    report = tmp_path / "after.json"
+    report.write_text(json.dumps(startup_report(0.2, workers=(1,))))
+    assert list(bench.stored_runs([report])) == ["after"]
+
+
+def test_a_series_that_matches_no_run_is_one_line(tmp_path, capsys) -> None:
+    stored = tmp_path / "r.json"
+    stored.write_text(json.dumps(startup_report(0.2, workers=(1,))))
+    argv = ["--plot", str(tmp_path / "p.png"), "--plot-from", str(stored), "--series", "b=zz"]
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--series b: no run name holds its text (r)" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--plot", "p.png"],
+        ["--plot-from", "/nonexistent.json", "--plot", "p.png"],
+        ["--series", "noequals"],
+        ["--series", "=x"],
+    ],
+)
+def test_bad_plot_arguments_exit_with_a_usage_error(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse_args(argv)
+    assert exit_info.value.code == 2

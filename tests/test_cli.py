@@ -794,6 +794,24 @@ def test_push_pull_stats_and_doctor_through_redis(
     assert check["status"] == "ok" and check["details"]["entries"] == 3
 
 
+def test_warm_fetches_from_and_uploads_to_the_fleet_cache_when_it_is_set(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """docs/SERVER.md: with MLPJIT_REMOTE_CACHE set, `mlpjit warm` uploads what it compiles
+    and fetches what the fleet has; without it, it fills the local cache only."""
+    fleet = {"MLPJIT_REMOTE_CACHE": redis_server.url()}
+    alone = mlpjit(tmp_path / "alone", "warm", *SMOKE, "--json")  # the variable unset
+    assert alone.returncode == 0 and json.loads(alone.stdout)["compiled"] == 3, alone.stderr
+    assert "remote" not in ok_json(tmp_path / "alone", "cache", "stats")
+    first = mlpjit(tmp_path / "a", "warm", *SMOKE, "--json", env=fleet)
+    assert first.returncode == 0 and json.loads(first.stdout)["compiled"] == 3, first.stderr
+    stats = mlpjit(tmp_path / "a", "cache", "stats", "--json", env=fleet)
+    assert json.loads(stats.stdout)["remote"]["fleet"]["uploads"] == 3, stats.stderr
+    fresh = mlpjit(tmp_path / "b", "warm", *SMOKE, "--json", env=fleet)  # another node
+    assert fresh.returncode == 0 and json.loads(fresh.stdout)["compiled"] == 0, fresh.stderr
+    assert sorted(entry_files(tmp_path / "b")) == sorted(entry_files(tmp_path / "a"))
+
+
 def test_pull_exits_1_on_a_rejected_or_missing_entry(
     cache_copy: Path, redis_server: RedisServer, tmp_path: Path
 ) -> None:

@@ -13,6 +13,7 @@ import pytest
 from redis_server import PASSWORD, RedisServer, free_port, start_redis, write_key_file
 
 from mlpjit import doctor
+from mlpjit.cli.output import human_size
 from mlpjit.jit.binary import KernelBinary, KernelParam
 from mlpjit.jit.key import cache_key, key_components
 from mlpjit.jit.locks import KeyLock
@@ -70,6 +71,9 @@ def test_populated_cache_counts_entries_and_locks(cache_dir: Path) -> None:
         held.release()
     cache = _check(report, "cache dir")
     assert cache.status == "ok" and cache.details["entries"] == 3
+    # sizes for people in the line, the byte count in the details (--json)
+    assert cache.summary.endswith(f"3 entries, {human_size(cache.details['bytes'])}")
+    assert "bytes" not in cache.summary
     locks = _check(report, "locks")
     assert locks.status == "ok"
     assert locks.details["files"] == 2 and locks.details["held"] == 1

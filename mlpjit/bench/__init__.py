@@ -12,4 +12,6 @@ tp_layers.py            tp_demo: seeded full layers, TP shards, the accuracy che
 tp_demo.py              tp_demo: the real and emulated runs
 serve_demo.py           serve_demo: the start-up of W spawned workers
 launch.py               bench_launch: the host time of one launch
+plots.py                PNGs of stored results: compile-cache scaling (bench_compile_cache)
+                        and start-up (bench_startup)
 """
