@@ -227,15 +227,31 @@ def queue_scale_checks(scales: Sequence[tuple[Tensor, str, ScaleForm]]) -> Scale
     return check
 
 
+def _to_host(scales: Sequence[Tensor], device: torch.device) -> Tensor:
+    """The scales' values, flat, in one pinned host tensor: asynchronous copies on the
+    device's current stream and one synchronize. Copies launch no kernel: a fresh process's
+    first torch kernels (a concatenation, comparisons) would each be loaded on first use,
+    tens of milliseconds of start-up."""
+    if device.type != "cuda":
+        return torch.cat([scale.reshape(-1) for scale in scales])
+    host = torch.empty(sum(s.numel() for s in scales), dtype=torch.float32, pin_memory=True)
+    offset = 0
+    for scale in scales:
+        host[offset : offset + scale.numel()].copy_(scale.reshape(-1), non_blocking=True)
+        offset += scale.numel()
+    torch.cuda.current_stream(device).synchronize()
+    return host
+
+
 def _queued(scale: Tensor) -> bool:
     """Whether ``scale``'s value check is queued (a CUDA tensor with values) or runs now."""
     return scale.device.type == "cuda" and scale.numel() > 0
 
 
 def resolve_scale_checks() -> None:
-    """Resolve every open ScaleCheck of the process: per device, all their scales in one
-    concatenation, one test and one host sync (the failure path then finds the bad scale).
-    Checks on a device whose current stream is capturing a graph stay open."""
+    """Resolve every open ScaleCheck of the process: per device, all their scales copied to
+    the host together (one host sync), tested there (the failure path then finds the bad
+    scale). Checks on a device whose current stream is capturing a graph stay open."""
     with _checks_lock:
         checks = [c for ref in _open_checks if (c := ref()) is not None and c.open]
         by_device: dict[torch.device, list[ScaleCheck]] = {}
@@ -246,7 +262,7 @@ def resolve_scale_checks() -> None:
             if current_stream_capturing(device):
                 left += group
                 continue
-            flat = torch.cat([scale.reshape(-1) for c in group for scale in c.scales])
+            flat = _to_host([scale for c in group for scale in c.scales], device)
             bad = not bool((torch.isfinite(flat) & (flat >= 0)).all())
             for check in group:
                 check.settle(bad)
