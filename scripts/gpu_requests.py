@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write the kernel requests the GPU tests and benchmarks need, as JSON lines.
 
-Each source below (a test module or script by file name, or a package module by name)
+Each source below (a test module by file name, or a package module by name)
 lists its kernels in ``kernel_requests(arch)``; the output feeds
 ``mlpjit warm --from FILE`` on a machine without a GPU, so the GPU run needs no compiler
 (README: running the GPU tests and benchmarks on an H200):
@@ -37,7 +37,7 @@ SOURCES: tuple[Path | str, ...] = (
     REPO / "tests" / "gpu" / "test_fp8_stream_gpu.py",
     REPO / "tests" / "gpu" / "test_fp8_layer_gpu.py",
     REPO / "tests" / "gpu" / "test_launcher_gpu.py",
-    REPO / "scripts" / "bench_dense_mlp.py",
+    "mlpjit.bench.dense_mlp_bench",
     "mlpjit.bench.launch",
     REPO / "tests" / "gpu" / "test_transformers_gpu.py",
     "mlpjit.bench.transformers_bench",
@@ -45,7 +45,7 @@ SOURCES: tuple[Path | str, ...] = (
 
 
 def _load(source: Path | str) -> ModuleType:
-    """Import a package module by name, or a test module or script by file name."""
+    """Import a package module by name, or a test module by file name."""
     if isinstance(source, str):
         return importlib.import_module(source)
     path = source

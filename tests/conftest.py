@@ -6,13 +6,11 @@ tests/gpu is left alone so a run on the GPU machine can use a prebuilt cache it 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -22,17 +20,6 @@ import mlpjit.testing.smoke  # noqa: F401  (registers the smoke kernel)
 REPO = Path(__file__).resolve().parent.parent
 GPU_TESTS = REPO / "tests" / "gpu"
 WORKER = REPO / "tests" / "cache_worker.py"
-
-
-def load_script(name: str) -> ModuleType:
-    """Import scripts/<name>.py as a module (registered in sys.modules under ``_<name>``, so
-    dataclasses and pickling inside it work)."""
-    spec = importlib.util.spec_from_file_location(f"_{name}", REPO / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,6 @@
-"""scripts/bench_compile_cache.py without running the benchmark: the report of stored results
-and --plot from them (the numbers and the image in docs/BENCHMARKS.md)."""
+"""scripts/bench_compile_cache.py's code (mlpjit/bench/compile_cache_bench.py) without running
+the benchmark: the report of stored results and --plot from them (the numbers and the image
+in docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import REPO, load_script
+from conftest import REPO
 from test_bench_plots import PNG_MAGIC, compile_cache_result
 
-bench = load_script("bench_compile_cache")
+from mlpjit.bench import compile_cache_bench as bench
 
 
 def test_report_is_the_table_of_a_result() -> None:

@@ -1,13 +1,13 @@
-"""scripts/bench_dense_mlp.py without a GPU: argument handling, planning, the report table."""
+"""scripts/bench_dense_mlp.py's code (mlpjit/bench/dense_mlp_bench.py) without a GPU: argument
+handling, planning, the report table."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from conftest import load_script
 
-bench = load_script("bench_dense_mlp")
+from mlpjit.bench import dense_mlp_bench as bench
 
 
 def test_dry_run_plans_every_shape(capsys) -> None:

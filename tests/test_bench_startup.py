@@ -1,5 +1,5 @@
-"""scripts/bench_startup.py without a GPU: arguments, the presets' layer lists, the plan,
-the report table and the one-line failures."""
+"""scripts/bench_startup.py's code (mlpjit/bench/startup.py) without a GPU: arguments, the
+presets' layer lists, the plan, the report table and the one-line failures."""
 
 from __future__ import annotations
 
@@ -7,13 +7,11 @@ import json
 
 import pytest
 import torch
-from conftest import load_script
 from test_bench_plots import PNG_MAGIC, startup_report
 
+from mlpjit.bench import startup as bench
 from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
 from mlpjit.models import PRESETS
-
-bench = load_script("bench_startup")
 
 
 def test_defaults_are_glm5_tp8_in_one_then_eight_workers() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlpjit.bench import launch, transformers_bench
+from mlpjit.bench import dense_mlp_bench, launch, transformers_bench
 from mlpjit.jit.spec import KernelRequest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,6 +27,7 @@ def test_the_list_includes_the_package_benchmarks(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     listed = [KernelRequest.from_json_line(line) for line in out.read_text().splitlines()]
     assert len(listed) == len(set(map(repr, listed)))  # no duplicates
-    for r in (*launch.kernel_requests("sm_90a"), *transformers_bench.kernel_requests("sm_90a")):
+    benchmarks = (dense_mlp_bench, launch, transformers_bench)
+    for r in (r for bench in benchmarks for r in bench.kernel_requests("sm_90a")):
         assert r in listed
     assert f"{len(listed)} requests -> {out}" in done.stderr

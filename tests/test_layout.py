@@ -1,5 +1,5 @@
 """The architecture the folders promise: the JIT library knows no kernel, kernels plan
-without a compiler, and `import mlpjit` stays cheap."""
+without a compiler, `import mlpjit` stays cheap, and scripts/ holds entry points only."""
 
 from __future__ import annotations
 
@@ -106,3 +106,46 @@ def test_no_module_uses_another_modules_private_names():
                 if owner not in allowed:
                     found.append(f"{where}:{node.lineno} uses .{node.attr}")
     assert found == []
+
+
+# Ways of importing a file by its path (importlib, runpy, the old conftest helper).
+PATH_LOADERS = {"spec_from_file_location", "SourceFileLoader", "run_path", "load_script"}
+
+
+def _script_uses(path: Path, scripts: set[str]) -> list[str]:
+    """Where the file at ``path`` imports a script by name; in a test, any import of a file
+    by its path; in a script, a string naming scripts/ or a script's file."""
+    where = path.relative_to(REPO)
+    is_test = where.parts[0] == "tests"
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        modules = []
+        if isinstance(node, ast.Import):
+            modules = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            modules = [node.module or ""]
+        found += [
+            f"{where}:{node.lineno} imports {m}" for m in modules if m.split(".")[0] in scripts
+        ]
+        name = getattr(node, "id", None) or getattr(node, "attr", None)
+        if is_test and name in PATH_LOADERS:
+            found.append(f"{where}:{node.lineno} imports a file by path ({name})")
+        text = getattr(node, "value", None) if isinstance(node, ast.Constant) else None
+        if (
+            not is_test
+            and isinstance(text, str)
+            and text.removesuffix(".py") in {*scripts, "scripts"}
+        ):
+            found.append(f"{where}:{node.lineno} names a script ({text!r})")
+    return found
+
+
+def test_scripts_are_entry_points_only():
+    """Nothing imports a script: what a test or another script needs of one lives in the
+    package (mlpjit.bench, mlpjit.testing) and is imported from there. A test may still run a
+    script's command line in a subprocess (tests/test_bench_tp_demo.py); a test imports no
+    file by its path, and a script names no script's file."""
+    scripts = {p.stem for p in (REPO / "scripts").glob("*.py")}
+    assert {"bench_dense_mlp", "bench_startup", "tune_fp8_stream"} <= scripts
+    files = sorted([*(REPO / "tests").rglob("*.py"), *(REPO / "scripts").glob("*.py")])
+    assert [line for path in files for line in _script_uses(path, scripts)] == []

@@ -1,17 +1,17 @@
-"""CPU tests of scripts/tune_fp8_stream.py: the variants it parses and the requests it emits
-for a warm (no GPU, no compile)."""
+"""CPU tests of scripts/tune_fp8_stream.py's code (mlpjit/bench/tune_stream.py): the variants
+it parses and the requests it emits for a warm (no GPU, no compile)."""
 
 from __future__ import annotations
 
 import pytest
-from conftest import load_script
 
+from mlpjit.bench import tune_stream
 from mlpjit.jit.spec import KernelRequest
 
 
 @pytest.fixture(scope="module")
 def tune():
-    return load_script("tune_fp8_stream")
+    return tune_stream
 
 
 def test_variants_parse(tune) -> None:

@@ -1,4 +1,4 @@
-"""The code behind scripts/: benchmarks, demos and the fp8_gemv tuning sweep, tested on the
+"""The code behind scripts/: benchmarks, demos and the tuning sweeps, tested on the
 CPU (tests/test_bench_*.py); never imported by the package itself. Each script keeps its
 usage docstring (its --help) and calls the matching module's ``main(argv, description)``.
 
@@ -12,6 +12,14 @@ tp_layers.py            tp_demo: seeded full layers, TP shards, the accuracy che
 tp_demo.py              tp_demo: the real and emulated runs
 serve_demo.py           serve_demo: the start-up of W spawned workers
 launch.py               bench_launch: the host time of one launch
-plots.py                PNGs of stored results: compile-cache scaling (bench_compile_cache)
-                        and start-up (bench_startup)
+dense_mlp_bench.py      bench_dense_mlp: DenseMlp against the stock path and the floor
+startup.py              bench_startup: a model's MLPs prepared in W spawned workers (no torch
+                        at its top: a worker re-imports it)
+tune_stream.py          tune_fp8_stream: fp8_stream / fp8_layer variants beside fp8_gemv
+compile_cache_bench.py  bench_compile_cache: W workers on a cold cache (run with -m as a
+                        worker)
+ncu_kernels.py          ncu_kernels: per-kernel hardware counters under Nsight Compute
+plots.py                PNGs of stored results: DenseMlp per-layer times (bench_dense_mlp),
+                        compile-cache scaling (bench_compile_cache) and start-up
+                        (bench_startup)
 """

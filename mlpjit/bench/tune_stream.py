@@ -1,0 +1,436 @@
+"""The fp8_stream / fp8_layer sweep behind scripts/tune_fp8_stream.py (its docstring: the
+variants and how to run it): variant names, the requests of each layer, timing and traces on
+the GPU, the plot of a --json file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from mlpjit.jit.spec import KernelRequest
+from mlpjit.kernels.fp8_gemv import plan as gemv_plan
+from mlpjit.kernels.fp8_gemv import tuning
+from mlpjit.kernels.fp8_layer import plan as layer_plan
+from mlpjit.kernels.fp8_stream import plan as stream_plan
+from mlpjit.testing.layers import DENSE_SHAPES, GRID_SHAPES, device_l2_bytes, layer_bytes
+
+ARCH = "sm_90a"
+DEFAULT_SHAPES = (
+    "glm5-tp8", "glm4.5-tp8", "deepseek-v3-tp8", "qwen3-32b-tp8", "glm5-tp4", "glm5-tp1",
+    "deepseek-v3-shared-tp8", "deepseek-v3-shared-tp1",
+)  # fmt: skip
+
+
+_VARIANT = re.compile(r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?$")
+_ALTERNATIVE = re.compile(r"^([gd])(\d+)$")
+_LAYER = re.compile(r"^L(?:(\d+)b(\d)(?:s(\d+)x(\d+))?)?$")
+# Decompositions a gN / dN variant draws from: the planner model's best of each (K splits,
+# slice size, slices per warp), in the model's order.
+ALTERNATIVES = 16
+
+
+def parse_variant(text: str) -> tuple | None:
+    """'gemv' -> None; 'L[WbB[sGxD]]' -> ('L', warps, blocks_per_warp, gate_up stages,
+    down stages) (0: the planner's); 'WxR[bB][cC]' -> (warps, stages,
+    blocks_per_warp, ctas_per_sm)
+    (R 0: the planner's; B and C default to 1): '16x0', '8x0b2c2'; 'gN' / 'dN' -> ('g', N) /
+    ('d', N): fp8_gemv with gate_up (g) or down (d) on the N-th of
+    ``gemv_alternatives`` and the other half as planned."""
+    if text == "gemv":
+        return None
+    layer = _LAYER.match(text)
+    if layer is not None:
+        return ("L", *(int(v) if v else 0 for v in layer.groups()))
+    alternative = _ALTERNATIVE.match(text)
+    if alternative is not None:
+        return alternative.group(1), int(alternative.group(2))
+    match = _VARIANT.match(text)
+    if match is None:
+        raise ValueError(
+            f"variant must be 'gemv', gN, dN, L[WbB[sGxD]] or WxR[bB][cC] (g0, L, "
+            f"L8b1s3x4, 16x0, 8x0b2c2), got {text!r}"
+        )
+    warps, stages, bpw, cps = match.groups()
+    return int(warps), int(stages), int(bpw or 1), int(cps or 1)
+
+
+def variant_label(variant: tuple | None) -> str:
+    if variant is None:
+        return "gemv"
+    if _is_layer(variant):
+        _, warps, bpw, sg, sd = variant
+        return "L" + (f"{warps}b{bpw}" if warps else "") + (f"s{sg}x{sd}" if sg else "")
+    if isinstance(variant[0], str):
+        return f"{variant[0]}{variant[1]}"
+    return "{}x{}b{}c{}".format(*variant)
+
+
+def gemv_alternatives(rows: int, k: int, tokens: int, swiglu: bool) -> list:
+    """fp8_gemv decompositions other than the planner's pick for one kernel: the model's
+    best of each (splits, slice_k, slices_per_warp), in the model's order."""
+    picked = tuning.choose_config(rows, k, tokens, swiglu)
+    seen = {(picked.splits, picked.slice_k, picked.slices_per_warp)}
+    found = []
+    for config in tuning.spread_configs(rows, k, tokens, count=100_000):
+        shape = (config.splits, config.slice_k, config.slices_per_warp)
+        if shape not in seen:
+            seen.add(shape)
+            found.append(config)
+    return found[:ALTERNATIVES]
+
+
+def shapes_of(args: argparse.Namespace) -> dict[str, tuple[int, int]]:
+    names = args.shapes.split(",") if args.shapes else list(DEFAULT_SHAPES)
+    if names == ["grid"]:
+        return dict(GRID_SHAPES)
+    unknown = [n for n in names if n not in DENSE_SHAPES]
+    if unknown:
+        raise SystemExit(f"--shapes: unknown {unknown}; known: {', '.join(DENSE_SHAPES)}")
+    shapes = {n: DENSE_SHAPES[n] for n in names}
+    if args.grid:
+        shapes.update(GRID_SHAPES)
+    return shapes
+
+
+def layer_requests(
+    hidden: int,
+    inter: int,
+    tokens: int,
+    variant: tuple[int, int] | None,
+    arch: str = ARCH,
+    trace: bool = False,
+) -> list[KernelRequest]:
+    """(gate_up, down) requests of one variant (UE8M0 scales, no clamp; one request for a
+    one-kernel layer); ``trace``: the builds that record timestamps."""
+    if _is_layer(variant):
+        _, warps, bpw, sg, sd = variant
+        return [
+            layer_plan.layer_request(
+                hidden, inter, tokens, limit=None, ue8m0=True, arch=arch,
+                warps=warps or None, blocks_per_warp=bpw or None,
+                stages=(sg, sd) if sg else None, trace=trace,
+            )
+        ]  # fmt: skip
+    if variant is None or isinstance(variant[0], str):
+        configs = [None, None]
+        if variant is not None:
+            half, rank = variant
+            rows, k = (2 * inter, hidden) if half == "g" else (hidden, inter)
+            found = gemv_alternatives(rows, k, tokens, half == "g")
+            if rank >= len(found):
+                raise ValueError(f"{half}{rank}: only {len(found)} alternatives")
+            configs[half == "d"] = found[rank]
+        return [
+            gemv_plan.gemv_request(2 * inter, hidden, tokens, swiglu=True, limit=None,
+                                   ue8m0=True, arch=arch, config=configs[0]),
+            gemv_plan.gemv_request(hidden, inter, tokens, swiglu=False, limit=None, ue8m0=True,
+                                   arch=arch, config=configs[1]),
+        ]  # fmt: skip
+    warps, stages, bpw, cps = variant
+    options = dict(
+        limit=None,
+        ue8m0=True,
+        arch=arch,
+        warps=warps,
+        stages=stages or None,
+        trace=trace,
+        blocks_per_warp=bpw,
+        ctas_per_sm=cps,
+    )
+    return [
+        stream_plan.stream_request(2 * inter, hidden, tokens, swiglu=True, **options),
+        stream_plan.stream_request(hidden, inter, tokens, swiglu=False, **options),
+    ]
+
+
+def _is_stream(variant: tuple | None) -> bool:
+    """fp8_stream's two kernels, or fp8_layer's one: the variants with a workspace."""
+    return variant is not None and (not isinstance(variant[0], str) or _is_layer(variant))
+
+
+def _is_layer(variant: tuple | None) -> bool:
+    return variant is not None and variant[0] == "L"
+
+
+def all_requests(args: argparse.Namespace) -> list[KernelRequest]:
+    seen: list[KernelRequest] = []
+    for hidden, inter in shapes_of(args).values():
+        for tokens in args.tokens:
+            for variant in args.variants:
+                try:
+                    reqs = layer_requests(hidden, inter, tokens, variant)
+                    if args.trace and _is_stream(variant):
+                        reqs += layer_requests(hidden, inter, tokens, variant, trace=True)
+                    for r in reqs:
+                        if r not in seen:
+                            seen.append(r)
+                except ValueError as err:
+                    print(f"skip h{hidden} i{inter} t{tokens} {variant}: {err}", file=sys.stderr)
+    return seen
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover - GPU only
+    import torch
+
+    from mlpjit import reference as ref
+    from mlpjit.jit.launcher import load_kernel
+    from mlpjit.jit.manager import default_manager
+    from mlpjit.kernels.fp8_layer.params import LayerParams
+    from mlpjit.testing.layers import (
+        chain_length,
+        copy_bandwidth,
+        graph_times,
+        random_fp8_layer,
+        rel_l2,
+    )
+
+    device = torch.device("cuda", 0)
+    l2 = device_l2_bytes()
+    bandwidth = copy_bandwidth()
+    print(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s (read + write)", flush=True)
+    manager = default_manager()
+    rows_out = []
+    for name, (hidden, inter) in shapes_of(args).items():
+        nbytes = layer_bytes(hidden, inter)
+        n_layers = chain_length(nbytes, l2, args.l2_multiple)
+        gen = torch.Generator(device="cuda").manual_seed(hidden + inter)
+        layers = [random_fp8_layer(hidden, inter, gen) for _ in range(n_layers)]
+        floor_us = nbytes / bandwidth * 1e6
+        for tokens in args.tokens:
+            x = torch.randn(tokens, hidden, generator=gen, device="cuda").to(torch.bfloat16)
+            act = torch.empty(tokens, inter, dtype=torch.bfloat16, device="cuda")
+            out = torch.empty(tokens, hidden, dtype=torch.bfloat16, device="cuda")
+            want_act = ref.gemv_reference(x, layers[0]["w13"], layers[0]["w13_scale"],
+                                          swiglu=True, ue8m0=True)  # fmt: skip
+            want = ref.gemv_reference(want_act, layers[0]["w2"], layers[0]["w2_scale"],
+                                      swiglu=False, ue8m0=True)  # fmt: skip
+            for variant in args.variants:
+                label = variant_label(variant)
+                try:
+                    reqs = layer_requests(hidden, inter, tokens, variant)
+                except ValueError as err:
+                    print(f"{name} t{tokens} {label}: skipped ({err})", flush=True)
+                    continue
+                kernels = [load_kernel(manager.get(r), device) for r in reqs]
+                if _is_layer(variant):
+                    work = torch.zeros(LayerParams(**reqs[0].params).workspace_bytes,
+                                       dtype=torch.uint8, device="cuda")  # fmt: skip
+
+                    def launch(layer, x=x, act=act, out=out, fused=kernels[0], work=work):
+                        fused.launch([out, act, x, layer["w13"], layer["w13_scale"],
+                                      layer["w2"], layer["w2_scale"], work])  # fmt: skip
+                else:
+                    launch = _pair_launcher(kernels, _is_stream(variant), hidden, inter, x, act,
+                                            out)  # fmt: skip
+
+                def chain(launch=launch, layers=layers):
+                    for layer in layers:
+                        launch(layer)
+
+                if args.trace and _is_layer(variant):
+                    print_layer_trace(
+                        name, tokens, label, manager, device,
+                        layer_requests(hidden, inter, tokens, variant, trace=True)[0],
+                        [out, act, x, layers[0]["w13"], layers[0]["w13_scale"],
+                         layers[0]["w2"], layers[0]["w2_scale"]],
+                    )  # fmt: skip
+                elif args.trace and _is_stream(variant):
+                    print_trace(
+                        name, tokens, label, manager, device,
+                        layer_requests(hidden, inter, tokens, variant, trace=True),
+                        [act, x, layers[0]["w13"], layers[0]["w13_scale"]],
+                        [out, act, layers[0]["w2"], layers[0]["w2_scale"]],
+                    )  # fmt: skip
+                act.fill_(float("nan"))
+                out.fill_(float("nan"))
+                launch(layers[0])
+                torch.cuda.synchronize()
+                err_act, err_out = rel_l2(act, want_act), rel_l2(out, want)
+                times = graph_times(chain, args.replays, args.warmup)
+                us = statistics.median(times) * 1e3 / n_layers
+                row = dict(
+                    shape=name, hidden=hidden, inter=inter, tokens=tokens, variant=label,
+                    us=round(us, 3), floor_us=round(floor_us, 3), x_floor=round(us / floor_us, 3),
+                    err_act=err_act, err_out=err_out, layers=n_layers,
+                    mbytes=round(nbytes / 1e6, 2), gate_up=dict(reqs[0].params),
+                    down=dict(reqs[-1].params),
+                )  # fmt: skip
+                rows_out.append(row)
+                print(f"{name:24s} t{tokens} {label:6s} {us:8.2f} us  x{us / floor_us:5.2f} "
+                      f"floor {floor_us:7.2f} us  err act {err_act:.1e} out {err_out:.1e}",
+                      flush=True)  # fmt: skip
+    return rows_out
+
+
+def _pair_launcher(kernels, with_workspace, hidden, inter, x, act, out):  # pragma: no cover
+    """One layer as two launches (fp8_gemv's or fp8_stream's gate_up, then down)."""
+    import torch
+
+    from mlpjit.kernels.fp8_stream.params import workspace_bytes
+
+    gate_up, down = kernels
+    extra: tuple[list, list] = ([], [])
+    if with_workspace:
+        extra = (
+            [torch.zeros(workspace_bytes(2 * inter, hidden), dtype=torch.uint8, device="cuda")],
+            [torch.zeros(workspace_bytes(hidden, inter), dtype=torch.uint8, device="cuda")],
+        )
+
+    def launch(layer):
+        gate_up.launch([act, x, layer["w13"], layer["w13_scale"], *extra[0]])
+        down.launch([out, act, layer["w2"], layer["w2_scale"], *extra[1]])
+
+    return launch
+
+
+def print_trace(name, tokens, label, manager, device, reqs, gate_up_args, down_args):
+    """One gate_up + down pair of trace builds after an idle GPU: per kernel and stamp, the
+    median and the latest CTA in microseconds from gate_up's first CTA start."""
+    import torch
+    from torch.cuda import _sleep  # torch's private helper: a GPU spin of N cycles
+
+    from mlpjit.jit.launcher import load_kernel
+    from mlpjit.kernels.fp8_stream.params import TRACE_POINTS, StreamParams
+
+    names = _TRACE_NAMES
+    stamps = []
+    works = []
+    for r, args in zip(reqs, (gate_up_args, down_args), strict=True):
+        params = StreamParams(**r.params)
+        work = torch.zeros(params.workspace_bytes, dtype=torch.uint8, device=device)
+        works.append((params, work))
+        stamps.append((load_kernel(manager.get(r), device), [*args, work]))
+    torch.cuda.synchronize()
+    _sleep(1_000_000)  # the launches queue behind this, as in a busy stream
+    for kernel, args in stamps:
+        kernel.launch(args)
+    torch.cuda.synchronize()
+    times = []
+    for params, work in works:
+        raw = work[params.trace_offset :].view(torch.int64)[: params.ctas * TRACE_POINTS]
+        times.append(raw.view(params.ctas, TRACE_POINTS).double())
+    origin = times[0][:, 0].min()
+    for half, t in zip(("gate_up", "down"), times, strict=True):
+        rel = (t - origin) / 1e3
+        cells = "  ".join(
+            f"{n} {rel[:, i].median():.2f}/{rel[:, i].max():.2f}" for i, n in enumerate(names)
+        )
+        print(f"trace {name} t{tokens} {label} {half}: {cells}", flush=True)
+
+
+def print_layer_trace(name, tokens, label, manager, device, req, args):  # pragma: no cover
+    """One launch of a one-kernel layer's trace build after an idle GPU: the stamps of its
+    gate_up and down phases, as print_trace prints them ("waited" of down: act ready)."""
+    import torch
+    from torch.cuda import _sleep
+
+    from mlpjit.jit.launcher import load_kernel
+    from mlpjit.kernels.fp8_layer.params import LayerParams
+    from mlpjit.kernels.fp8_stream.params import TRACE_POINTS
+
+    params = LayerParams(**req.params)
+    work = torch.zeros(params.workspace_bytes, dtype=torch.uint8, device=device)
+    kernel = load_kernel(manager.get(req), device)
+    torch.cuda.synchronize()
+    _sleep(1_000_000)
+    kernel.launch([*args, work])
+    torch.cuda.synchronize()
+    times = []
+    for base, phase in ((0, params.gate_up), (params.work_down, params.down)):
+        start = base + phase.trace_offset
+        raw = work[start : start + phase.ctas * TRACE_POINTS * 8].view(torch.int64)
+        times.append(raw.view(phase.ctas, TRACE_POINTS).double())
+    origin = times[0][:, 0].min()
+    stamped = ((0, 1, 2, 3, 4, 5, 6, 7), (1, 2, 3, 4, 6, 7))  # down: no start, no copies
+    for half, t, points in zip(("gate_up", "down"), times, stamped, strict=True):
+        rel = (t - origin) / 1e3
+        cells = "  ".join(
+            f"{_TRACE_NAMES[i]} {rel[:, i].median():.2f}/{rel[:, i].max():.2f}" for i in points
+        )
+        print(f"trace {name} t{tokens} {label} {half}: {cells}", flush=True)
+
+
+_TRACE_NAMES = ("start", "waited", "x ready", "warp0 done", "warpL done", "copies out",
+                "1st piece", "epilogue done")  # fmt: skip
+
+
+def plot(rows: list[dict[str, Any]], path: str) -> None:
+    """x floor against layer megabytes, one series per (variant, tokens)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    series: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for r in rows:
+        series.setdefault((r["variant"], r["tokens"]), []).append((r["mbytes"], r["x_floor"]))
+    for (variant, tokens), points in sorted(series.items()):
+        points.sort()
+        name = {"gemv": "fp8_gemv"}.get(variant, variant)
+        if re.match(r"^\d+x\d+", variant):
+            name = f"fp8_stream {variant}"
+        label = f"{name}, {tokens} token" + ("s" if tokens > 1 else "")
+        marker = "o" if tokens == 1 else "x"
+        ax.plot(*zip(*points, strict=True), marker=marker, linestyle="none", label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("layer weight bytes (MB, gate_up + down)")
+    ax.set_ylabel("time per layer / copy-bandwidth floor")
+    ax.axhline(1.0, color="gray", linewidth=0.5)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: Sequence[str] | None = None, description: str | None = None) -> int:
+    """Emit the requests, time the variants on the GPU or plot a --json file.
+    ``description``: the --help text (the script's docstring, first line shown)."""
+    parser = argparse.ArgumentParser(description=(description or "").split("\n")[0] or None)
+    parser.add_argument(
+        "--shapes", default="", help="DENSE_SHAPES names, comma-separated; 'grid': the grid alone"
+    )
+    parser.add_argument("--grid", action="store_true", help="add the off-table grid")
+    parser.add_argument("--tokens", default="1,8", help="token counts, e.g. 1,8")
+    parser.add_argument("--variants", default="gemv,4x0", help="gemv and WxR, e.g. gemv,4x6")
+    parser.add_argument("--l2-multiple", type=float, default=4.0)
+    parser.add_argument("--replays", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="also print per-CTA timestamps of one launch (trace builds)",
+    )
+    parser.add_argument("--emit", help="write the compile requests (JSON lines) and stop")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--plot", help="with --from-json: draw that file's results into PNG")
+    parser.add_argument("--from-json", help="results of an earlier --json run (for --plot)")
+    args = parser.parse_args(argv)
+    if args.plot:
+        if not args.from_json:
+            parser.error("--plot needs --from-json FILE")
+        with open(args.from_json) as f:
+            plot(json.load(f), args.plot)
+        return 0
+    try:
+        args.tokens = [int(t) for t in args.tokens.split(",")]
+        args.variants = [parse_variant(v) for v in args.variants.split(",")]
+    except ValueError as err:
+        parser.error(str(err))
+    if args.emit:
+        reqs = all_requests(args)
+        with open(args.emit, "w") as f:
+            for r in reqs:
+                f.write(r.to_json_line() + "\n")
+        print(f"{len(reqs)} requests -> {args.emit}")
+        return 0
+    rows = run(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
