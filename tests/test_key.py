@@ -154,7 +154,7 @@ def test_bad_input_is_a_clear_value_error(spec, params, arch, match):
 def test_unregistered_kernel_names_the_registered_ones():
     from mlpjit.jit.spec import get_spec
 
-    with pytest.raises(ValueError, match="fp8_gemv, fp8_stream, smoke"):
+    with pytest.raises(ValueError, match="fp8_gemv, fp8_layer, fp8_stream, smoke"):
         get_spec("nope")
 
 
