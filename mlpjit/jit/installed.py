@@ -90,8 +90,11 @@ def _cubin_distributions():
     named like a cubin wheel (``mlpjit_cubins*``, which `cache export --wheel` enforces) are
     read: importlib.metadata.entry_points() would parse every installed distribution's
     metadata, tens of milliseconds of a server's start-up."""
-    from importlib.metadata import PathDistribution
-
+    try:
+        from importlib.metadata import PathDistribution
+    except ImportError as err:  # a process that can no longer read the stdlib (dropped uid)
+        log.warning("mlpjit: not looking for cubin wheels: %s", one_line(err))
+        return
     for entry in sys.path:
         try:
             with os.scandir(entry or ".") as names:
