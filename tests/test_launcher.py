@@ -410,3 +410,50 @@ def test_module_loads_counts_the_loaded_modules(monkeypatch: pytest.MonkeyPatch)
     kernel = LoadedKernel("5e" * 32, fake_binary(), device_index=0)
     launcher._loaded[(kernel.key, 0)] = kernel
     assert launcher.module_loads() == 1
+
+
+def test_pair_calls_libcuda_directly_with_the_configs_c_structs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where libcuda's cuLaunchKernelEx can be called directly (raw_launch), the pair hands
+    it the configs' own C structs, the CUfunction handles and the parameter array; a failed
+    status goes through the kernel's own path (cuda-python), which retries or raises."""
+    from ctypes import c_uint32, c_uint64, c_void_p
+
+    from mlpjit.jit import launcher
+    from mlpjit.jit.launcher import KernelPair
+
+    fake = _RecordingDriver()
+    monkeypatch.setattr(launcher, "_driver_module", fake)
+    params = (KernelParam("n", "i32"), KernelParam("a", "f32"))
+    first = LoadedKernel("5e" * 32, fake_binary(*params), device_index=0, function=0xA1)
+    second_binary = replace(fake_binary(*params), pdl=False, grid=(3, 1, 1))
+    second = LoadedKernel("6f" * 32, second_binary, device_index=0, function=0xB2)
+    raw_calls: list[tuple] = []
+    status = [0]
+
+    def raw(config, function, params_address, extra):
+        pointers = (c_void_p * 2).from_address(params_address)
+        values = tuple(c_uint32.from_address(pointers[i]).value for i in range(2))
+        grid_x = c_uint32.from_address(config).value
+        stream = c_uint64.from_address(config + 32).value
+        raw_calls.append((function, grid_x, stream, values, extra))
+        return status[0]
+
+    monkeypatch.setattr(launcher, "_raw_launch", raw)
+    pair = KernelPair(first, second)
+    pair.launch((1, 2), (3, 4), None, 777)
+    assert raw_calls == [(0xA1, 1, 777, (1, 2), None), (0xB2, 3, 777, (3, 4), None)]
+    assert fake.calls == []
+    status[0] = 999  # a failed launch: each kernel's own path (the recording driver here)
+    pair.launch((5, 6), (7, 8), None, 777)
+    assert [call[1] for call in fake.calls] == [0xA1, 0xB2]
+    assert [call[2] for call in fake.calls] == [(5, 6), (7, 8)]
+
+
+def test_raw_launch_is_only_for_cuda_pythons_own_driver(monkeypatch) -> None:
+    from mlpjit.jit import launcher
+
+    monkeypatch.setattr(launcher, "_driver_module", _RecordingDriver())
+    monkeypatch.setattr(launcher, "_raw_launch", False)
+    assert launcher.raw_launch() is None  # a test double: never libcuda behind its back
