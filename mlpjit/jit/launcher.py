@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import operator
 import struct
-import sys
 import threading
 from collections.abc import Sequence
-from ctypes import CDLL, addressof, c_int, c_uint64, c_void_p
+from ctypes import addressof, c_uint64, c_void_p
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,7 +35,6 @@ __all__ = [
     "kernel_pair",
     "load_kernel",
     "module_loads",
-    "raw_launch",
     "stream_handle_getter",
 ]
 
@@ -70,30 +68,6 @@ def cuda_driver() -> Any:
         check_cuda(driver, driver.cuInit(0), "cuInit")
         _driver_module = driver
     return _driver_module
-
-
-_raw_launch: Any = False  # not looked up yet
-
-
-def raw_launch() -> Any:
-    """libcuda's cuLaunchKernelEx as a ctypes function (config struct pointer, CUfunction,
-    parameter array, extra: all as addresses; returns the CUresult), or None where the
-    driver in use is not cuda-python's (a test double) or libcuda cannot be loaded. It
-    skips cuda-python's argument conversion: about 2 us of host time per launch on the
-    H200 test host, which DenseMlp pays twice per call."""
-    global _raw_launch
-    if _raw_launch is False:
-        _raw_launch = None
-        if cuda_driver() is sys.modules.get("cuda.bindings.driver"):
-            try:
-                function = CDLL("libcuda.so.1").cuLaunchKernelEx
-            except (OSError, AttributeError):
-                pass
-            else:
-                function.argtypes = (c_void_p, c_void_p, c_void_p, c_void_p)
-                function.restype = c_int
-                _raw_launch = function
-    return _raw_launch
 
 
 def check_cuda(driver: Any, result: tuple, what: str) -> tuple:
@@ -399,26 +373,15 @@ class KernelPair:
         return f"KernelPair({self.first!r}, {self.second!r})"
 
     def _plan(self, stream: int, pdl: bool | None) -> tuple:
-        """The launch call (returning the CUresult as an int) and both (config, function)
-        for (stream, pdl), made once: libcuda's own cuLaunchKernelEx with the configs' C
-        structs where it can be called directly (raw_launch), else cuda-python's. The plan
-        keeps both config objects: their structs must outlive it."""
+        """The launch call and both (config, function) for (stream, pdl), made once."""
         first, second = self.first, self.second
-        first_config = first.launch_config(stream, pdl)
-        second_config = second.launch_config(stream, pdl)
-        raw = raw_launch()
-        if raw is not None:
-            plan = (
-                raw, first_config.getPtr(), int(first.function), second_config.getPtr(),
-                int(second.function), first_config, second_config,
-            )  # fmt: skip
-        else:
-            bound = cuda_driver().cuLaunchKernelEx
-            plan = (
-                lambda config, function, params, extra: bound(config, function, params, extra)[0],
-                first_config, first.function, second_config, second.function, first_config,
-                second_config,
-            )  # fmt: skip
+        plan = (
+            cuda_driver().cuLaunchKernelEx,
+            first.launch_config(stream, pdl),
+            first.function,
+            second.launch_config(stream, pdl),
+            second.function,
+        )
         if len(self._plans) >= _MAX_CONFIGS:
             self._plans.clear()
         self._plans[(stream, pdl)] = plan
@@ -445,14 +408,14 @@ class KernelPair:
         plan = self._plans.get((stream, pdl))
         if plan is None:
             plan = self._plan(stream, pdl)
-        launch, first_config, first_function, second_config, second_function = plan[:5]
+        launch, first_config, first_function, second_config, second_function = plan
         buffers = self._buffers
         slots = buffers.slots
         slots[:count_first] = first_slots
-        if launch(first_config, first_function, buffers.address, None):
+        if launch(first_config, first_function, buffers.address, 0)[0]:
             self.first.launch_unchecked(first_slots, pdl, stream)  # retried, or raised
         slots[:count_second] = second_slots
-        if launch(second_config, second_function, buffers.address, None):
+        if launch(second_config, second_function, buffers.address, 0)[0]:
             self.second.launch_unchecked(second_slots, pdl, stream)
 
 
