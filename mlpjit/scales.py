@@ -104,9 +104,14 @@ def check_scale_values(scale: Tensor, name: str, *, form: ScaleForm = "float32")
     """
     if scale.device.type == "meta" or scale.numel() == 0 or _capturing(scale):
         return
-    if bool((torch.isfinite(scale) & (scale >= 0)).all()):
+    if _all_valid(scale):
         return
     raise ValueError(_describe_bad_values(scale, name, form))
+
+
+def _all_valid(values: Tensor) -> bool:
+    """Every value finite and >= 0 (one host sync for a CUDA tensor)."""
+    return bool((torch.isfinite(values) & (values >= 0)).all())
 
 
 def to_float32_scale(scale: Tensor, rows: int, k: int, *, name: str = "w_scale") -> Tensor:
@@ -190,15 +195,17 @@ class ScaleCheck:
             raise ValueError(self._error)
         return not self._open
 
-    def settle(self, bad: bool) -> None:
-        """Close the check (resolve_scale_checks' verdict); where ``bad`` (some scale of its
-        device failed), find which (the failure path only: a host sync per scale) and keep
-        its message."""
-        if bad:
-            for scale, name, form in self._scales:
-                if not bool((torch.isfinite(scale) & (scale >= 0)).all()):
-                    self._error = _describe_bad_values(scale, name, form)
-                    break
+    def settle(self, values: Tensor | None) -> None:
+        """Close the check with resolve_scale_checks' verdict: None when every scale of its
+        device passed, else this check's scales' values (flat, on the host, in order), in
+        which the failure path finds the bad scale and keeps its message."""
+        offset = 0
+        for scale, name, form in self._scales if values is not None else ():
+            part = values[offset : offset + scale.numel()]
+            offset += scale.numel()
+            if not _all_valid(part):
+                self._error = _describe_bad_values(scale, name, form)
+                break
         self._open = False
 
 
@@ -250,8 +257,9 @@ def _queued(scale: Tensor) -> bool:
 
 def resolve_scale_checks() -> None:
     """Resolve every open ScaleCheck of the process: per device, all their scales copied to
-    the host together (one host sync), tested there (the failure path then finds the bad
-    scale). Checks on a device whose current stream is capturing a graph stay open."""
+    the host together (one host sync) and tested there (a failure is then found in the same
+    host copy, with no further sync). Checks on a device whose current stream is capturing
+    a graph stay open."""
     with _checks_lock:
         checks = [c for ref in _open_checks if (c := ref()) is not None and c.open]
         by_device: dict[torch.device, list[ScaleCheck]] = {}
@@ -263,7 +271,10 @@ def resolve_scale_checks() -> None:
                 left += group
                 continue
             flat = _to_host([scale for c in group for scale in c.scales], device)
-            bad = not bool((torch.isfinite(flat) & (flat >= 0)).all())
+            bad = not _all_valid(flat)
+            offset = 0
             for check in group:
-                check.settle(bad)
+                size = sum(scale.numel() for scale in check.scales)
+                check.settle(flat[offset : offset + size] if bad else None)
+                offset += size
         _open_checks[:] = [weakref.ref(c) for c in left]

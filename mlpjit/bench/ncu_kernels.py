@@ -17,7 +17,6 @@ from typing import Any
 
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.kernels import hopper
-from mlpjit.kernels.fp8_gemv import plan
 from mlpjit.kernels.fp8_gemv.params import GemvParams
 from mlpjit.testing.layers import DENSE_SHAPES
 
@@ -50,19 +49,19 @@ def launches(
     arch: str = "sm_90a",
 ) -> list[dict[str, Any]]:
     """The profiled launches in order: shape, tokens, half and the planned request."""
+    from mlpjit.dense_mlp import kernel_requests as layer_requests
+
     out = []
     for name in shapes:
         if name not in DENSE_SHAPES:
             raise ValueError(f"shape must be one of {', '.join(DENSE_SHAPES)}, got {name!r}")
         hidden, inter = DENSE_SHAPES[name]
-        for t in tokens:
-            for half, rows, k, swiglu in (("gate_up", 2 * inter, hidden, True),
-                                          ("down", hidden, inter, False)):  # fmt: skip
-                request = plan.gemv_request(
-                    rows, k, t, swiglu=swiglu, limit=None, ue8m0=True, arch=arch
-                )
-                out.append(dict(shape=name, tokens=t, half=half, rows=rows, k=k,
-                                request=request))  # fmt: skip
+        requests = layer_requests(hidden, inter, list(tokens), arch, limit=None, ue8m0=True)
+        for request in requests:  # per token count: gate_up, then down
+            p = request.params
+            out.append(dict(shape=name, tokens=p["tokens"],
+                            half="gate_up" if p["swiglu"] else "down", rows=p["rows"], k=p["k"],
+                            request=request))  # fmt: skip
     return out
 
 

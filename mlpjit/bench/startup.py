@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mlpjit.bench.cli_args import positive_int, token_list
 from mlpjit.models import PRESET_NAMES, get_preset
 from mlpjit.testing.layers import dense_shard
 
@@ -299,25 +300,6 @@ def parse_workers(text: str) -> list[int]:
     return counts
 
 
-def _tokens(text: str) -> list[int]:
-    from mlpjit.cli import parse_tokens
-
-    try:
-        return parse_tokens(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
-    return value
-
-
 def _series(text: str) -> tuple[str, str]:
     label, sep, match = text.partition("=")
     if not (sep and label and match):
@@ -365,10 +347,10 @@ def parse_args(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--model", default="glm5", choices=PRESET_NAMES, help="model preset")
-    p.add_argument("--tp", type=_positive, default=8, help="tensor-parallel size (shards)")
+    p.add_argument("--tp", type=positive_int, default=8, help="tensor-parallel size (shards)")
     p.add_argument("--workers", type=parse_workers, default=[1, 8], help="runs, e.g. 1,8")
-    p.add_argument("--tokens", type=_tokens, default=_tokens(DEFAULT_TOKENS), help="e.g. 1-8")
-    p.add_argument("--calls", type=_positive, default=200, help="timed eager calls")
+    p.add_argument("--tokens", type=token_list, default=token_list(DEFAULT_TOKENS), help="e.g. 1-8")
+    p.add_argument("--calls", type=positive_int, default=200, help="timed eager calls")
     p.add_argument("--warmup", type=int, default=2000, help="untimed eager calls first")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
