@@ -173,3 +173,37 @@ def test_bad_plot_arguments_exit_with_a_usage_error(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         bench.parse_args(argv)
     assert exit_info.value.code == 2
+
+
+def test_profile_rows_rank_by_cumulative_time_and_print_as_a_table() -> None:
+    import cProfile
+
+    def slow() -> int:
+        return sum(i * i for i in range(20000))
+
+    def fast() -> int:
+        return 1
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    slow()
+    fast()
+    profiler.disable()
+    rows = bench.profile_rows(profiler, 50)
+    names = [r["function"] for r in rows]
+    slow_row = next(r for r in rows if r["function"].endswith("(slow)"))
+    fast_row = next(r for r in rows if r["function"].endswith("(fast)"))
+    assert names.index(slow_row["function"]) < names.index(fast_row["function"])
+    assert slow_row["calls"] == 1 and slow_row["cum_ms"] >= slow_row["own_ms"] >= 0
+    assert slow_row["function"].startswith("tests/test_bench_startup.py:")
+    assert [r["cum_ms"] for r in rows] == sorted((r["cum_ms"] for r in rows), reverse=True)
+    assert len(bench.profile_rows(profiler, 1)) == 1
+    table = bench.format_profile(rows[:2]).splitlines()
+    assert table[0] == "| cum ms | own ms | calls | function |" and len(table) == 4
+
+
+def test_profile_takes_a_positive_count() -> None:
+    assert bench.parse_args(["--profile", "30"]).profile == 30
+    assert bench.parse_args([]).profile is None
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--profile", "0"])

@@ -141,10 +141,17 @@ def _worker_body(rank: int, opts: dict, barrier: Any) -> dict:
     t0 = time.perf_counter()
     DenseMlp.check_weight_scales(mlps)
     result["scale_check_s"] = round(time.perf_counter() - t0, 4)
+    profiler = _profiler() if opts.get("profile") else None
     t0 = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
     for mlp in mlps:
         mlp.prepare(opts["tokens"])
+    if profiler is not None:
+        profiler.disable()
     result["prepare_s"] = round(time.perf_counter() - t0, 4)
+    if profiler is not None:
+        result["prepare_profile"] = profile_rows(profiler, opts["profile"])
 
     after = manager.stats
     result["module_loads"] = launcher.module_loads() - loads_before
@@ -184,6 +191,38 @@ def _worker_body(rank: int, opts: dict, barrier: Any) -> dict:
     distinct_requests(layers, opts["tokens"], "sm_90a")
     result["plan_s"] = round(time.perf_counter() - t0, 4)
     return result
+
+
+def _profiler() -> Any:
+    import cProfile
+
+    return cProfile.Profile()
+
+
+def profile_rows(profiler: Any, count: int) -> list[dict]:
+    """The ``count`` functions of a finished profile with the most cumulative time, as
+    {"function", "calls", "cum_ms", "own_ms"} (function: file:line(name), the file relative
+    to mlpjit's package or its last two parts)."""
+    import pstats
+
+    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
+    rows = sorted(stats.items(), key=lambda item: item[1][3], reverse=True)[:count]
+    return [
+        {
+            "function": f"{_short_path(file)}:{line}({name})",
+            "calls": nc,
+            "cum_ms": round(ct * 1e3, 3),
+            "own_ms": round(tt * 1e3, 3),
+        }
+        for (file, line, name), (_, nc, tt, ct, _) in rows
+    ]
+
+
+def _short_path(file: str) -> str:
+    parts = Path(file).parts
+    if "mlpjit" in parts:
+        return "/".join(parts[len(parts) - 1 - parts[::-1].index("mlpjit") :])
+    return "/".join(parts[-2:])
 
 
 @contextlib.contextmanager
@@ -354,6 +393,13 @@ def parse_args(
     p.add_argument("--warmup", type=int, default=2000, help="untimed eager calls first")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument(
+        "--profile",
+        type=positive_int,
+        metavar="N",
+        help="profile each worker's prepare (cProfile; prepare s then includes the "
+        "profiler's cost) and report its N functions of most cumulative time",
+    )
     p.add_argument("--dry-run", action="store_true", help="list layers and kernels; no GPU")
     p.add_argument("--plot", type=Path, help="with --plot-from: write a PNG of those reports")
     p.add_argument("--plot-from", type=Path, nargs="+", metavar="JSON", help="stored reports")
@@ -434,6 +480,16 @@ def format_table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def format_profile(rows: list[dict]) -> str:
+    """A worker's prepare profile (profile_rows) as a markdown table."""
+    lines = ["| cum ms | own ms | calls | function |", "|---|---|---|---|"]
+    lines += [
+        f"| {r['cum_ms']:.2f} | {r['own_ms']:.2f} | {r['calls']} | {r['function']} |"
+        for r in rows
+    ]
+    return "\n".join(lines)
+
+
 MISSING_KERNEL = "the cache lacks kernels of"
 
 
@@ -495,6 +551,7 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
         "warmup": args.warmup,
         "seed": args.seed,
         "distinct_kernels": len(requests),
+        "profile": args.profile,
     }
     runs = []
     for count in args.workers:
@@ -526,4 +583,9 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
     else:
         print(f"{header}; cache {config.cache_dir()}\n{GOALS}\n")
         print(format_table(runs))
+        for run in runs:
+            profile = run["results"][0].get("prepare_profile")
+            if profile:
+                head = f"{run['workers']} worker(s), worker 0's prepare"
+                print(f"\n{head}:\n{format_profile(profile)}")
     return 0
