@@ -26,7 +26,9 @@ together with every other layer's queued check (one host sync per device for a w
 
 Start-up: the kernels come through mlpjit.jit.loaded, the process-wide memo of loaded
 kernels, so the many layers of one shape cost one cache lookup and one module load per
-distinct kernel and device, and every later layer a dict lookup; the token counts' paths
+distinct kernel and device; the first layer of a signature (shape, options, SM count,
+device) keeps its kernel pairs in the memo's scope (``loaded.derived``), so every later
+layer costs one dict lookup per token count; the token counts' paths
 (``kernel_supported``) are planned once per shape too.
 
 Beside the class, each with one job: the checks of the constructor's and prepare's
@@ -456,21 +458,40 @@ class DenseMlp:
                 f"DenseMlp.prepare({todo}) called during CUDA graph capture; "
                 "prepare every token count before capture"
             )
-        requests = kernel_requests(
-            self.hidden,
-            self.intermediate,
-            todo,
-            self.arch,
-            limit=self.limit,
-            ue8m0=self.ue8m0,
-            sms=self.sms,
-        )
+        from mlpjit.jit import loaded
+
         if self._act_buffers is None:  # before any count is marked loaded below
             from mlpjit.jit.launcher import stream_handle_getter
 
             self._stream_of = stream_handle_getter()
             self._act_buffers = _ActBuffers(self.device, self._index, self.intermediate)
+        # Layers of one signature share their pairs: the first loads them, the rest look
+        # them up (loaded.derived: the kernels' own scope, so never a pair it would not give).
+        shared = loaded.derived()
+        signature = (
+            "DenseMlp", self._index, self.hidden, self.intermediate, self.limit, self.ue8m0,
+            self.sms, self.arch,
+        )  # fmt: skip
+        missing = []
+        for m in todo:
+            pair = shared.get((*signature, m))
+            if pair is None:
+                missing.append(m)
+            else:
+                self._kernels[m] = pair
+        if not missing:
+            return
+        requests = kernel_requests(
+            self.hidden,
+            self.intermediate,
+            missing,
+            self.arch,
+            limit=self.limit,
+            ue8m0=self.ue8m0,
+            sms=self.sms,
+        )
         for m, pair in _load_pairs(requests, self.device):
+            shared[(*signature, m)] = pair
             self._kernels[m] = pair
 
     def _capturing(self) -> bool:

@@ -381,6 +381,39 @@ def test_kernel_path_prepare_and_launch_order(fake_kernel_path, kernel_weights) 
     )
 
 
+def test_layers_of_one_signature_share_one_load(fake_kernel_path, kernel_weights) -> None:
+    """Many layers of one shape and options: the first loads its pairs (one warm), the rest
+    take the same pairs without asking the manager or the kernel memo; a layer that differs
+    in an option, the SM count or a token count loads its own."""
+    from mlpjit.jit import loaded
+
+    mlp, fake, _ = fake_kernel_path
+    mlp.prepare([1, 2])
+    asked = loaded.stats().asked
+    twins = [_mlp(kernel_weights, limit=2.0, ue8m0=True) for _ in range(3)]
+    for twin in twins:
+        twin.arch = "sm_90a"
+        twin.prepare([2, 1])
+    assert len(fake.warmed) == 1 and loaded.stats().asked == asked
+    assert all(twin._kernels[m] is mlp._kernels[m] for twin in twins for m in (1, 2))
+    twins[0].prepare([1, 3])  # one new count: only its two kernels
+    assert [len(w) for w in fake.warmed] == [4, 2]
+    other = _mlp(kernel_weights, limit=None, ue8m0=True)
+    other.arch = "sm_90a"
+    other.prepare([1])
+    assert {r.params["limit"] for r in fake.warmed[-1] if r.params["swiglu"]} == {None}
+    fewer_sms = _mlp(kernel_weights, limit=2.0, ue8m0=True)
+    fewer_sms.arch, fewer_sms.sms = "sm_90a", 78
+    fewer_sms.prepare([1])
+    assert {r.params.get("sms") for r in fake.warmed[-1]} == {78}
+    assert len(fake.warmed) == 4
+    loaded.clear()  # forgets the shared pairs with the kernels
+    again = _mlp(kernel_weights, limit=2.0, ue8m0=True)
+    again.arch = "sm_90a"
+    again.prepare([1])
+    assert len(fake.warmed) == 5
+
+
 def test_act_buffers_come_from_prepare_for_its_thread_and_stream(fake_kernel_path) -> None:
     import threading
 

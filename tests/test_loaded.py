@@ -134,3 +134,29 @@ def test_clear_forgets_everything(loads: list[tuple]) -> None:
     assert loaded.stats() == loaded.MemoStats()
     list(loaded.load_kernels([_request()], CUDA0, manager))
     assert len(manager.asked) == 2
+
+
+def test_derived_values_live_in_the_kernels_scope(
+    loads: list[tuple], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """derived(): one dict per manager and MLPJIT_RECORD file, the same dict on every ask
+    within them, a fresh one in another scope, emptied by clear(); managers stay weak."""
+    import gc
+    import weakref
+
+    one, two = _CountingManager(), _CountingManager()
+    loaded.derived(one)["pair"] = "of one"
+    assert loaded.derived(one) == {"pair": "of one"} and loaded.derived(two) == {}
+    monkeypatch.setenv("MLPJIT_RECORD", str(tmp_path / "record.jsonl"))
+    assert loaded.derived(one) == {}
+    monkeypatch.delenv("MLPJIT_RECORD")
+    assert loaded.derived(one) == {"pair": "of one"}
+    loaded.clear()
+    assert loaded.derived(one) == {}
+    gone = weakref.ref(two)
+    del two
+    gc.collect()
+    assert gone() is None
+    monkeypatch.setenv("MLPJIT_CACHE_DIR", str(tmp_path / "cache"))
+    loaded.derived()["default"] = 1
+    assert loaded.derived(default_manager()) == {"default": 1}

@@ -13,6 +13,9 @@ The memo never serves what the manager would no longer give:
   manager starts with an empty memo (so does a test's own manager);
 - within a manager, per MLPJIT_RECORD file: a process that starts recording asks the
   manager again, which appends each kernel it serves to the record once.
+Values derived from loaded kernels (DenseMlp's kernel pairs per layer signature) live in
+``derived()``'s dict, in the same scope, so the later layers of a shape skip even the memo's
+per-request lookups.
 ``clear()`` forgets everything (tests). Loaded modules stay loaded either way: the launcher
 keeps one per (key, device) for the life of the process.
 """
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
     from mlpjit.jit.manager import CompileManager
     from mlpjit.jit.spec import KernelRequest
 
-__all__ = ["MemoStats", "clear", "load_kernels", "stats"]
+__all__ = ["MemoStats", "clear", "derived", "load_kernels", "stats"]
 
 
 @dataclass
@@ -50,6 +53,8 @@ _lock = threading.Lock()
 # manager -> {(MLPJIT_RECORD file, device, request identity): LoadedKernel}
 _memo: weakref.WeakKeyDictionary[Any, dict[tuple, LoadedKernel]] = weakref.WeakKeyDictionary()
 _stats = MemoStats()
+# manager -> {MLPJIT_RECORD file: the derived() dict}
+_derived: weakref.WeakKeyDictionary[Any, dict[Any, dict]] = weakref.WeakKeyDictionary()
 
 
 # id(request) -> (request, its identity): the planner hands every layer of a shape the same
@@ -108,6 +113,27 @@ def load_kernels(
         yield kernel
 
 
+def derived(manager: CompileManager | None = None) -> dict:
+    """The dict where callers keep values made from this scope's loaded kernels (e.g. a
+    layer signature's kernel pairs), under keys of their own: one dict per compile manager
+    (``manager``, default ``default_manager()``; weakly) and MLPJIT_RECORD file, like the
+    kernels themselves, so it never serves a kernel the memo would not; emptied by
+    ``clear()``."""
+    from mlpjit.jit import manager as manager_module
+
+    if manager is None:
+        manager = manager_module.default_manager()
+    record = config.record_file()
+    with _lock:
+        scopes = _derived.get(manager)
+        if scopes is None:
+            scopes = _derived[manager] = {}
+        found = scopes.get(record)
+        if found is None:
+            found = scopes[record] = {}
+        return found
+
+
 def stats() -> MemoStats:
     """A snapshot of the memo's counters in this process."""
     with _lock:
@@ -119,5 +145,6 @@ def clear() -> None:
     global _stats
     with _lock:
         _memo.clear()
+        _derived.clear()
         _identities.clear()
         _stats = MemoStats()
