@@ -4,6 +4,8 @@
 Per shape and token count, each method runs a chain of distinct layers whose weights total at
 least ``--l2-multiple`` x the GPU's L2 (so weights come from HBM, not L2), captured once in a
 CUDA graph; the per-layer time is the median over ``--replays`` replays / layer count.
+``--l2-resident`` chains calls of one layer instead, so its weights stay in L2: what the
+kernels take when HBM is not the limit (their fixed costs).
 Methods, all in the same run:
   mlpjit        DenseMlp (two fused kernels, PDL on)
   mlpjit_nopdl  the same kernels launched without programmatic dependent launch

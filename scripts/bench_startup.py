@@ -30,7 +30,8 @@ carry it to the GPU machine, and there run
     MLPJIT_CACHE_DIR=.gpu-cache python3 scripts/bench_startup.py --model glm5 --tp 8 \\
         --workers 1,8 --json
 A kernel missing from the cache fails the run with one line (the workers cannot compile).
-``--dry-run`` lists the layers and kernels without a GPU. The top of this file imports no
+``--dry-run`` lists the layers and kernels without a GPU; ``--profile N`` runs each worker's
+prepare under cProfile and reports its N functions of most cumulative time. The top of this file imports no
 torch and nothing of mlpjit that does, so a spawned worker's import time is its own.
 
 ``--plot PNG --plot-from JSON...`` draws stored reports instead (matplotlib, no GPU): a file

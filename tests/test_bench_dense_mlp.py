@@ -50,6 +50,14 @@ def test_grid_adds_the_off_table_shapes(capsys) -> None:
     assert "h2048-i256: hidden 2048, intermediate 256," in capsys.readouterr().out
 
 
+def test_l2_resident_chains_calls_of_one_layer(capsys) -> None:
+    assert bench.main(["--dry-run", "--l2-resident", "--shapes", "glm5-tp8"]) == 0
+    text = capsys.readouterr().out
+    calls = bench.L2_RESIDENT_CALLS
+    assert f"glm5-tp8: hidden 6144, intermediate 1536, {calls} calls of one layer" in text
+    assert bench.parse_args([]).l2_resident is False
+
+
 def test_quick_narrows_the_run() -> None:
     args = bench.parse_args(["--quick"])
     assert args.shape_list == ["glm5-tp8"] and args.token_list == [1, 8] and args.replays == 30

@@ -50,6 +50,9 @@ SHAPES = {
 # of the latter).
 ALL_SHAPES = {**DENSE_SHAPES, **GRID_SHAPES}
 DEFAULT_TOKENS = (1, 2, 4, 8)
+# --l2-resident: calls of one layer in a chain (weights of the largest benchmark shape below
+# 60 MB stay in the H200's L2).
+L2_RESIDENT_CALLS = 40
 METHODS = ("mlpjit", "mlpjit_nopdl", "stock", "scaled_mm", "bf16")
 
 
@@ -91,6 +94,12 @@ def parse_args(
     p.add_argument("--replays", type=int, default=200, help="timed graph replays (>= 1)")
     p.add_argument("--warmup", type=int, default=10, help="untimed replays first")
     p.add_argument("--l2-multiple", type=float, default=4.0, help="chain weights / L2 size")
+    p.add_argument(
+        "--l2-resident",
+        action="store_true",
+        help=f"chain {L2_RESIDENT_CALLS} calls of one layer instead (its weights stay in "
+        "L2): what the kernels take without HBM",
+    )
     p.add_argument("--host-calls", type=int, default=100, help="eager calls per host batch")
     p.add_argument("--fp32-scales", action="store_true", help="activation scales not ue8m0")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {METHODS}")
@@ -165,9 +174,13 @@ def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -
 
     hidden, inter = ALL_SHAPES[name]
     n_layers = layers_needed(hidden, inter, l2_bytes, args.l2_multiple)
+    distinct = n_layers
+    if args.l2_resident:
+        n_layers, distinct = L2_RESIDENT_CALLS, 1
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     ue8m0 = not args.fp32_scales
-    fp8_layers = [random_fp8_layer(hidden, inter, gen, scale=TIMING_SCALE) for _ in range(n_layers)]
+    fp8_layers = [random_fp8_layer(hidden, inter, gen, scale=TIMING_SCALE) for _ in range(distinct)]
+    fp8_layers = fp8_layers * (n_layers // distinct)  # --l2-resident: one layer, many calls
     mlps = [DenseMlp(**w, ue8m0=ue8m0) for w in fp8_layers]
     for mlp in mlps:
         mlp.prepare(args.token_list)
@@ -190,8 +203,8 @@ def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -
                     torch.bfloat16
                 ),
             )
-            for _ in range(n_layers)
-        ]
+            for _ in range(distinct)
+        ] * (n_layers // distinct)
     floor_us = layer_bytes(hidden, inter) / bw * 1e6
     rows = []
     for m in args.token_list:
@@ -238,7 +251,7 @@ def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -
             "intermediate": inter,
             "tokens": m,
             "layers": n_layers,
-            "chain_mb": round(n_layers * layer_bytes(hidden, inter) / 2**20, 1),
+            "chain_mb": round(distinct * layer_bytes(hidden, inter) / 2**20, 1),
             "path": mlps[0].path(m),
             "floor_us": floor_us,
         }
@@ -332,6 +345,7 @@ def _meta(args: argparse.Namespace, l2_bytes: int, bw: float, argv: Sequence[str
         "ue8m0": not args.fp32_scales,
         "replays": args.replays,
         "l2_multiple": args.l2_multiple,
+        "l2_resident": args.l2_resident,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "python3 scripts/bench_dense_mlp.py " + " ".join(argv),
     }
@@ -359,8 +373,11 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
                 m: "kernel" if kernel_supported(hidden, inter, m) else "stock"
                 for m in args.token_list
             }
+            chain = f"{n} layers x"
+            if args.l2_resident:
+                chain = f"{L2_RESIDENT_CALLS} calls of one layer (L2-resident) of"
             print(
-                f"{name}: hidden {hidden}, intermediate {inter}, {n} layers x "
+                f"{name}: hidden {hidden}, intermediate {inter}, {chain} "
                 f"{layer_bytes(hidden, inter) / 2**20:.1f} MiB; tokens -> path {paths}"
             )
         print(f"methods {args.method_list}; {args.replays} replays after {args.warmup} warm-up")
