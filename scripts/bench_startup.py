@@ -12,8 +12,9 @@ Each worker (spawned, like a TP rank; worker i on GPU i modulo the visible GPUs)
      cuModuleLoadData calls and distinct kernels, the cache lookups behind them
   4b. resolves the weight-scale checks construction queued (DenseMlp.check_weight_scales:
      one host sync for all layers)                                          -> scale check s
-  6. eager host time per call at m=1 of the first dense MLP and the first shared expert
-     (median of --calls calls, each timed until it returns, with torch.cuda.synchronize only
+  6. (after a second barrier: no worker's timed launches overlap another's start-up on a
+     shared GPU) eager host time per call at m=1 of the first dense MLP and the first
+     shared expert (median of --calls calls, each timed until it returns, with torch.cuda.synchronize only
      around the loop), split into: the two launches alone (launch host us), a DenseMlp
      call (eager host us), a call through the torch op torch.ops.mlpjit.dense_mlp (op host
      us) and mlpjit.ops.dense_mlp's eager call that skips the op's dispatch (op eager host

@@ -152,6 +152,10 @@ def _worker_body(rank: int, opts: dict, barrier: Any) -> dict:
     result["prepare_s"] = round(time.perf_counter() - t0, 4)
     if profiler is not None:
         result["prepare_profile"] = profile_rows(profiler, opts["profile"])
+    # Every worker's start-up ends before any starts its eager loop: sharing one GPU, a
+    # worker's module loads would otherwise wait behind the others' timed launches (on a
+    # TP server each rank has a GPU of its own).
+    barrier.wait()
 
     after = manager.stats
     result["module_loads"] = launcher.module_loads() - loads_before
