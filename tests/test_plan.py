@@ -606,10 +606,159 @@ def test_k1152_down_projections_are_one_wave_of_several_tiles() -> None:
 
 
 @pytest.mark.parametrize(("rows", "k"), [(512, 6144), (6144, 256), (7168, 1152), (4096, 7168)])
-def test_spread_table_ranks_each_token_count_as_alone(rows, k) -> None:
-    """_spread_table ranks every token count in one pass (shared memory checked once per
-    step count, as a prefix of the counts): the same ranks as each count searched alone."""
-    table = tuning._spread_table(rows, k, hopper.SMS, tuning._TABLE_COUNTS, waves_ok=False)
+def test_spread_search_ranks_each_token_count_as_alone(rows, k) -> None:
+    """_spread_search finds every token count's decompositions in one pass (shared memory
+    checked once, as a prefix of the counts): the same ranks as each count searched alone."""
+    table = tuning._spread_search(rows, k, hopper.SMS, tuning._TABLE_COUNTS, False)
     for at, tokens in enumerate(tuning._TABLE_COUNTS):
-        alone = tuning._spread_table(rows, k, hopper.SMS, (tokens,), waves_ok=False)
-        assert table[at] == alone[0], tokens
+        alone = tuning._spread_search(rows, k, hopper.SMS, (tokens,), False)
+        assert table.ranked(at) == alone.ranked(0), tokens
+
+
+def _reference_spread_ranked(rows: int, k: int, tokens: int, sms: int) -> list[tuple]:
+    """_spread_ranked the straightforward way (as the planner searched before its bounded
+    search): every decomposition of one wave (or, where none fits, of several) with the
+    first register step count tried that fits, ranked by the cost model, sorted."""
+    divisors = lambda n, limit: [d for d in range(1, min(n, limit) + 1) if n % d == 0]  # noqa: E731
+    for max_waves in (1, tuning.SPREAD_MAX_WAVES):
+        found = []
+        for splits in divisors(k // gemv_params.GROUP, gemv_params.SPLITS_MAX):
+            kc = k // splits
+            for slice_k in gemv_params.SLICE_SIZES:
+                if kc % slice_k:
+                    continue
+                slices, steps = kc // slice_k, slice_k // gemv_params.STEP
+                geometry = {"slice_k": slice_k, "splits": splits}
+                for tiles in divisors(rows // 16, gemv_params.MAX_WARPS):
+                    for spw in divisors(slices, slices):
+                        warps = tiles * slices // spw
+                        if warps > gemv_params.MAX_WARPS:
+                            continue
+                        threads = gemv_params.cta_threads(k, tiles, spw, **geometry)
+                        for cps in range(1, tuning.SPREAD_MAX_CTAS_PER_SM + 1):
+                            fit = tuning._register_steps(threads, cps, spw, slice_k)
+                            slots = hopper.resident_ctas(sms * cps, splits)
+                            if fit is None or slots == 0:
+                                continue
+                            regs = hopper.reg_budget(threads, cps)
+                            ctas = gemv_params.grid_ctas(
+                                rows, k, tiles, fit, cps, spw, sms, **geometry
+                            )
+                            persistent = gemv_params.is_persistent(rows, tiles, splits, ctas)
+                            waves = -(-ctas // slots)
+                            if (persistent and tiles > 1) or (
+                                not persistent and waves > max_waves
+                            ):
+                                continue
+                            cap = min(fit, tuning.HEURISTIC_MAX_IN_REGS)
+                            for in_regs in (*range(cap, -1, -1), *range(cap + 1, fit + 1)):
+                                needs = tuning._spread_regs(
+                                    spw, in_regs, slice_k, splits > 1, persistent
+                                )
+                                smem = gemv_params.smem_bytes(
+                                    k, tokens, tiles, in_regs, spw, **geometry
+                                )
+                                if (
+                                    spw * (steps - in_regs) <= gemv_params.MAX_PENDING_GROUPS
+                                    and needs <= regs
+                                    and smem <= hopper.smem_budget(cps)
+                                ):
+                                    quant = tuning.X_COST * tokens * kc * 2 * max(
+                                        1.0, tuning.QUANT_WARPS / warps
+                                    )
+                                    split = (
+                                        tuning.SPLIT_COST + tuning.SPLIT_STEP * (splits - 2)
+                                        if splits > 1
+                                        else 0
+                                    )
+                                    rounds = -(-(rows // (16 * tiles) * splits) // ctas)
+                                    cost = -(-ctas // sms) * (
+                                        rounds * (16 * tiles * kc + split) + quant
+                                    )
+                                    rank = (waves, cost, splits, -slice_k, warps, cps, ctas)
+                                    config = GemvConfig(
+                                        tiles, in_regs, cps, slices_per_warp=spw, **geometry
+                                    )
+                                    found.append((rank, config))
+                                    break
+        if found:
+            return sorted(found, key=lambda item: item[0])
+    return []
+
+
+def _reference_spread_pick(rows: int, k: int, tokens: int, sms: int) -> GemvConfig:
+    """_spread_pick over the whole reference list: the first of those modeled_us rates
+    fastest (K splits in persistent grids left out), or the first."""
+    ranked = _reference_spread_ranked(rows, k, tokens, sms)
+    if rows * k < tuning.RERANK_MIN_BYTES and tokens >= tuning.HEURISTIC_CLUSTER_MIN_TOKENS:
+        return ranked[0][1]
+    rated = [
+        (tuning.modeled_us(rows, k, tokens, config, sms), order, config)
+        for order, (rank, config) in enumerate(ranked)
+        if config.splits == 1
+        or not gemv_params.is_persistent(rows, config.tiles, config.splits, rank[-1])
+    ]
+    return min(rated)[2] if rated else ranked[0][1]
+
+
+def _reference_supports(rows: int, k: int, tokens: int, sms: int) -> bool:
+    if tokens > gemv_params.MAX_TOKENS or k % gemv_params.GROUP or rows % 16:
+        return False
+    slices = k // gemv_params.SLICE
+    if k % gemv_params.SLICE == 0 and any(
+        tuning.max_in_regs(k, tokens, tiles, cps) is not None
+        for tiles in (1, 2, 4, 8, 16, 32)
+        if tiles * slices <= gemv_params.MAX_WARPS and rows % (16 * tiles) == 0
+        for cps in range(1, 9)
+    ):
+        return True
+    return bool(_reference_spread_ranked(rows, k, tokens, sms))
+
+
+def _spread_shapes() -> list[tuple[int, int, int]]:
+    """Shapes whose searches take each path: GLM-5 TP 8's shared expert, K splits in a
+    persistent grid (DeepSeek-V3 TP 1 down), several waves (Qwen3-14B TP 1 down), a few
+    SMs, and a fixed sample of others."""
+    import random
+
+    shapes = [
+        (512, 6144, 132),
+        (6144, 256, 132),
+        (7168, 1152, 132),
+        (3072, 2816, 114),
+        (7168, 18432, 132),
+        (5120, 17408, 132),
+        (1024, 1024, 8),
+        (2304, 6144, 16),
+        (4096, 7168, 78),
+    ]
+    rng = random.Random(2024)
+    for _ in range(12):
+        rows, k = 16 * rng.randint(1, 1024), 128 * rng.randint(1, 96)
+        shapes.append((rows, k, rng.choice((16, 78, 114, 132))))
+    return shapes
+
+
+@pytest.mark.parametrize(("rows", "k", "sms"), _spread_shapes())
+def test_spread_search_equals_the_straightforward_search(rows, k, sms) -> None:
+    """_SpreadSearch finds only the blocks of decompositions that can rank first (best) or
+    be rated fastest (fastest): the same picks, costs and support as ranking every
+    decomposition, and its full list (ranked) is that list."""
+    for memo in (tuning._spread_search, tuning._spread_pick, tuning._spread_ranked):
+        memo.cache_clear()
+    tuning._supports.cache_clear()
+    for tokens in range(1, gemv_params.MAX_TOKENS + 1):
+        ranked = _reference_spread_ranked(rows, k, tokens, sms)
+        spread = tuning._spread(rows, k, tokens, sms)
+        assert spread == ((ranked[0][0][1], ranked[0][1]) if ranked else None), tokens
+        assert tuning.kernel_supports(rows, k, tokens, sms) == _reference_supports(
+            rows, k, tokens, sms
+        )
+        if ranked:
+            assert tuning._spread_pick(rows, k, tokens, sms) == _reference_spread_pick(
+                rows, k, tokens, sms
+            ), tokens
+    for tokens in range(1, gemv_params.MAX_TOKENS + 1):
+        assert tuning._spread_ranked(rows, k, tokens, sms) == tuple(
+            _reference_spread_ranked(rows, k, tokens, sms)
+        ), tokens

@@ -175,6 +175,11 @@ class GemvConfig:
     splits: int = 1
 
 
+# GemvConfig's field names, each also one of GemvParams': its values are plain ints and
+# bools, read directly (dataclasses.asdict copies each one recursively, a planner hot spot).
+_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(GemvConfig))
+
+
 def check_limit(limit: Any, name: str = "limit") -> float | None:
     """The clamped-SwiGLU limit as a float (None: no clamp), else a one-line ValueError
     naming ``name``: a finite BF16 number in [MIN_LIMIT, MAX_LIMIT] (bool and str refused:
@@ -312,13 +317,13 @@ class GemvParams:
             limit=limit if swiglu else None,
             ue8m0=ue8m0,
             sms=sms,
-            **dataclasses.asdict(config),
+            **{name: getattr(config, name) for name in _CONFIG_FIELDS},
         )
 
     @property
     def config(self) -> GemvConfig:
         """The tuning knobs of these params."""
-        return GemvConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(GemvConfig)})
+        return GemvConfig(**{name: getattr(self, name) for name in _CONFIG_FIELDS})
 
     # Geometry: all Python constants, compiled into the kernel.
     @property

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import replace
+from typing import NamedTuple
 
 from mlpjit.kernels import hopper
 from mlpjit.kernels.checks import check_bool, check_int
@@ -280,10 +281,16 @@ def one_wave_candidates(
 ) -> list[tuple[tuple, GemvConfig]]:
     """(score, config) of every one-CTA-per-tile tiling of whole-K 512-K slices that fits,
     lower score better (none when 512 does not divide k)."""
-    slices = k // SLICE
-    found = []
+    return list(_one_wave_tilings(rows, k, tokens, sms))
+
+
+def _one_wave_tilings(
+    rows: int, k: int, tokens: int, sms: int
+) -> Iterator[tuple[tuple, GemvConfig]]:
+    """one_wave_candidates, one at a time (kernel_supports needs only the first)."""
     if k % SLICE:
-        return found
+        return
+    slices = k // SLICE
     tiles = 1
     while tiles * slices <= MAX_WARPS:
         if rows % (16 * tiles) == 0:
@@ -291,15 +298,14 @@ def one_wave_candidates(
             for cps in range(1, 9):
                 in_regs = max_in_regs(k, tokens, tiles, cps)
                 if in_regs is None:
-                    continue
+                    break  # nor at heavier bounds: fewer registers and less shared memory
                 waves = math.ceil(ctas / (sms * cps))
                 # Fewest waves; then use as many SMs as possible (bandwidth per SM is
                 # limited); then fewer CTAs (each one re-quantizes all of x); then the
                 # lightest launch bound.
                 score = (waves, -min(ctas, sms), ctas, cps)
-                found.append((score, GemvConfig(tiles, in_regs, cps)))
+                yield score, GemvConfig(tiles, in_regs, cps)
         tiles *= 2
-    return found
 
 
 def kernel_supports(rows: int, k: int, tokens: int, sms: int = hopper.SMS) -> bool:
@@ -307,11 +313,18 @@ def kernel_supports(rows: int, k: int, tokens: int, sms: int = hopper.SMS) -> bo
     the stock path."""
     _check_shape(rows, k, tokens)
     hopper.check_sms(sms)
+    return _supports(rows, k, tokens, sms)
+
+
+@functools.lru_cache(maxsize=4096)
+def _supports(rows: int, k: int, tokens: int, sms: int) -> bool:
+    """kernel_supports of checked arguments, memoized: planning a layer asks it of each
+    launch three times (dense_mlp_requests for both launches, then choose_config)."""
     if tokens > MAX_TOKENS or k % GROUP or rows % 16:
         return False
-    if k % SLICE == 0 and one_wave_candidates(rows, k, tokens, sms):
+    if next(_one_wave_tilings(rows, k, tokens, sms), None) is not None:
         return True
-    return _spread(rows, k, tokens, sms) is not None
+    return _spread_search_at(rows, k, tokens, sms) is not None
 
 
 # The model _spread ranks decompositions with: the busiest SM's bytes, where a CTA costs its
@@ -376,8 +389,11 @@ def spread_configs(
     return [config for _, config in _spread_ranked(rows, k, tokens, sms)[:count]]
 
 
-def _divisors(n: int, limit: int) -> list[int]:
-    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+@functools.lru_cache(maxsize=1024)
+def _divisors(n: int, limit: int) -> tuple[int, ...]:
+    """The divisors of ``n`` up to ``limit``, ascending (memoized: _spread's loops ask the
+    same ones many times)."""
+    return tuple(d for d in range(1, min(n, limit) + 1) if n % d == 0)
 
 
 def _modeled_cost(
@@ -385,11 +401,28 @@ def _modeled_cost(
 ) -> float:
     """Bytes the busiest SM moves, in the model above (``ctas`` CTAs, one resident wave; a
     persistent grid's CTAs take several row tiles in turn)."""
+    return _cost_at(tokens, _cost_terms(rows, k, tiles, ctas, splits, warps, sms))
+
+
+def _cost_terms(
+    rows: int, k: int, tiles: int, ctas: int, splits: int, warps: int, sms: int
+) -> tuple[int, int, int, float]:
+    """The token-independent terms of _modeled_cost: (CTAs on the busiest SM, the weight
+    bytes of the row tiles one takes in turn plus their K splits' cost, its K, the factor
+    of its x part for fewer than QUANT_WARPS warps)."""
     kc = k // splits
     rounds = math.ceil(rows // (16 * tiles) * splits / ctas)
-    quant = X_COST * tokens * kc * 2 * max(1.0, QUANT_WARPS / warps)
     split = SPLIT_COST + SPLIT_STEP * (splits - 2) if splits > 1 else 0
-    return math.ceil(ctas / sms) * (rounds * (16 * tiles * kc + split) + quant)
+    weight = rounds * (16 * tiles * kc + split)
+    return math.ceil(ctas / sms), weight, kc, max(1.0, QUANT_WARPS / warps)
+
+
+def _cost_at(tokens: int, terms: tuple[int, int, int, float]) -> float:
+    """_modeled_cost at ``tokens`` from its _cost_terms. The cost grows with each term, also
+    in floating point (each sum and product is rounded the same way, monotonically): with
+    a smaller factor it is a lower bound."""
+    per_sm, weight, kc, x_factor = terms
+    return per_sm * (weight + X_COST * tokens * kc * 2 * x_factor)
 
 
 def modeled_us(
@@ -397,43 +430,45 @@ def modeled_us(
 ) -> tuple[int, float]:
     """(waves, estimated microseconds) of a config in the model above."""
     p = _launch(rows, k, tokens, config, sms)
-    return _modeled_us(rows, k, config, p.ctas, sms)
+    c = config
+    return _modeled_us(rows, k, c.tiles, c.splits, c.cluster, c.ctas_per_sm, p.ctas, sms)
 
 
 def _modeled_us(
-    rows: int, k: int, config: GemvConfig, ctas: int, sms: int
+    rows: int, k: int, tiles: int, splits: int, cluster: int, cps: int, ctas: int, sms: int
 ) -> tuple[int, float]:
-    units = rows // (16 * config.tiles) * config.splits  # (row tile, K split) pairs
-    cluster = max(config.cluster, config.splits)
-    waves = math.ceil(ctas / hopper.resident_ctas(sms * config.ctas_per_sm, cluster))
+    """modeled_us of a grid of ``ctas`` CTAs (a config's tiles, splits, cluster and
+    ctas_per_sm): it does not depend on the token count."""
+    units = rows // (16 * tiles) * splits  # (row tile, K split) pairs
+    cluster = max(cluster, splits)
+    waves = math.ceil(ctas / hopper.resident_ctas(sms * cps, cluster))
     per_sm = math.ceil(ctas / sms)  # CTAs on the busiest SM
     rounds = per_sm * math.ceil(units / ctas)  # units it takes in turn
-    weight_kb = rounds * 16 * config.tiles * (k // config.splits) / 1e3
+    weight_kb = rounds * 16 * tiles * (k // splits) / 1e3
     us = (
         weight_kb / HBM_KB_PER_US
-        + PERSISTENT_US * is_persistent(rows, config.tiles, config.splits, ctas)
+        + PERSISTENT_US * is_persistent(rows, tiles, splits, ctas)
         + ROUND_US * rounds
-        + SPLIT_US * (config.splits - 1)
+        + SPLIT_US * (splits - 1)
     )
     return waves, us
 
 
 @functools.lru_cache(maxsize=4096)
 def _spread_pick(rows: int, k: int, tokens: int, sms: int) -> GemvConfig:
-    """The _spread decomposition choose_config takes: by modeled_us where it applies
-    (RERANK_MIN_BYTES), else the cost model's best."""
-    ranked = _spread_ranked(rows, k, tokens, sms)
+    """The _spread decomposition choose_config takes (where _spread finds one): the cost
+    model's best (_spread's) for kernels of less than RERANK_MIN_BYTES at
+    HEURISTIC_CLUSTER_MIN_TOKENS tokens or more; else of those modeled_us rates fastest
+    (fewest waves, then least us; K splits in persistent grids left out) the one that ranks
+    first, or _spread's where that leaves none."""
+    found = _spread_search_at(rows, k, tokens, sms)
+    if found is None:
+        raise ValueError(f"_spread has no decomposition of rows={rows}, k={k}, tokens={tokens}")
+    search, at = found
     if rows * k < RERANK_MIN_BYTES and tokens >= HEURISTIC_CLUSTER_MIN_TOKENS:
-        return ranked[0][1]
-    best = None
-    for order, (rank, config) in enumerate(ranked):
-        ctas = rank[-1]
-        if config.splits > 1 and is_persistent(rows, config.tiles, config.splits, ctas):
-            continue  # a persistent grid split along K
-        rating = (*_modeled_us(rows, k, config, ctas, sms), order)
-        if best is None or rating < best[0]:
-            best = (rating, config)
-    return best[1] if best is not None else ranked[0][1]
+        return search.config(search.best(at)[1], at)
+    pick = search.fastest(at)
+    return search.config(pick if pick is not None else search.best(at)[1], at)
 
 
 def _spread(rows: int, k: int, tokens: int, sms: int) -> tuple[float, GemvConfig] | None:
@@ -442,148 +477,398 @@ def _spread(rows: int, k: int, tokens: int, sms: int) -> tuple[float, GemvConfig
     shared-memory and residency budgets: one CTA per (tile, split) in one resident wave, or
     a persistent grid of one wave (several waves only where neither fits); None if nothing
     fits."""
-    ranked = _spread_ranked(rows, k, tokens, sms)
-    return (ranked[0][0][1], ranked[0][1]) if ranked else None
+    found = _spread_search_at(rows, k, tokens, sms)
+    if found is None:
+        return None
+    search, at = found
+    rank, best = search.best(at)
+    return rank[1], search.config(best, at)
 
 
 @functools.lru_cache(maxsize=4096)
 def _spread_ranked(
     rows: int, k: int, tokens: int, sms: int
 ) -> tuple[tuple[tuple, GemvConfig], ...]:
-    """Every _spread decomposition that fits, as (rank, config), best first: those of one
-    wave, or where there are none (more weights than one wave's shared memory and registers
-    hold, and no persistent form fits: Qwen3-14B's TP-1 down projection), those of several
-    waves of one CTA per (tile, split), fewest waves first.
-
-    Read from the shape's table of every token count the kernel takes (_spread_table): a
-    layer plans 1-8 tokens, and all but shared memory and the cost model is the same for
-    each of them."""
-    counts = _TABLE_COUNTS if tokens in _TABLE_COUNTS else (tokens,)
-    at = counts.index(tokens)
-    ranked = _spread_table(rows, k, sms, counts, waves_ok=False)[at]
-    if not ranked:
-        ranked = _spread_table(rows, k, sms, counts, waves_ok=True)[at]
-    return ranked
+    """Every _spread decomposition that fits, as (rank, config), best first (see
+    _SpreadSearch.ranked): those of one wave, or where there are none (more weights than
+    one wave's shared memory and registers hold, and no persistent form fits: Qwen3-14B's
+    TP-1 down projection), those of several waves of one CTA per (tile, split), fewest
+    waves first. The planner reads only the first ones (_spread, _spread_pick); this whole
+    list is for tuning sweeps (spread_configs) and tests."""
+    found = _spread_search_at(rows, k, tokens, sms)
+    if found is None:
+        return ()
+    search, at = found
+    return search.ranked(at)
 
 
-# The token counts _spread_table ranks in one pass (ascending: see _smem_fits).
+# The token counts _spread_search covers in one pass (ascending: see _Decomposition.fitting).
 _TABLE_COUNTS = tuple(range(1, MAX_TOKENS + 1))
 
 
-@functools.lru_cache(maxsize=256)
-def _spread_table(
-    rows: int, k: int, sms: int, counts: tuple[int, ...], waves_ok: bool
-) -> tuple[tuple[tuple[tuple, GemvConfig], ...], ...]:
-    """For each of ``counts`` (ascending), its _spread decompositions as (rank, config), best
-    first: one CTA per (tile, split) in one resident wave (or, with ``waves_ok``, at most
-    SPREAD_MAX_WAVES of them), or a persistent grid of one wave.
+def _spread_search_at(
+    rows: int, k: int, tokens: int, sms: int
+) -> tuple[_SpreadSearch, int] | None:
+    """The search _spread reads for ``tokens`` and where ``tokens`` is in its counts: the
+    one-wave search, or where nothing of it fits, the one of several waves; None if neither
+    has a decomposition that fits. A layer plans 1-8 tokens, and all but shared memory and
+    the cost model is the same for each of them: one search covers them all."""
+    counts = _TABLE_COUNTS if tokens in _TABLE_COUNTS else (tokens,)
+    at = counts.index(tokens)
+    for waves_ok in (False, True):
+        search = _spread_search(rows, k, sms, counts, waves_ok)
+        if search.fits(at):
+            return search, at
+    return None
+
+
+class _Decomposition(NamedTuple):
+    """One _spread decomposition of a shape, all of it that does not depend on the token
+    count: the grid, the register step counts to try and the token-independent parts of
+    both cost models. Its config at a token count is ``tiles``, ``spw``, ``cps``,
+    ``slice_k``, ``splits`` and the first of ``tried`` whose shared memory fits there."""
+
+    # Its place in the search order: the loops over splits, slice sizes (SLICE_SIZES' order),
+    # tiles, spw and cps, each ascending. Equal ranks keep it.
+    order: tuple[int, int, int, int, int]
+    splits: int
+    slice_k: int
+    tiles: int
+    spw: int
+    cps: int
+    warps: int
+    ctas: int
+    waves: int  # waves of resident CTAs (of whole clusters of the splits)
+    persistent: bool
+    tried: tuple[int, ...]  # register step counts that fit all but shared memory, in order
+    # How many of the search's counts (ascending) the decomposition fits: shared memory
+    # grows with the token count and shrinks with the register steps, so it fits a count
+    # when the most steps of ``tried`` fit it, and those are the first counts.
+    fitting: int
+    cost_terms: tuple[int, int, int, float]  # _cost_terms
+    modeled: tuple[int, float]  # _modeled_us: (waves, us)
+
+
+class _Grid(NamedTuple):
+    """A grid some decompositions of a _Block can launch, and the parts of both cost models
+    it sets: the least waves it can take, its CTAs, _cost_terms' CTAs per SM, weight part and
+    K per CTA, and modeled_us's us (which depends on nothing else)."""
+
+    least_waves: int
+    ctas: int
+    per_sm: int
+    weight: int
+    kc: int
+    us: float
+
+
+class _Block(NamedTuple):
+    """The decompositions of one (K splits, slice size, tiles per CTA) of a shape, before
+    they are found: the grids they can launch (one CTA per (tile, split), or a persistent
+    grid), which bound their ranks from below."""
+
+    splits: int
+    slice_k: int
+    tiles: int
+    grids: tuple[_Grid, ...]
+
+
+class _SpreadSearch:
+    """Every decomposition _spread considers for one shape on ``sms`` SMs, for a tuple of
+    token counts (ascending): one CTA per (tile, split) in one resident wave (or, with
+    ``waves_ok``, at most SPREAD_MAX_WAVES of them), or a persistent grid of one wave.
 
     Each decomposition (splits, slice size, tiles, slices per warp, launch bound) takes the
     fewest register steps that fit (at most HEURISTIC_MAX_IN_REGS where shared memory
     allows). Whether a step count fits the registers, the cp.async groups and the grid rules
-    does not depend on the token count; shared memory does, and grows with it, so each
-    decomposition is checked once and its shared memory once per step count tried
-    (_smem_fits). Ranks: fewest waves, the cost model, then fewer splits, longer slices,
-    fewer warps, lighter launch bound (the grid last: what _spread_pick's model reads);
-    ties keep the search order."""
-    found: list[list[tuple[tuple, GemvConfig]]] = [[] for _ in counts]
-    max_waves = SPREAD_MAX_WAVES if waves_ok else 1
-    row_tiles = rows // 16
-    for splits in _divisors(k // GROUP, SPLITS_MAX):
-        kc = k // splits
-        for slice_k in SLICE_SIZES:
-            if kc % slice_k:
-                continue
-            slices = kc // slice_k
-            geometry = {"slice_k": slice_k, "splits": splits}
-            spws = _divisors(slices, slices)
-            for tiles in _divisors(row_tiles, MAX_WARPS):
-                for spw in spws:
-                    warps = tiles * slices // spw
-                    if warps > MAX_WARPS:
-                        continue
-                    threads = cta_threads(k, tiles, spw, **geometry)
-                    for cps in range(1, SPREAD_MAX_CTAS_PER_SM + 1):
-                        options = _spread_options(
-                            rows, k, tiles, spw, cps, threads, geometry, sms, max_waves
-                        )
-                        if options is None:
-                            continue
-                        fit, slots, ctas, tried = options
-                        fits = functools.partial(
-                            _smem_fits, k, counts, tiles, spw, geometry, hopper.smem_budget(cps)
-                        )
-                        waves = math.ceil(ctas / slots)
-                        configs: dict[int, GemvConfig] = {}
-                        for at, in_regs in enumerate(_first_fitting(fits(fit), tried, fits)):
-                            config = configs.get(in_regs)
-                            if config is None:
-                                config = configs[in_regs] = GemvConfig(
-                                    tiles, in_regs, cps, slices_per_warp=spw, **geometry
-                                )
-                            cost = _modeled_cost(
-                                rows, k, counts[at], tiles, ctas, splits, warps, sms
-                            )
-                            rank = (waves, cost, splits, -slice_k, warps, cps, ctas)
-                            found[at].append((rank, config))
-    return tuple(tuple(sorted(ranked, key=lambda item: item[0])) for ranked in found)
+    does not depend on the token count; shared memory does, so each decomposition is found
+    once (_block_decompositions) and only its shared memory and cost are asked per count.
 
+    Ranks (``rank``): fewest waves, the cost model, then fewer splits, longer slices, fewer
+    warps, lighter launch bound (the grid last: what _spread_pick's model reads); equal
+    ranks keep the search order. ``ranked`` sorts every decomposition; the planner needs
+    only the first (``best``) and the first of those modeled_us rates fastest
+    (``fastest``). Those visit the (splits, slice size, tiles) blocks by a lower bound of
+    what they compare and stop at the first block whose bound is past the best found, so
+    most blocks' decompositions are never found (at start-up this search is most of
+    planning).
+    """
 
-def _spread_options(
-    rows: int, k: int, tiles: int, spw: int, cps: int, threads: int, geometry: dict,
-    sms: int, max_waves: int,
-) -> tuple[int, int, int, list[int]] | None:  # fmt: skip
-    """The token-independent half of one _spread decomposition: (the most register steps
-    the registers allow, the resident CTA slots, the grid's CTAs, the register step counts
-    that fit the cp.async groups and the kernel's registers, in the order tried), or None
-    if none can fit: no cluster resident, a persistent grid of several tiles per CTA (only
-    measured with one), or more than ``max_waves`` waves."""
-    slice_k, splits = geometry["slice_k"], geometry["splits"]
-    fit = _register_steps(threads, cps, spw, slice_k)  # max_in_regs less shared memory
-    slots = hopper.resident_ctas(sms * cps, splits)
-    if fit is None or slots == 0:
-        return None  # nothing fits, or not even one cluster of the splits is resident
-    regs = hopper.reg_budget(threads, cps)
-    steps = slice_k // STEP
-    # The grid depends on the register steps only when all of them are in registers
-    # (grid_ctas), which fit (< steps) rules out: one grid for every step count tried.
-    ctas = grid_ctas(rows, k, tiles, fit, cps, spw, sms, **geometry)
-    persistent = is_persistent(rows, tiles, splits, ctas)
-    if persistent and tiles > 1:
-        return None  # persistent grids were only measured with one tile per CTA
-    if not persistent and math.ceil(ctas / slots) > max_waves:
-        return None
-    cap = min(fit, HEURISTIC_MAX_IN_REGS)
-    steps_tried = [
-        in_regs
-        for in_regs in [*range(cap, -1, -1), *range(cap + 1, fit + 1)]
-        if spw * (steps - in_regs) <= MAX_PENDING_GROUPS
-        and _spread_regs(spw, in_regs, slice_k, splits, persistent) <= regs
-    ]
-    return (fit, slots, ctas, steps_tried) if steps_tried else None
+    def __init__(self, rows: int, k: int, sms: int, counts: tuple[int, ...], waves_ok: bool):
+        self.rows, self.k, self.sms, self.counts = rows, k, sms, counts
+        self._max_waves = SPREAD_MAX_WAVES if waves_ok else 1
+        self._blocks = _blocks(rows, k, sms, self._max_waves)
+        self._found: list[tuple[_Decomposition, ...] | None] = [None] * len(self._blocks)
+        self._best: dict[int, tuple[tuple, _Decomposition] | None] = {}
 
+    def decompositions(self, i: int) -> tuple[_Decomposition, ...]:
+        """The decompositions of block ``i`` (of _blocks) that fit at least the first count,
+        found once."""
+        found = self._found[i]
+        if found is None:
+            rows, k, sms, counts, waves = self.rows, self.k, self.sms, self.counts, self._max_waves
+            block = self._blocks[i]
+            found = self._found[i] = tuple(
+                _block_decompositions(rows, k, sms, counts, waves, block)
+            )
+        return found
 
-def _first_fitting(counted: int, tried: list[int], fits: Callable[[int], int]) -> list[int]:
-    """For each of the first ``counted`` token counts, the first register step count of
-    ``tried`` whose shared memory fits it (``fits(steps)``: how many counts it fits); cut
-    short at the first count none fits (larger counts need more)."""
-    taken = []
-    fitting: list[int] = []  # fits() of tried[:len(fitting)], asked only when needed
-    for at in range(counted):
-        for i, in_regs in enumerate(tried):
-            if i == len(fitting):
-                fitting.append(fits(in_regs))
-            if fitting[i] > at:
-                taken.append(in_regs)
+    def fits(self, at: int) -> bool:
+        """Whether some decomposition fits the token count ``counts[at]`` (the blocks are
+        tried in the order ``fastest`` visits them, up to the first that has one)."""
+        return any(
+            d.fitting > at for _, i in self._by_modeled_bound for d in self.decompositions(i)
+        )
+
+    def rank(self, d: _Decomposition, at: int) -> tuple:
+        """The rank of ``d`` at ``counts[at]``, lower better."""
+        cost = _cost_at(self.counts[at], d.cost_terms)
+        return (d.waves, cost, d.splits, -d.slice_k, d.warps, d.cps, d.ctas)
+
+    def config(self, d: _Decomposition, at: int) -> GemvConfig:
+        """The config of ``d`` at ``counts[at]`` (which it fits): the first register step
+        count tried whose shared memory fits."""
+        tokens, budget = self.counts[at], hopper.smem_budget(d.cps)
+        geometry = {"slice_k": d.slice_k, "splits": d.splits}
+        in_regs = next(
+            in_regs
+            for in_regs in d.tried
+            if smem_bytes(self.k, tokens, d.tiles, in_regs, d.spw, **geometry) <= budget
+        )
+        return GemvConfig(d.tiles, in_regs, d.cps, slices_per_warp=d.spw, **geometry)
+
+    def ranked(self, at: int) -> tuple[tuple[tuple, GemvConfig], ...]:
+        """(rank, config) of every decomposition that fits ``counts[at]``, best first."""
+        every = sorted(
+            (d for i in range(len(self._blocks)) for d in self.decompositions(i)),
+            key=lambda d: d.order,
+        )
+        found = [(self.rank(d, at), d) for d in every if d.fitting > at]
+        found.sort(key=lambda item: item[0])  # stable: equal ranks keep the search order
+        return tuple((rank, self.config(d, at)) for rank, d in found)
+
+    def best(self, at: int) -> tuple[tuple, _Decomposition] | None:
+        """(rank, decomposition) of ranked(at)'s first; None if nothing fits there.
+
+        A decomposition ranks no better than (least waves, cost at its block's most warps)
+        of its grid (_cost_at), its splits and slice size: the blocks are visited by that
+        bound, and none from the first one past the best rank's first four on can rank
+        before it.
+        """
+        if at in self._best:
+            return self._best[at]
+        x_tokens = X_COST * self.counts[at]  # _cost_at's first product
+        bounds = sorted(
+            [
+                (waves, per_sm * (weight + x_tokens * kc * 2 * x_factor), splits, neg_slice, i)
+                for waves, per_sm, weight, kc, x_factor, splits, neg_slice, i in self._cost_bounds
+            ]
+        )
+        best: tuple[tuple, tuple, _Decomposition] | None = None
+        seen = set()
+        for bound in bounds:
+            if best is not None and bound[:4] > best[0][:4]:
                 break
-        else:
-            break
-    return taken
+            i = bound[4]
+            if i in seen:
+                continue  # visited by the bound of another of its grids
+            seen.add(i)
+            for d in self.decompositions(i):
+                if d.fitting > at:
+                    rank = self.rank(d, at)
+                    if best is None or (rank, d.order) < best[:2]:
+                        best = (rank, d.order, d)
+        self._best[at] = found = None if best is None else (best[0], best[2])
+        return found
+
+    def fastest(self, at: int) -> _Decomposition | None:
+        """Of the decompositions that fit ``counts[at]``, K splits in persistent grids left
+        out, the one of fewest waves and least us by modeled_us that ranks first (the first
+        of those in ranked(at)); None if none fits. Its us depends only on the grid, so the
+        blocks are visited by the least (waves, us) of their grids."""
+        fastest: tuple[tuple, tuple, tuple, _Decomposition] | None = None
+        for bound, i in self._by_modeled_bound:
+            if fastest is not None and bound > fastest[0]:
+                break
+            for d in self.decompositions(i):
+                if d.fitting <= at or (d.splits > 1 and d.persistent):
+                    continue  # it does not fit, or K splits in a persistent grid
+                if fastest is None or d.modeled <= fastest[0]:
+                    key = (d.modeled, self.rank(d, at), d.order)
+                    if fastest is None or key < fastest[:3]:
+                        fastest = (*key, d)
+        return fastest[3] if fastest is not None else None
+
+    @functools.cached_property
+    def _cost_bounds(self) -> list[tuple[int, int, int, int, float, int, int, int]]:
+        """For each grid of each block (``i``: its index in _blocks): its least waves, its
+        _cost_terms at the block's most warps (one slice per warp, at most MAX_WARPS), the
+        block's splits and -slice_k, and ``i``."""
+        found = []
+        for i, b in enumerate(self._blocks):
+            warps = min(MAX_WARPS, b.tiles * (self.k // b.splits // b.slice_k))
+            x_factor = max(1.0, QUANT_WARPS / warps)
+            for g in b.grids:
+                found.append(
+                    (g.least_waves, g.per_sm, g.weight, g.kc, x_factor, b.splits, -b.slice_k, i)
+                )
+        return found
+
+    @functools.cached_property
+    def _by_modeled_bound(self) -> list[tuple[tuple[int, float], int]]:
+        """(bound, i) of each block ``i`` of _blocks by the least (waves, us) of modeled_us
+        over its grids, ascending."""
+        return sorted(
+            (min((g.least_waves, g.us) for g in b.grids), i) for i, b in enumerate(self._blocks)
+        )
 
 
-def _smem_fits(
-    k: int, counts: tuple[int, ...], tiles: int, spw: int, geometry: dict, budget: int,
-    in_regs: int,
+def _blocks(rows: int, k: int, sms: int, max_waves: int) -> tuple[_Block, ...]:
+    """The (K splits, slice size, tiles) blocks of _SpreadSearch's decompositions, with the
+    grids their decompositions can launch (a superset): one CTA per (tile, split) where at
+    most ``max_waves`` waves of it can be resident (at the most CTAs per SM), and with one
+    tile per CTA the persistent grids of each launch bound (see grid_ctas)."""
+    found = []
+    most_cps = SPREAD_MAX_CTAS_PER_SM
+    for splits in _divisors(k // GROUP, SPLITS_MAX):
+        most_slots = hopper.resident_ctas(sms * most_cps, splits)
+        if most_slots == 0:
+            continue  # not even one cluster of the splits is resident
+        for tiles in _divisors(rows // 16, MAX_WARPS):
+            units = rows // (16 * tiles) * splits
+            grids = []  # (least waves, CTAs)
+            if math.ceil(units / most_slots) <= max_waves:
+                grids.append((math.ceil(units / most_slots), units))
+            if tiles == 1:
+                for cps in range(1, most_cps + 1):
+                    slots = hopper.resident_ctas(sms * cps, splits)
+                    if slots >= splits and slots // splits * splits < units:
+                        grids.append((1, slots // splits * splits))
+            if not grids:
+                continue
+            launched = tuple(
+                _Grid(
+                    waves,
+                    ctas,
+                    *_cost_terms(rows, k, tiles, ctas, splits, QUANT_WARPS, sms)[:3],
+                    _modeled_us(rows, k, tiles, splits, 1, most_cps, ctas, sms)[1],
+                )
+                for waves, ctas in grids
+            )
+            for slice_k in SLICE_SIZES:
+                if k // splits % slice_k == 0:
+                    found.append(_Block(splits, slice_k, tiles, launched))
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=256)
+def _spread_search(
+    rows: int, k: int, sms: int, counts: tuple[int, ...], waves_ok: bool
+) -> _SpreadSearch:
+    """_SpreadSearch of a shape, memoized: the planner asks it for each token count."""
+    return _SpreadSearch(rows, k, sms, counts, waves_ok)
+
+
+def _block_decompositions(
+    rows: int, k: int, sms: int, counts: tuple[int, ...], max_waves: int, block: _Block
+) -> Iterator[_Decomposition]:
+    """The decompositions of ``block`` that fit at least the first of ``counts``, over slices
+    per warp and launch bounds (CTAs per SM), in search order. A launch bound where no
+    register step count fits (_registers) ends its loop: heavier ones give fewer registers.
+    With several tiles per CTA (no persistent grid) the loop starts at the first bound
+    whose slots hold the grid in ``max_waves`` waves."""
+    splits, slice_k, tiles = block.splits, block.slice_k, block.tiles
+    units = rows // (16 * tiles) * splits  # (row tile, K split) pairs
+    slices = k // splits // slice_k
+    geometry = {"slice_k": slice_k, "splits": splits}
+    grids: dict[tuple[int, int], tuple] = {}  # (cps, ctas) -> (cost terms less x's, modeled_us)
+    # Resident CTAs (whole clusters of the splits) at each launch bound.
+    slots_at = [hopper.resident_ctas(sms * c, splits) for c in range(SPREAD_MAX_CTAS_PER_SM + 1)]
+    first_cps = 1
+    if tiles > 1:
+        first_cps = min(cps for cps, slots in enumerate(slots_at) if slots * max_waves >= units)
+    for spw in _divisors(slices, slices):
+        warps = tiles * slices // spw
+        if warps > MAX_WARPS:
+            continue
+        for cps in range(first_cps, SPREAD_MAX_CTAS_PER_SM + 1):
+            registers = _registers(warps, cps, spw, slice_k, splits > 1)
+            if registers is None:
+                break  # no step count fits here, nor at heavier launch bounds
+            regs, fit = registers
+            slots = slots_at[cps]
+            if slots == 0:
+                continue  # not even one cluster of the splits is resident
+            # The grid depends on the register steps only when all of them are in registers
+            # (grid_ctas), which fit (< steps) rules out: one grid for every step count tried.
+            ctas = grid_ctas(rows, k, tiles, fit, cps, spw, sms, **geometry)
+            persistent = ctas < units
+            if persistent and tiles > 1:
+                continue  # persistent grids were only measured with one tile per CTA
+            waves = math.ceil(ctas / slots)
+            if not persistent and waves > max_waves:
+                continue
+            tried = _steps_tried(spw, slice_k, splits > 1, persistent, fit, regs)
+            if not tried:
+                continue
+            budget = hopper.smem_budget(cps)
+            fitting = _counts_fitting(k, counts, tiles, max(tried), spw, geometry, budget)
+            if not fitting:
+                continue
+            grid = grids.get((cps, ctas))
+            if grid is None:
+                grid = grids[cps, ctas] = (
+                    _cost_terms(rows, k, tiles, ctas, splits, warps, sms)[:3],
+                    _modeled_us(rows, k, tiles, splits, 1, cps, ctas, sms),
+                )
+            terms = (*grid[0], max(1.0, QUANT_WARPS / warps))
+            yield _Decomposition(
+                (splits, SLICE_SIZES.index(slice_k), tiles, spw, cps),
+                splits, slice_k, tiles, spw, cps, warps, ctas, waves, persistent, tried,
+                fitting, terms, grid[1],
+            )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def _registers(warps: int, cps: int, spw: int, slice_k: int, split: bool) -> tuple[int, int] | None:
+    """(registers per thread, the most register steps they allow: _register_steps) of a
+    _spread CTA of ``warps`` warps of ``spw`` slices at ``cps`` CTAs per SM; None if no step
+    count fits it with one CTA per tile (_steps_tried is empty): not even the fewest the
+    cp.async groups allow, which need the fewest registers (_spread_regs grows with the
+    steps). Then none fits a persistent grid (which needs more registers) nor a heavier
+    launch bound either (the registers and the steps they allow only shrink with it)."""
+    threads = 32 * warps
+    fit = _register_steps(threads, cps, spw, slice_k)
+    if fit is None:
+        return None
+    regs = hopper.reg_budget(threads, cps)
+    fewest = max(0, slice_k // STEP - MAX_PENDING_GROUPS // spw)
+    if fewest > fit or _spread_regs(spw, fewest, slice_k, split, False) > regs:
+        return None
+    return regs, fit
+
+
+@functools.lru_cache(maxsize=4096)
+def _steps_tried(
+    spw: int, slice_k: int, split: bool, persistent: bool, fit: int, regs: int
+) -> tuple[int, ...]:
+    """The register step counts a _spread decomposition tries, in order: at most ``fit``
+    (what the registers allow), the cp.async groups within MAX_PENDING_GROUPS and the
+    kernel's registers (_spread_regs) within ``regs``; HEURISTIC_MAX_IN_REGS down to 0
+    first, then more."""
+    steps = slice_k // STEP
+    cap = min(fit, HEURISTIC_MAX_IN_REGS)
+    return tuple(
+        in_regs
+        for in_regs in (*range(cap, -1, -1), *range(cap + 1, fit + 1))
+        if spw * (steps - in_regs) <= MAX_PENDING_GROUPS
+        and _spread_regs(spw, in_regs, slice_k, split, persistent) <= regs
+    )
+
+
+def _counts_fitting(
+    k: int, counts: tuple[int, ...], tiles: int, in_regs: int, spw: int, geometry: dict,
+    budget: int,
 ) -> int:  # fmt: skip
     """How many of ``counts`` (ascending) this decomposition's shared memory fits in
     ``budget``: it grows with the token count, so they are the first ones."""
@@ -595,17 +880,18 @@ def _smem_fits(
     return len(counts)
 
 
-def _spread_regs(spw: int, in_regs: int, slice_k: int, splits: int, persistent: bool) -> int:
+def _spread_regs(spw: int, in_regs: int, slice_k: int, split: bool, persistent: bool) -> int:
     """Registers a thread of a _spread config needs (ptxas 13.0, no spills): a base, and
     per slice of the warp its register steps (8 each), weight scales (2 rows x
     slice_k/128) and addresses; the persistent form holds the next tile's addresses and
-    refill state too, and its K splits their reduction's."""
+    refill state too, and K splits (``split``: the tile is split along K) their
+    reduction's."""
     per_slice = 8 * in_regs + 2 * (slice_k // GROUP)
     if not persistent:
-        split = SPREAD_SPLIT_REGS if splits > 1 else 0
-        return SPREAD_BASE_REGS + split + spw * (per_slice + 4)
-    split = SPREAD_PERSISTENT_SPLIT_REGS if splits > 1 else 0
-    return SPREAD_PERSISTENT_BASE_REGS + split + spw * (per_slice + 11)
+        extra = SPREAD_SPLIT_REGS if split else 0
+        return SPREAD_BASE_REGS + extra + spw * (per_slice + 4)
+    extra = SPREAD_PERSISTENT_SPLIT_REGS if split else 0
+    return SPREAD_PERSISTENT_BASE_REGS + extra + spw * (per_slice + 11)
 
 
 def choose_config(
@@ -639,18 +925,18 @@ def choose_config(
     if tuned is not None:
         return tuned
     pick = _whole_k_pick(rows, k, tokens, sms)
-    spread = _spread(rows, k, tokens, sms)
-    if pick is None and spread is None:
-        raise ValueError(
-            f"fp8_gemv has no decomposition of rows={rows}, k={k}, tokens={tokens} that fits "
-            f"a {sms}-SM GPU"
-        )
     if pick is None:
+        if _spread_search_at(rows, k, tokens, sms) is None:
+            raise ValueError(
+                f"fp8_gemv has no decomposition of rows={rows}, k={k}, tokens={tokens} that "
+                f"fits a {sms}-SM GPU"
+            )
         return _spread_pick(rows, k, tokens, sms)
     launch = _launch(rows, k, tokens, pick, sms)
-    uneven = _balance(launch) < SPREAD_BELOW_BALANCE
-    if spread is not None and uneven and spread[0] < SPREAD_GAIN * _launch_cost(launch):
-        return _spread_pick(rows, k, tokens, sms)
+    if _balance(launch) < SPREAD_BELOW_BALANCE:  # uneven: _spread's best may model faster
+        spread = _spread(rows, k, tokens, sms)
+        if spread is not None and spread[0] < SPREAD_GAIN * _launch_cost(launch):
+            return _spread_pick(rows, k, tokens, sms)
     if tokens >= HEURISTIC_CLUSTER_MIN_TOKENS:
         clustered = replace(pick, cluster=2)
         if config_fits(rows, k, tokens, clustered, sms):
