@@ -14,11 +14,13 @@ Each worker (spawned, like a TP rank; worker i on GPU i modulo the visible GPUs)
      one host sync for all layers)                                          -> scale check s
   6. (after a second barrier: no worker's timed launches overlap another's start-up on a
      shared GPU) eager host time per call at m=1 of the first dense MLP and the first
-     shared expert (median of --calls calls, each timed until it returns, with torch.cuda.synchronize only
-     around the loop), split into: the two launches alone (launch host us), a DenseMlp
-     call (eager host us), a call through the torch op torch.ops.mlpjit.dense_mlp (op host
-     us) and mlpjit.ops.dense_mlp's eager call that skips the op's dispatch (op eager host
-     us); and one torch op (x.mul(1)) the same way: this CPU's scale
+     shared expert (median of --calls calls, each timed until it returns, with
+     torch.cuda.synchronize only around the loop), split into: the two launches alone
+     (launch host us), the output's allocation alone (alloc host us), the check of x alone
+     (check host us), a DenseMlp call (eager host us), a call through the torch op
+     torch.ops.mlpjit.dense_mlp (op host us) and mlpjit.ops.dense_mlp's eager call that
+     skips the op's dispatch (op eager host us); and one torch op (x.mul(1)) the same way:
+     this CPU's scale
   7. host syncs of constructing one layer of each kind (construct syncs per layer), and a
      cold planning of the model's shapes in this process (plan s, part of prepare s)
 
@@ -32,8 +34,9 @@ carry it to the GPU machine, and there run
         --workers 1,8 --json
 A kernel missing from the cache fails the run with one line (the workers cannot compile).
 ``--dry-run`` lists the layers and kernels without a GPU; ``--profile N`` runs each worker's
-prepare under cProfile and reports its N functions of most cumulative time. The top of this file imports no
-torch and nothing of mlpjit that does, so a spawned worker's import time is its own.
+prepare under cProfile and reports its N functions of most cumulative time. The top of this
+file imports no torch and nothing of mlpjit that does, so a spawned worker's import time is
+its own.
 
 ``--plot PNG --plot-from JSON...`` draws stored reports instead (matplotlib, no GPU): a file
 is one --json report or {"runs": {name: report, ...}}; ``--series LABEL=TEXT`` puts the runs

@@ -103,6 +103,7 @@ def test_table_has_a_row_per_worker_and_shows_errors() -> None:
         "cache_lookups": 32,
         "eager_host_us": {"dense": 11.2, "shared": 10.9},
         "launch_host_us": {"dense": 6.0, "shared": 5.9},
+        "alloc_host_us": {"dense": 2.5, "shared": 2.4},
         "op_host_us": {"dense": 21.0, "shared": 20.5},
         "op_eager_host_us": {"dense": 13.0, "shared": 12.8},
         "torch_op_host_us": 8.1,
@@ -118,7 +119,8 @@ def test_table_has_a_row_per_worker_and_shows_errors() -> None:
     assert len(lines) == 2 + 3
     assert lines[2] == (
         "| 1 | 0 | 0.031 | 0.0 | 0.002 | 0.087 | 0.012 | 32 | 32 | 32 | "
-        "dense 11.2 / 6.0 / 21.0 / 13.0 ; shared 10.9 / 5.9 / 20.5 / 12.8 | 8.1 |"
+        "dense 11.2 / 6.0 / 2.5 / - / 21.0 / 13.0 ; shared 10.9 / 5.9 / 2.4 / - / 20.5 / 12.8 | "
+        "8.1 |"
     )
     assert lines[4] == "| 2 | 1 | error: RuntimeError: boom |"
 
