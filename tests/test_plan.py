@@ -615,22 +615,25 @@ def test_spread_search_ranks_each_token_count_as_alone(rows, k) -> None:
         assert table.ranked(at) == alone.ranked(0), tokens
 
 
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
 def _reference_spread_ranked(rows: int, k: int, tokens: int, sms: int) -> list[tuple]:
     """_spread_ranked the straightforward way (as the planner searched before its bounded
     search): every decomposition of one wave (or, where none fits, of several) with the
     first register step count tried that fits, ranked by the cost model, sorted."""
-    divisors = lambda n, limit: [d for d in range(1, min(n, limit) + 1) if n % d == 0]  # noqa: E731
     for max_waves in (1, tuning.SPREAD_MAX_WAVES):
         found = []
-        for splits in divisors(k // gemv_params.GROUP, gemv_params.SPLITS_MAX):
+        for splits in _divisors(k // gemv_params.GROUP, gemv_params.SPLITS_MAX):
             kc = k // splits
             for slice_k in gemv_params.SLICE_SIZES:
                 if kc % slice_k:
                     continue
                 slices, steps = kc // slice_k, slice_k // gemv_params.STEP
                 geometry = {"slice_k": slice_k, "splits": splits}
-                for tiles in divisors(rows // 16, gemv_params.MAX_WARPS):
-                    for spw in divisors(slices, slices):
+                for tiles in _divisors(rows // 16, gemv_params.MAX_WARPS):
+                    for spw in _divisors(slices, slices):
                         warps = tiles * slices // spw
                         if warps > gemv_params.MAX_WARPS:
                             continue
