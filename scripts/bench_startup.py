@@ -16,8 +16,8 @@ Each worker (spawned, like a TP rank; worker i on GPU i modulo the visible GPUs)
      shared GPU) eager host time per call at m=1 of the first dense MLP and the first
      shared expert (median of --calls calls, each timed until it returns, with
      torch.cuda.synchronize only around the loop), split into: the two launches alone
-     (launch host us), the output's allocation alone (alloc host us), the check of x alone
-     (check host us), a DenseMlp call (eager host us), a call through the torch op
+     (launch host us), the output's allocation alone (alloc host us), a DenseMlp call
+     (eager host us), a call through the torch op
      torch.ops.mlpjit.dense_mlp (op host us) and mlpjit.ops.dense_mlp's eager call that
      skips the op's dispatch (op eager host us); and one torch op (x.mul(1)) the same way:
      this CPU's scale

@@ -119,8 +119,7 @@ def test_table_has_a_row_per_worker_and_shows_errors() -> None:
     assert len(lines) == 2 + 3
     assert lines[2] == (
         "| 1 | 0 | 0.031 | 0.0 | 0.002 | 0.087 | 0.012 | 32 | 32 | 32 | "
-        "dense 11.2 / 6.0 / 2.5 / - / 21.0 / 13.0 ; shared 10.9 / 5.9 / 2.4 / - / 20.5 / 12.8 | "
-        "8.1 |"
+        "dense 11.2 / 6.0 / 2.5 / 21.0 / 13.0 ; shared 10.9 / 5.9 / 2.4 / 20.5 / 12.8 | 8.1 |"
     )
     assert lines[4] == "| 2 | 1 | error: RuntimeError: boom |"
 

@@ -174,7 +174,7 @@ def _worker_body(rank: int, opts: dict, barrier: Any) -> dict:
     result["construct_syncs_per_layer"] = round(len(syncs) / len(kinds), 2)
 
     sync = torch.cuda.synchronize
-    eager, launch, op, op_direct, alloc, check = {}, {}, {}, {}, {}, {}
+    eager, launch, op, op_direct, alloc = {}, {}, {}, {}, {}
     for kind, i in kinds.items():
         mlp = mlps[i]
         x = torch.randn(EAGER_TOKENS, mlp.hidden, device=device, generator=gen)
@@ -183,12 +183,10 @@ def _worker_body(rank: int, opts: dict, barrier: Any) -> dict:
         eager[kind] = _host_us(lambda mlp=mlp, x=x: mlp(x), **times)
         launch[kind] = _host_us(_launches_only(torch, mlp, x), **times)
         alloc[kind] = _host_us(lambda mlp=mlp, x=x: x.new_empty((1, mlp.hidden)), **times)
-        check[kind] = _host_us(lambda mlp=mlp, x=x: mlp._check_x(x), **times)
         op[kind], op_direct[kind] = _op_host_us(mlp, x, opts["tokens"], times)
     result["eager_host_us"] = eager  # DenseMlp.__call__: checks, out, both launches
     result["launch_host_us"] = launch  # the two launches alone (KernelPair.launch)
     result["alloc_host_us"] = alloc  # the call's output allocation alone (x.new_empty)
-    result["check_host_us"] = check  # the call's check of x alone
     result["op_host_us"] = op  # torch.ops.mlpjit.dense_mlp: the op's dispatch and the call
     result["op_eager_host_us"] = op_direct  # mlpjit.ops.dense_mlp eager: no dispatch
     result["torch_op_host_us"] = _host_us(lambda: x.mul(1), opts["calls"], opts["warmup"], sync)
@@ -461,12 +459,12 @@ def run_workers(count: int, opts: dict) -> list[dict]:
 
 def format_table(runs: list[dict]) -> str:
     """A markdown table, one row per worker of each run (host us per layer kind: DenseMlp
-    call / its two launches alone / its output allocation alone / its check of x alone /
-    through the torch op / mlpjit.ops.dense_mlp eager; "-" where a report lacks a part)."""
+    call / its two launches alone / its output allocation alone / through the torch op /
+    mlpjit.ops.dense_mlp eager; "-" where a report lacks a part)."""
     head = (
         "| workers | worker | construct s | syncs/layer | scale check s | prepare s | plan s | "
         "module loads | distinct kernels | cache lookups | eager host us (call / launches / "
-        "alloc / check x / op / op eager) | torch op host us |"
+        "alloc / op / op eager) | torch op host us |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for run in runs:
@@ -476,7 +474,7 @@ def format_table(runs: list[dict]) -> str:
                 continue
             eager = " ; ".join(
                 f"{kind} {us:.1f} / {r['launch_host_us'][kind]:.1f} / "
-                f"{_part(r, 'alloc_host_us', kind)} / {_part(r, 'check_host_us', kind)} / "
+                f"{_part(r, 'alloc_host_us', kind)} / "
                 f"{r['op_host_us'][kind]:.1f} / {r['op_eager_host_us'][kind]:.1f}"
                 for kind, us in r["eager_host_us"].items()
             )
