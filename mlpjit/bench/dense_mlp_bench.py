@@ -174,13 +174,12 @@ def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -
 
     hidden, inter = ALL_SHAPES[name]
     n_layers = layers_needed(hidden, inter, l2_bytes, args.l2_multiple)
-    distinct = n_layers
+    distinct = n_layers  # weight sets; --l2-resident: one, called n_layers times
     if args.l2_resident:
         n_layers, distinct = L2_RESIDENT_CALLS, 1
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     ue8m0 = not args.fp32_scales
     fp8_layers = [random_fp8_layer(hidden, inter, gen, scale=TIMING_SCALE) for _ in range(distinct)]
-    fp8_layers = fp8_layers * (n_layers // distinct)  # --l2-resident: one layer, many calls
     mlps = [DenseMlp(**w, ue8m0=ue8m0) for w in fp8_layers]
     for mlp in mlps:
         mlp.prepare(args.token_list)
@@ -204,7 +203,12 @@ def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -
                 ),
             )
             for _ in range(distinct)
-        ] * (n_layers // distinct)
+        ]
+    # The chain: each weight set called n_layers / distinct times in a row of sets.
+    calls = n_layers // distinct
+    fp8_layers, mlps, stock_scales, bf16_layers = (
+        chain * calls for chain in (fp8_layers, mlps, stock_scales, bf16_layers)
+    )
     floor_us = layer_bytes(hidden, inter) / bw * 1e6
     rows = []
     for m in args.token_list:

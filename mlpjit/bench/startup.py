@@ -141,14 +141,15 @@ def _worker_body(rank: int, opts: dict, barrier: Any) -> dict:
     t0 = time.perf_counter()
     DenseMlp.check_weight_scales(mlps)
     result["scale_check_s"] = round(time.perf_counter() - t0, 4)
-    profiler = _profiler() if opts.get("profile") else None
+    profiler = None
+    if opts.get("profile"):
+        import cProfile  # only when profiling: every worker re-imports this module
+
+        profiler = cProfile.Profile()
     t0 = time.perf_counter()
-    if profiler is not None:
-        profiler.enable()
-    for mlp in mlps:
-        mlp.prepare(opts["tokens"])
-    if profiler is not None:
-        profiler.disable()
+    with profiler if profiler is not None else contextlib.nullcontext():
+        for mlp in mlps:
+            mlp.prepare(opts["tokens"])
     result["prepare_s"] = round(time.perf_counter() - t0, 4)
     if profiler is not None:
         result["prepare_profile"] = profile_rows(profiler, opts["profile"])
@@ -197,12 +198,6 @@ def _worker_body(rank: int, opts: dict, barrier: Any) -> dict:
     distinct_requests(layers, opts["tokens"], "sm_90a")
     result["plan_s"] = round(time.perf_counter() - t0, 4)
     return result
-
-
-def _profiler() -> Any:
-    import cProfile
-
-    return cProfile.Profile()
 
 
 def profile_rows(profiler: Any, count: int) -> list[dict]:
