@@ -186,8 +186,10 @@ def check_kernel_sass(p: dict) -> None:
 
     # Clusters: the launch carries the shape; the CTAs meet at entry and after x's shared
     # quantization (cluster barrier arrive/wait pairs), and write it with DSMEM stores.
-    # K splits: they meet at entry and where the partials meet (a persistent kernel also
-    # arrives after each tile's sum: its slots are free again).
+    # K splits: they meet at entry; a persistent kernel's splits meet again where the
+    # partials meet and after each tile's sum (its slots are free again); otherwise the
+    # partials go to the first CTA with st.async (STAS), counted on its mbarrier, without
+    # a cluster barrier's release fence (MEMBAR.ALL.GPU).
     cluster = p.get("cluster", 1)
     assert binary.cluster == (max(cluster, splits), 1, 1) and grid % max(cluster, splits) == 0
     if cluster > 1:
@@ -196,11 +198,16 @@ def check_kernel_sass(p: dict) -> None:
         assert ops.index("UCGABAR_ARV") < wait
         assert count["ST.E.128"] > 0
     elif splits > 1:
-        assert count["UCGABAR_ARV"] == (3 if persistent else 2)
-        assert count["UCGABAR_WAIT"] == 2
         assert ops.index("UCGABAR_ARV") < wait < ops.index("UCGABAR_WAIT")
-        assert count["ST.E.128"] == 1  # the tile sum into the first CTA's slot
         assert count["BPT.TRAP"] == 1  # launched without the cluster shape: trap
+        if persistent:
+            assert count["UCGABAR_ARV"] == 3 and count["UCGABAR_WAIT"] == 2
+            assert count["ST.E.128"] == 1  # the tile sum into the first CTA's slot
+        else:
+            assert count["UCGABAR_ARV"] == 1 and count["UCGABAR_WAIT"] == 1
+            assert count["STAS.128"] == 1 and "ST.E.128" not in count
+            assert count["SYNCS.PHASECHK.TRANS64.TRYWAIT"] >= 1
+            assert "MEMBAR.ALL.GPU" not in count
     else:
         assert "UCGABAR_ARV" not in count and "ST.E.128" not in count
 

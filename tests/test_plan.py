@@ -125,14 +125,14 @@ def test_choose_config_errors(args, match) -> None:
 
 
 def test_gemv_request_params() -> None:
-    req = fp8_plan.gemv_request(3072, 6144, 2, swiglu=True, limit=7, ue8m0=True, arch=ARCH)
+    req = fp8_plan.gemv_request(3072, 6144, 4, swiglu=True, limit=7, ue8m0=True, arch=ARCH)
     assert req.kernel == "fp8_gemv" and req.arch == ARCH
-    cfg = tuning.choose_config(3072, 6144, 2, True)
+    cfg = tuning.choose_config(3072, 6144, 4, True)
     assert not cfg.early_launch
     assert dict(req.params) == {
         "rows": 3072,
         "k": 6144,
-        "tokens": 2,
+        "tokens": 4,
         "tiles": cfg.tiles,
         "in_regs": cfg.in_regs,
         "ctas_per_sm": cfg.ctas_per_sm,
@@ -439,7 +439,9 @@ def test_k_split_geometry() -> None:
     # staged weights | x [3, 1792] | x scales [3, 14] (16-byte aligned) | 3 other splits' sums
     staged = 7 * (4 - 1) * 1024
     assert p.smem_reduce_offset == staged + 3 * 1792 + 176
-    assert p.smem_bytes == p.smem_reduce_offset + 3 * 512
+    # the other three splits' partials, then the mbarrier that counts them
+    assert p.smem_split_barrier == p.smem_reduce_offset + 3 * 512
+    assert p.smem_bytes == p.smem_split_barrier + 16
     # persistent: DeepSeek-V3 TP 1 down split in two, 66 clusters take 448 row tiles in turn
     q = gemv_params.GemvParams(
         rows=7168, k=18432, tokens=1, tiles=1, in_regs=1, ctas_per_sm=1, swiglu=False,

@@ -34,6 +34,7 @@ __all__ = [
     "mbarrier_arrive",
     "mbarrier_arrive_expect_tx",
     "mbarrier_init",
+    "mbarrier_init_expect_tx_if_zero",
     "mbarrier_wait",
     "st_global_v4_f32",
     "st_relaxed_gpu_u32",
@@ -78,6 +79,7 @@ __all__ = [
     "st_cluster_f32",
     "st_cluster_v4",
     "st_cluster_v4_f32",
+    "st_async_v4_f32",
     "st_shared_f32",
     "st_shared_v4",
     "st_shared_v4_f32",
@@ -537,6 +539,27 @@ def st_cluster_f32(addr: Int32, value: Float32, *, loc=None, ip=None) -> None:
     )
 
 
+@dsl_user_op
+def st_async_v4_f32(
+    addr: Int32, a: Float32, b: Float32, c: Float32, d: Float32, mbar: Int32, *, loc=None, ip=None
+) -> None:
+    """st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [addr], {a, b, c, d}, [mbar];
+
+    The 16 bytes land in another CTA's shared memory and count on its mbarrier (``addr`` and
+    ``mbar`` from mapa_shared): the receiver's wait on that mbarrier orders them, so neither
+    side needs a release fence (a cluster barrier's release is a MEMBAR.ALL.GPU)."""
+    _asm(
+        [],
+        [(_I32, addr), (_F32, a), (_F32, b), (_F32, c), (_F32, d), (_I32, mbar)],
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 "
+        "[$0], {$1, $2, $3, $4}, [$5];",
+        "r,f,f,f,f,r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
 # ---------------------------------------------------------------- tensor core
 
 
@@ -775,6 +798,28 @@ def mbarrier_init(addr: Int32, count: int, *, loc=None, ip=None) -> None:
         [(_I32, addr)],
         f"mbarrier.init.shared::cta.b64 [$0], {int(count)};",
         "r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def mbarrier_init_expect_tx_if_zero(
+    addr: Int32, selector: Int32, nbytes: int, *, loc=None, ip=None
+) -> None:
+    """Where ``selector`` is 0: init the mbarrier at addr for one arrival, fence the init
+    for the cluster, and arrive expecting ``nbytes`` transaction bytes. Predicated in one
+    asm block, with no branch: a branch among the pre-wait weight loads let ptxas sink some
+    of them below griddepcontrol.wait."""
+    _asm(
+        [],
+        [(_I32, addr), (_I32, selector)],
+        "{\n\t.reg .pred p;\n\tsetp.eq.u32 p, $1, 0;\n\t"
+        "@p mbarrier.init.shared::cta.b64 [$0], 1;\n\t"
+        "@p fence.mbarrier_init.release.cluster;\n\t"
+        f"@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], {int(nbytes)};\n\t}}",
+        "r,r,~{memory}",
         side_effects=True,
         loc=loc,
         ip=ip,

@@ -13,10 +13,11 @@ columns. Weights are loaded before griddepcontrol.wait (PDL): per slice, the fir
 shared memory (no hint: see ptx.cp_async_cg_16). With ``cluster`` > 1 the CTAs of a thread
 block cluster quantize x together (each a share, written to all of them through
 distributed shared memory). With ``splits`` > 1 the K splits of a row tile are the CTAs of
-one cluster, each quantizing only its part of x; the others write their fp32 partials into
-the first one's shared memory, which adds them in split order after a cluster barrier and
-runs the epilogue: a fixed order (bit-identical results) with no workspace in global memory
-to reset or to share between streams.
+one cluster, each quantizing only its part of x; the others send their fp32 partials into
+the first one's shared memory (st.async counted on its mbarrier; in a persistent grid, whose
+slots every tile reuses, written and ordered by cluster barriers), and it adds them in split
+order and runs the epilogue: a fixed order (bit-identical results) with no workspace in
+global memory to reset or to share between streams.
 
 Nothing here is imported by ``import mlpjit``; the compile manager imports this module on
 a cache miss and calls :func:`compile_cubin`.
@@ -115,6 +116,7 @@ class Fp8Gemv:
         s_act = s_base + self.smem_weights
         s_xsc = s_act + self.smem_act
         s_red = s_base + self.smem_reduce_offset
+        s_bar = s_base + self.smem_split_barrier
 
         g_out = Int64(m_out.iterator.toint())
         g_x = Int64(m_x.iterator.toint())
@@ -135,7 +137,9 @@ class Fp8Gemv:
         # weights while this one still does; otherwise after the wait, as usual.
         if cutlass.const_expr(self.early_launch):
             cute.arch.griddepcontrol_launch_dependents()
-        if cutlass.const_expr(self.cluster_ctas > 1):
+        # K splits sent with st.async (send_splits): the first split's mbarrier counts them.
+        split_barrier = self.splits > 1 and not self.persistent
+        if cutlass.const_expr(self.cluster_ctas > 1 and not split_barrier):
             ptx.cluster_arrive_relaxed()  # "started": others may write our smem after the wait
         # ---- weights in flight before the dependency wait (they never depend on it)
         policy = ptx.createpolicy_evict_first()
@@ -156,6 +160,12 @@ class Fp8Gemv:
                 ptx.cp_async_cg_16(s_slot + 512, g_a1 + (s * SL + st * STEP))
                 cute.arch.cp_async_commit_group()
         r_ws0, r_ws1 = self.weight_scales(g_ws, row0, row1, slc0, grp0)
+        if cutlass.const_expr(split_barrier):
+            # Made before our arrive, so no other split can signal it earlier; after the
+            # weight loads, so nothing delays them.
+            nbytes = (self.splits - 1) * TL * 512
+            ptx.mbarrier_init_expect_tx_if_zero(s_bar, tid | split, nbytes)
+            ptx.cluster_arrive_relaxed()  # "started": others may send to us after the wait
 
         cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(not self.early_launch):
@@ -207,7 +217,7 @@ class Fp8Gemv:
                     self.reduce_and_store(g_out, s_part, ptx.fresh_ctaid_x())
             else:
                 blk = ptx.fresh_ctaid_x() // self.splits
-                self.reduce_splits(g_out, s_part, s_red, warp, lane, split, blk, False)
+                self.send_splits(g_out, s_part, s_red, s_bar, warp, lane, split, blk)
         else:
             # Persistent: row tiles cta, cta + grid, ... Tile i+1's weights are requested
             # while tile i is computed: each register step and staged slot is refilled as soon
@@ -231,7 +241,7 @@ class Fp8Gemv:
                     if warp < TL:
                         self.reduce_and_store(g_out, s_part, blk)
                 else:
-                    self.reduce_splits(g_out, s_part, s_red, warp, lane, split, blk, True)
+                    self.reduce_splits(g_out, s_part, s_red, warp, lane, split, blk)
                 # Every reader of the partials is done: the last slot takes tile i+1's step.
                 cute.arch.sync_threads()
                 last = (SPW - 1) * SL + (self.steps - 1) * STEP
@@ -525,6 +535,39 @@ class Fp8Gemv:
         return row0, row1
 
     @cute.jit
+    def send_splits(
+        self,
+        g_out: Int64,
+        s_part: Int32,
+        s_red: Int32,
+        s_bar: Int32,
+        warp: Int32,
+        lane: Int32,
+        split: Int32,
+        blk: Int32,
+    ):
+        """The K splits of row tile ``blk`` meet in the cluster's first CTA (split 0), once
+        (not persistent): the others send their tile sums into its s_red slots with st.async,
+        counted on its mbarrier; it waits for the count, adds them in split order and runs
+        the epilogue. No cluster barrier after the entry one: its release would be a
+        MEMBAR.ALL.GPU in every CTA, and the other splits exit as soon as they have sent."""
+        TL = self.tiles
+        ptx.trap_unless_cluster_size(self.splits)
+        # Pairs with the entry arrive: every CTA of the cluster has started, so the first
+        # one's mbarrier is initialized.
+        ptx.cluster_wait()
+        slot = s_red + (warp * 32 + lane) * 16  # split r: + (r - 1) * tiles * 512
+        if split != 0:  # noqa: SIM102 (a runtime `and` of two conditions: kept apart)
+            if warp < TL:
+                acc = self.tile_partials(s_part)
+                dst = ptx.mapa_shared(slot + (split - 1) * (TL * 512), Int32(0))
+                bar = ptx.mapa_shared(s_bar, Int32(0))
+                ptx.st_async_v4_f32(dst, acc[0], acc[1], acc[2], acc[3], bar)
+        elif warp < TL:
+            ptx.mbarrier_wait(s_bar, Int32(0))
+            self.reduce_and_store(g_out, s_part, blk, slot)
+
+    @cute.jit
     def reduce_splits(
         self,
         g_out: Int64,
@@ -534,12 +577,11 @@ class Fp8Gemv:
         lane: Int32,
         split: Int32,
         blk: Int32,
-        again: bool,
     ):
-        """The K splits of row tile ``blk`` meet in the cluster's first CTA (split 0): the
-        others write their tile sums into its s_red slots, and it adds them in split order
-        (the same order whichever CTA finishes first) and runs the epilogue. ``again``: a
-        persistent kernel, whose next tile reuses the slots."""
+        """The K splits of row tile ``blk`` of a persistent kernel meet in the cluster's first
+        CTA (split 0): the others write their tile sums into its s_red slots, and it adds
+        them in split order (the same order whichever CTA finishes first) and runs the
+        epilogue. The slots are reused by the next tile, hence the barriers."""
         TL = self.tiles
         ptx.trap_unless_cluster_size(self.splits)
         # Pairs with the entry arrive (every CTA of the cluster has started) or, in a
@@ -556,8 +598,7 @@ class Fp8Gemv:
         if split == 0:  # noqa: SIM102
             if warp < TL:
                 self.reduce_and_store(g_out, s_part, blk, slot)
-        if cutlass.const_expr(again):
-            ptx.cluster_arrive_release()  # our slot reads are done (the leader's)
+        ptx.cluster_arrive_release()  # our slot reads are done (the leader's)
 
     @cute.jit
     def tile_partials(self, s_part: Int32) -> list:

@@ -51,6 +51,8 @@ GROUP = BLOCK  # activation / weight scale group along K
 # K splits of a row tile: the CTAs of one thread block cluster (at most 8, the portable
 # cluster size) sum their partials in the first one's shared memory.
 SPLITS_MAX = 8
+# The first K split's mbarrier that counts the others' partials (8 bytes, 16 for alignment).
+SPLIT_BARRIER = 16
 MAX_TOKENS = 8  # the mma's N
 # The largest layer sizes planned: hidden 65536 and an intermediate (shard) of 1M are far
 # past every released model (DeepSeek-V3: 7168 and 18432; Llama-3.1-405B: 16384 and
@@ -99,7 +101,8 @@ def smem_bytes(
     splits: int = 1,
 ) -> int:
     """Dynamic shared memory of a specialization: staged weights | activations (reused for
-    the partial sums) | x scales | the other splits' partials (first CTA of a cluster)."""
+    the partial sums) | x scales | the other splits' partials and the mbarrier that counts
+    them (first CTA of a cluster)."""
     kc = k // splits
     slices = kc // slice_k
     warps = tiles * slices // slices_per_warp
@@ -108,7 +111,7 @@ def smem_bytes(
     scales = tokens * (kc // GROUP) * 4
     if splits == 1:
         return staged + act + scales
-    return staged + act + _align16(scales) + (splits - 1) * tiles * 32 * 16
+    return staged + act + _align16(scales) + (splits - 1) * tiles * 32 * 16 + SPLIT_BARRIER
 
 
 def _align16(nbytes: int) -> int:
@@ -431,6 +434,11 @@ class GemvParams:
     def smem_reduce_offset(self) -> int:
         """Where the other splits' partials (16-byte vectors) start, after the x scales."""
         return self.smem_weights + self.smem_act + _align16(self.smem_scales)
+
+    @property
+    def smem_split_barrier(self) -> int:
+        """Where the first split's mbarrier sits (8-byte aligned): after the partials' slots."""
+        return self.smem_reduce_offset + (self.splits - 1) * self.tiles * 32 * 16
 
     @property
     def smem_bytes(self) -> int:

@@ -110,16 +110,20 @@ def _config(
 # early=True (PDL trigger at kernel entry, so the down kernel starts streaming while gate_up
 # still runs) only where it won >= 0.25 us per layer, and only on gate_up: after down a
 # server runs no mlpjit kernel. cluster=2 where clusters of 2 won >= 0.2 us per layer in two
-# sweeps; spw = slices per warp, mostly with persistent grids (TP 4, 2, 1).
+# sweeps; spw = slices per warp, mostly with persistent grids (TP 4, 2, 1). Entries marked
+# "(variant 33)": pairs that beat the planner's by more than 3% in three rounds of a layer
+# sweep once K splits no longer met at a fenced cluster barrier (docs/KERNEL_NOTES.md).
 TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...]] = {
     # GLM-5 (hidden 6144, intermediate 12288) TP 8
     (3072, 6144, True): (
         (1, _config(1, 3, 2)),
+        (2, _config(3, 3, 1, spw=2, splits=2)),  # variant 33
         (4, _config(1, 3, 1)),
         (8, _config(1, 3, 1, cluster=2)),
     ),
     (6144, 1536, False): (
         (1, _config(4, 3, 2)),
+        (2, _config(3, 3, 1)),  # variant 33
         (4, _config(4, 1, 2, spw=3)),
         (8, _config(4, 1, 2, spw=3, cluster=2)),
     ),
@@ -177,7 +181,8 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
     (5120, 1536, False): (
         (1, _config(2, 2, 2)),
         (4, _config(4, 0, 2, spw=3)),
-        (8, _config(2, 2, 2)),
+        (7, _config(2, 2, 2)),
+        (8, _config(5, 1, 1, spw=3, slice_k=128, splits=2)),  # variant 33
     ),
     # GLM-4.5 TP 4 gate_up: at 1 token the one-wave heuristic's pick beat the wide persistent
     # one (16.54 vs 17.57 us per layer), at 2-8 tokens the wide one won by 1.08-1.15x; at 8
@@ -199,19 +204,24 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
     (512, 7168, True): (
         (1, None),
         (4, None),
-        (8, _config(2, 3, 2, slice_k=256, splits=7)),
+        (7, _config(2, 3, 2, slice_k=256, splits=7)),
+        (8, _config(2, 3, 1, slice_k=256, splits=7)),  # variant 33
     ),
     (7168, 256, False): (
         (1, _config(4, 1, 2, slice_k=128)),
         (8, None),
     ),
     # DeepSeek-V3 shared expert TP 1.
-    (7168, 2048, False): ((8, _config(7, 3, 1, splits=2)),),
+    (7168, 2048, False): (
+        (7, _config(7, 3, 1, splits=2)),
+        (8, _config(7, 2, 1, spw=2, slice_k=256, splits=2)),  # variant 33
+    ),
     (4096, 7168, True): (
         (1, None),
         (2, _config(2, 3, 1, spw=2)),
         (4, _config(2, 1, 1)),
-        (8, _config(4, 2, 1, spw=7, slice_k=256, splits=2)),
+        (7, _config(4, 2, 1, spw=7, slice_k=256, splits=2)),
+        (8, _config(2, 2, 1, early=True, spw=7, slice_k=256)),  # variant 33
     ),
     # Where the old whole-K cost model's pick beat modeled_us's by more than 3% in the
     # validation of variant 29 (same run, side by side): Qwen3-14B TP 8 down (17 K blocks)
