@@ -66,6 +66,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DenseMlp", "MAX_TOKENS", "kernel_requests", "kernel_supported"]
 
+_BF16 = torch.bfloat16  # x's dtype, compared by identity on every call (dtypes are singletons)
+
 # The fp8_gemv parameter list DenseMlp._launch fills with raw pointers, in order.
 _KERNEL_PARAMS = [(name, "ptr") for name in KERNEL_ARGS]
 
@@ -502,6 +504,20 @@ class DenseMlp:
 
     def _check_x(self, x: object) -> int:
         """Validate x; return m. Cheap checks only: this runs on every call."""
+        # The common case first, with as few torch calls as possible; anything it does not
+        # pass (a Tensor subclass too) goes through the checks below, which accept the same
+        # tensors and name what is wrong with the others.
+        index = self._index
+        if (
+            type(x) is Tensor
+            and x.dtype is _BF16
+            and x.is_contiguous()
+            and x.get_device() == index
+            and (index >= 0 or x.device == self.device)
+        ):
+            shape = x.shape
+            if len(shape) == 2 and shape[1] == self.hidden and shape[0]:
+                return shape[0]
         if not isinstance(x, Tensor):
             raise ValueError(
                 f"x must be a torch.Tensor [m, {self.hidden}] bf16, got {type(x).__name__}"

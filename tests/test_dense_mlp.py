@@ -201,6 +201,10 @@ def test_hidden_not_a_multiple_of_128() -> None:
         DenseMlp(w13, torch.ones(2, 1), w2, torch.ones(1, 1))
 
 
+class _Marked(torch.Tensor):
+    """A Tensor subclass (as torch.compile's fake tensors and other wrappers are)."""
+
+
 @pytest.mark.parametrize(
     "make_x,message",
     [
@@ -212,7 +216,14 @@ def test_hidden_not_a_multiple_of_128() -> None:
         (lambda: torch.zeros(2, 256, dtype=torch.bfloat16), r"x must be \[m, hidden=512\]"),
         (lambda: torch.zeros(0, 512, dtype=torch.bfloat16), r"m >= 1"),
         (lambda: _x(4)[::2], r"x must be contiguous"),
+        (lambda: torch.zeros(HIDDEN, 2, dtype=torch.bfloat16).t(), r"x must be contiguous"),
         (lambda: "x", r"x must be a torch.Tensor"),
+        # Tensor subclasses take the full checks: the same messages
+        (lambda: _x(2).float().as_subclass(_Marked), r"x must have dtype torch.bfloat16"),
+        (lambda: _x(2).as_subclass(_Marked).to("meta"), r"x must be on the weights' device"),
+        (lambda: _x(2).reshape(-1).as_subclass(_Marked), r"x must be \[m, hidden=512\]"),
+        (lambda: _x(4)[::2].as_subclass(_Marked), r"x must be contiguous"),
+        (lambda: _x(0).as_subclass(_Marked), r"m >= 1"),
     ],
 )
 def test_bad_x(weights, make_x, message: str) -> None:
@@ -225,6 +236,20 @@ def test_bad_x(weights, make_x, message: str) -> None:
             torch.empty(2, INTER, dtype=torch.bfloat16),
             torch.empty(2, HIDDEN, dtype=torch.bfloat16),
         )
+
+
+def test_good_x_of_any_kind_is_accepted(weights) -> None:
+    """What x's checks accept, whichever way they take: a Tensor subclass, a parameter, one
+    token whose row stride is unusual (contiguous all the same)."""
+    mlp = _mlp(weights)
+    x = _x(3)
+    want = mlp(x)
+    assert torch.equal(mlp(x.as_subclass(_Marked)), want)
+    assert torch.equal(mlp(torch.nn.Parameter(x, requires_grad=False)), want)
+    one = torch.zeros(1, 2 * HIDDEN, dtype=torch.bfloat16)[:, :HIDDEN]  # strides (1024, 1)
+    one.copy_(x[:1])
+    assert one.is_contiguous() and one.stride() != (HIDDEN, 1)
+    assert torch.equal(mlp(one), want[:1])
 
 
 @pytest.mark.parametrize(
@@ -379,6 +404,15 @@ def test_kernel_path_prepare_and_launch_order(fake_kernel_path, kernel_weights) 
         act,
         ref.gemv_reference(x, weights["w13"], mlp.w13_scale, swiglu=True, limit=2.0, ue8m0=True),
     )
+
+
+def test_kernel_path_takes_x_of_any_kind(fake_kernel_path) -> None:
+    """A Tensor subclass x passes the full checks and launches like a plain one."""
+    mlp, _fake, log = fake_kernel_path
+    x = _x(2)
+    want = mlp(x)
+    assert torch.equal(mlp(x.as_subclass(_Marked)), want)
+    assert log[-2][2][1] == x.data_ptr()
 
 
 def test_layers_of_one_signature_share_one_load(fake_kernel_path, kernel_weights) -> None:
