@@ -112,6 +112,13 @@ _KEPT_ACT: dict[tuple[int, int, int, int, int], Tensor] = {}
 _KEPT_ACT_LOCK = threading.Lock()
 
 
+class _ThreadActs(threading.local):
+    """One thread's view of _KEPT_ACT for one _ActBuffers: (stream, tokens) -> act."""
+
+    def __init__(self) -> None:
+        self.acts: dict[tuple[int, int], Tensor] = {}
+
+
 class _ActBuffers:
     """act buffers for eager calls, made by prepare() for the thread and stream it runs on,
     one per token count: a call from there skips one allocation (3-4 us of host time on the
@@ -126,6 +133,10 @@ class _ActBuffers:
     stream at any time. Buffers are only ever made in prepare, never inside a call:
     torch.compile's CUDA-graph warm-up runs calls with its own memory pool active, and a
     buffer kept from there would be a live tensor in that pool.
+
+    A call finds its buffer in its thread's own copy of the entries it has used (one dict
+    lookup; entries are never removed from _KEPT_ACT, so a copy cannot go stale), and asks
+    whether its stream captures on every call, since a capture may begin between any two.
     """
 
     def __init__(self, device: torch.device, device_index: int, intermediate: int) -> None:
@@ -136,6 +147,7 @@ class _ActBuffers:
         self._intermediate = intermediate
         self._stream_of = stream_handle_getter()
         self._capturing = capture.stream_capturing
+        self._mine = _ThreadActs()
 
     def keep(self, counts: Iterable[int]) -> None:
         """Make the buffers of these token counts for the calling thread and its stream."""
@@ -154,8 +166,15 @@ class _ActBuffers:
     def get(self, x: Tensor, m: int, stream: int) -> Tensor:
         """The kept buffer for m tokens on raw stream handle ``stream`` (the caller's current
         stream), or a fresh one (not kept, or the stream is capturing)."""
-        act = _KEPT_ACT.get((self._index, threading.get_ident(), stream, m, self._intermediate))
-        if act is None or self._capturing(stream):
+        act = self._mine.acts.get((stream, m))
+        if act is None:
+            act = _KEPT_ACT.get((self._index, threading.get_ident(), stream, m, self._intermediate))
+            if act is None:
+                return x.new_empty((m, self._intermediate))
+            self._mine.acts[(stream, m)] = act
+        # Handle 0, the legacy default stream, never captures (capture.stream_capturing): only
+        # another stream pays the driver's query.
+        if stream and self._capturing(stream):
             return x.new_empty((m, self._intermediate))
         return act
 

@@ -358,9 +358,15 @@ def fake_kernel_path(monkeypatch, kernel_weights):
     monkeypatch.setattr(launcher, "load_kernel", lambda e, d: _FakeKernel(dict(e.params), log))
     monkeypatch.setattr(launcher, "kernel_pair", _FakePair)
     # CPU stand-ins for torch's current stream handle and the driver's capture query.
-    streams = {"current": 0, "capturing": set()}
+    # "asked": the handles the capture query was asked about, in order.
+    streams: dict = {"current": 0, "capturing": set(), "asked": []}
     monkeypatch.setattr(launcher, "stream_handle_getter", lambda: lambda index: streams["current"])
-    monkeypatch.setattr(capture, "stream_capturing", lambda h: h in streams["capturing"])
+
+    def stream_capturing(handle: int) -> bool:
+        streams["asked"].append(handle)
+        return handle in streams["capturing"]
+
+    monkeypatch.setattr(capture, "stream_capturing", stream_capturing)
     monkeypatch.setattr(dense_mlp, "_KEPT_ACT", {})  # a fresh process-wide act registry
     mlp = _mlp(kernel_weights, limit=2.0, ue8m0=True)
     mlp.arch = "sm_90a"
@@ -465,6 +471,7 @@ def test_act_buffers_come_from_prepare_for_its_thread_and_stream(fake_kernel_pat
     mlp.prepare([2, 3])
     kept = {key[3]: buf.data_ptr() for key, buf in dense_mlp._KEPT_ACT.items()}
     assert sorted(kept) == [2, 3]
+    mlp.streams["asked"].clear()
     assert act_of_call() == act_of_call() == kept[2]  # prepare's thread and stream: reused
     mlp.streams["current"] = 7
     assert act_of_call() not in kept.values()  # another stream: allocated per call
@@ -474,16 +481,31 @@ def test_act_buffers_come_from_prepare_for_its_thread_and_stream(fake_kernel_pat
     thread.start()
     thread.join()
     assert from_thread and from_thread[0] not in kept.values()  # another thread: the same
-    mlp.streams["capturing"].add(0)
-    assert act_of_call() not in kept.values()  # capturing: never the kept buffer
-    mlp.prepare([2])  # while capturing: loads nothing new, keeps nothing
-    assert len(dense_mlp._KEPT_ACT) == 2
+    # Handle 0, the legacy default stream, cannot capture: its calls never ask (nor do calls
+    # without a kept buffer).
+    assert mlp.streams["asked"] == []
+    # A side stream prepared on keeps its own buffers. While it captures, no call gets one
+    # (a replay may run on any stream at any time), also right after calls that did, and
+    # prepare keeps none; after the capture, calls reuse them again.
+    mlp.streams["current"] = 5
+    mlp.prepare([2])
+    side = dense_mlp._KEPT_ACT[(-1, threading.get_ident(), 5, 2, KERNEL_INTER)].data_ptr()
+    assert act_of_call() == act_of_call() == side
+    mlp.streams["capturing"].add(5)
+    asked = len(mlp.streams["asked"])
+    assert act_of_call() not in (side, *kept.values())  # capturing: never a kept buffer
+    assert act_of_call() not in (side, *kept.values())
+    assert mlp.streams["asked"][asked:] == [5, 5]  # asked on every call
+    mlp.prepare([2, 3])  # while capturing: keeps nothing (3 has no buffer on this stream)
+    assert len(dense_mlp._KEPT_ACT) == 3
+    mlp.streams["capturing"].clear()
+    assert act_of_call() == side
+    mlp.streams["current"] = 0
     # Another layer of the same size shares the buffers (stream order covers it too).
     other = _mlp({k: getattr(mlp, k) for k in ("w13", "w13_scale", "w2", "w2_scale")})
     other.arch = "sm_90a"
-    mlp.streams["capturing"].clear()
     other.prepare([2])
-    assert len(dense_mlp._KEPT_ACT) == 2
+    assert len(dense_mlp._KEPT_ACT) == 3
     assert torch.equal(other(x), ref.dense_mlp_reference(x, **weights))
     assert log[-2][2][0] == kept[2]
 
