@@ -606,12 +606,14 @@ class DenseMlp:
         call); x, act and out are checked by the caller, the weights at construction (their
         addresses are read here: see the properties)."""
         act_ptr = act.data_ptr()
-        pair.launch(
-            (act_ptr, x.data_ptr(), self._w13.data_ptr(), self._w13_scale.data_ptr()),
-            (out.data_ptr(), act_ptr, self._w2.data_ptr(), self._w2_scale.data_ptr()),
+        pair.launch_joined(
+            (
+                act_ptr, x.data_ptr(), self._w13.data_ptr(), self._w13_scale.data_ptr(),
+                out.data_ptr(), act_ptr, self._w2.data_ptr(), self._w2_scale.data_ptr(),
+            ),
             self.pdl,
             stream,
-        )
+        )  # fmt: skip
 
     def _call_without_kernels(
         self, x: Tensor, m: int, act: Tensor | None, out: Tensor | None

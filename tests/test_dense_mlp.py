@@ -325,6 +325,11 @@ class _FakePair:
         self.first.launch_unchecked(first_slots, pdl, stream)
         self.second.launch_unchecked(second_slots, pdl, stream)
 
+    def launch_joined(self, slots, pdl, stream) -> None:
+        count = len(self.first.params)
+        assert len(slots) == count + len(self.second.params)
+        self.launch(slots[:count], slots[count:], pdl, stream)
+
 
 class _FakeManager:
     def __init__(self) -> None:
