@@ -338,6 +338,14 @@ class DenseMlp:
         self._paths: dict[int, str] = {}
         # What token counts off the kernel path run: stock (Hopper) or the reference math.
         self._fallback = StockLayer(w13, self._w13_scale, w2, self._w2_scale)
+        # Each weight's data_ptr, bound once: a call still reads the current addresses (see
+        # the properties) without looking the method up four times.
+        self._weight_ptrs = (
+            w13.data_ptr,
+            self._w13_scale.data_ptr,
+            w2.data_ptr,
+            self._w2_scale.data_ptr,
+        )
 
     # The weights are fixed at construction (checked once there, not per call). Update them
     # in place (copy_, or .data re-pointed to a tensor of the same shape, dtype and layout):
@@ -606,14 +614,12 @@ class DenseMlp:
         call); x, act and out are checked by the caller, the weights at construction (their
         addresses are read here: see the properties)."""
         act_ptr = act.data_ptr()
+        w13, w13_scale, w2, w2_scale = self._weight_ptrs
         pair.launch_joined(
-            (
-                act_ptr, x.data_ptr(), self._w13.data_ptr(), self._w13_scale.data_ptr(),
-                out.data_ptr(), act_ptr, self._w2.data_ptr(), self._w2_scale.data_ptr(),
-            ),
+            (act_ptr, x.data_ptr(), w13(), w13_scale(), out.data_ptr(), act_ptr, w2(), w2_scale()),
             self.pdl,
             stream,
-        )  # fmt: skip
+        )
 
     def _call_without_kernels(
         self, x: Tensor, m: int, act: Tensor | None, out: Tensor | None

@@ -548,6 +548,15 @@ def test_weights_are_read_only_and_read_per_call(fake_kernel_path) -> None:
     assert log[-1][2][2] != w2.data_ptr()
     mlp(x)
     assert log[-1][2][2] == w2.data_ptr()
+    # Every weight and scale: gate_up's slots 2 and 3, then down's.
+    for w in (mlp.w13, mlp.w13_scale, mlp.w2, mlp.w2_scale):
+        w.data = w.data.clone()
+    out = mlp(x)
+    (_, _, gate_up), (_, _, down) = log[-2:]
+    assert gate_up[2:] == (mlp.w13.data_ptr(), mlp.w13_scale.data_ptr())
+    assert down[2:] == (mlp.w2.data_ptr(), mlp.w2_scale.data_ptr())
+    weights = {k: getattr(mlp, k) for k in ("w13", "w13_scale", "w2", "w2_scale")}
+    assert torch.equal(out, ref.dense_mlp_reference(x, limit=2.0, ue8m0=True, **weights))
 
 
 def test_kernel_path_refuses_a_kernel_with_another_signature(fake_kernel_path, monkeypatch) -> None:
