@@ -66,6 +66,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DenseMlp", "MAX_TOKENS", "kernel_requests", "kernel_supported"]
 
+_BF16 = torch.bfloat16  # x's dtype, compared by identity on every call (dtypes are singletons)
+
 # The fp8_gemv parameter list DenseMlp._launch fills with raw pointers, in order.
 _KERNEL_PARAMS = [(name, "ptr") for name in KERNEL_ARGS]
 
@@ -110,6 +112,13 @@ _KEPT_ACT: dict[tuple[int, int, int, int, int], Tensor] = {}
 _KEPT_ACT_LOCK = threading.Lock()
 
 
+class _ThreadActs(threading.local):
+    """One thread's view of _KEPT_ACT for one _ActBuffers: (stream, tokens) -> act."""
+
+    def __init__(self) -> None:
+        self.acts: dict[tuple[int, int], Tensor] = {}
+
+
 class _ActBuffers:
     """act buffers for eager calls, made by prepare() for the thread and stream it runs on,
     one per token count: a call from there skips one allocation (3-4 us of host time on the
@@ -124,6 +133,10 @@ class _ActBuffers:
     stream at any time. Buffers are only ever made in prepare, never inside a call:
     torch.compile's CUDA-graph warm-up runs calls with its own memory pool active, and a
     buffer kept from there would be a live tensor in that pool.
+
+    A call finds its buffer in its thread's own copy of the entries it has used (one dict
+    lookup; entries are never removed from _KEPT_ACT, so a copy cannot go stale), and asks
+    whether its stream captures on every call, since a capture may begin between any two.
     """
 
     def __init__(self, device: torch.device, device_index: int, intermediate: int) -> None:
@@ -134,6 +147,7 @@ class _ActBuffers:
         self._intermediate = intermediate
         self._stream_of = stream_handle_getter()
         self._capturing = capture.stream_capturing
+        self._mine = _ThreadActs()
 
     def keep(self, counts: Iterable[int]) -> None:
         """Make the buffers of these token counts for the calling thread and its stream."""
@@ -152,8 +166,15 @@ class _ActBuffers:
     def get(self, x: Tensor, m: int, stream: int) -> Tensor:
         """The kept buffer for m tokens on raw stream handle ``stream`` (the caller's current
         stream), or a fresh one (not kept, or the stream is capturing)."""
-        act = _KEPT_ACT.get((self._index, threading.get_ident(), stream, m, self._intermediate))
-        if act is None or self._capturing(stream):
+        act = self._mine.acts.get((stream, m))
+        if act is None:
+            act = _KEPT_ACT.get((self._index, threading.get_ident(), stream, m, self._intermediate))
+            if act is None:
+                return x.new_empty((m, self._intermediate))
+            self._mine.acts[(stream, m)] = act
+        # Handle 0, the legacy default stream, never captures (capture.stream_capturing): only
+        # another stream pays the driver's query.
+        if stream and self._capturing(stream):
             return x.new_empty((m, self._intermediate))
         return act
 
@@ -317,6 +338,14 @@ class DenseMlp:
         self._paths: dict[int, str] = {}
         # What token counts off the kernel path run: stock (Hopper) or the reference math.
         self._fallback = StockLayer(w13, self._w13_scale, w2, self._w2_scale)
+        # Each weight's data_ptr, bound once: a call still reads the current addresses (see
+        # the properties) without looking the method up four times.
+        self._weight_ptrs = (
+            w13.data_ptr,
+            self._w13_scale.data_ptr,
+            w2.data_ptr,
+            self._w2_scale.data_ptr,
+        )
 
     # The weights are fixed at construction (checked once there, not per call). Update them
     # in place (copy_, or .data re-pointed to a tensor of the same shape, dtype and layout):
@@ -502,6 +531,20 @@ class DenseMlp:
 
     def _check_x(self, x: object) -> int:
         """Validate x; return m. Cheap checks only: this runs on every call."""
+        # The common case first, with as few torch calls as possible; anything it does not
+        # pass (a Tensor subclass too) goes through the checks below, which accept the same
+        # tensors and name what is wrong with the others.
+        index = self._index
+        if (
+            type(x) is Tensor
+            and x.dtype is _BF16
+            and x.is_contiguous()
+            and x.get_device() == index
+            and (index >= 0 or x.device == self.device)
+        ):
+            shape = x.shape
+            if len(shape) == 2 and shape[1] == self.hidden and shape[0]:
+                return shape[0]
         if not isinstance(x, Tensor):
             raise ValueError(
                 f"x must be a torch.Tensor [m, {self.hidden}] bf16, got {type(x).__name__}"
@@ -571,9 +614,9 @@ class DenseMlp:
         call); x, act and out are checked by the caller, the weights at construction (their
         addresses are read here: see the properties)."""
         act_ptr = act.data_ptr()
-        pair.launch(
-            (act_ptr, x.data_ptr(), self._w13.data_ptr(), self._w13_scale.data_ptr()),
-            (out.data_ptr(), act_ptr, self._w2.data_ptr(), self._w2_scale.data_ptr()),
+        w13, w13_scale, w2, w2_scale = self._weight_ptrs
+        pair.launch_joined(
+            (act_ptr, x.data_ptr(), w13(), w13_scale(), out.data_ptr(), act_ptr, w2(), w2_scale()),
             self.pdl,
             stream,
         )

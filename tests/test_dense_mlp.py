@@ -201,6 +201,10 @@ def test_hidden_not_a_multiple_of_128() -> None:
         DenseMlp(w13, torch.ones(2, 1), w2, torch.ones(1, 1))
 
 
+class _Marked(torch.Tensor):
+    """A Tensor subclass (as torch.compile's fake tensors and other wrappers are)."""
+
+
 @pytest.mark.parametrize(
     "make_x,message",
     [
@@ -212,7 +216,14 @@ def test_hidden_not_a_multiple_of_128() -> None:
         (lambda: torch.zeros(2, 256, dtype=torch.bfloat16), r"x must be \[m, hidden=512\]"),
         (lambda: torch.zeros(0, 512, dtype=torch.bfloat16), r"m >= 1"),
         (lambda: _x(4)[::2], r"x must be contiguous"),
+        (lambda: torch.zeros(HIDDEN, 2, dtype=torch.bfloat16).t(), r"x must be contiguous"),
         (lambda: "x", r"x must be a torch.Tensor"),
+        # Tensor subclasses take the full checks: the same messages
+        (lambda: _x(2).float().as_subclass(_Marked), r"x must have dtype torch.bfloat16"),
+        (lambda: _x(2).as_subclass(_Marked).to("meta"), r"x must be on the weights' device"),
+        (lambda: _x(2).reshape(-1).as_subclass(_Marked), r"x must be \[m, hidden=512\]"),
+        (lambda: _x(4)[::2].as_subclass(_Marked), r"x must be contiguous"),
+        (lambda: _x(0).as_subclass(_Marked), r"m >= 1"),
     ],
 )
 def test_bad_x(weights, make_x, message: str) -> None:
@@ -225,6 +236,20 @@ def test_bad_x(weights, make_x, message: str) -> None:
             torch.empty(2, INTER, dtype=torch.bfloat16),
             torch.empty(2, HIDDEN, dtype=torch.bfloat16),
         )
+
+
+def test_good_x_of_any_kind_is_accepted(weights) -> None:
+    """What x's checks accept, whichever way they take: a Tensor subclass, a parameter, one
+    token whose row stride is unusual (contiguous all the same)."""
+    mlp = _mlp(weights)
+    x = _x(3)
+    want = mlp(x)
+    assert torch.equal(mlp(x.as_subclass(_Marked)), want)
+    assert torch.equal(mlp(torch.nn.Parameter(x, requires_grad=False)), want)
+    one = torch.zeros(1, 2 * HIDDEN, dtype=torch.bfloat16)[:, :HIDDEN]  # strides (1024, 1)
+    one.copy_(x[:1])
+    assert one.is_contiguous() and one.stride() != (HIDDEN, 1)
+    assert torch.equal(mlp(one), want[:1])
 
 
 @pytest.mark.parametrize(
@@ -300,6 +325,11 @@ class _FakePair:
         self.first.launch_unchecked(first_slots, pdl, stream)
         self.second.launch_unchecked(second_slots, pdl, stream)
 
+    def launch_joined(self, slots, pdl, stream) -> None:
+        count = len(self.first.params)
+        assert len(slots) == count + len(self.second.params)
+        self.launch(slots[:count], slots[count:], pdl, stream)
+
 
 class _FakeManager:
     def __init__(self) -> None:
@@ -333,9 +363,15 @@ def fake_kernel_path(monkeypatch, kernel_weights):
     monkeypatch.setattr(launcher, "load_kernel", lambda e, d: _FakeKernel(dict(e.params), log))
     monkeypatch.setattr(launcher, "kernel_pair", _FakePair)
     # CPU stand-ins for torch's current stream handle and the driver's capture query.
-    streams = {"current": 0, "capturing": set()}
+    # "asked": the handles the capture query was asked about, in order.
+    streams: dict = {"current": 0, "capturing": set(), "asked": []}
     monkeypatch.setattr(launcher, "stream_handle_getter", lambda: lambda index: streams["current"])
-    monkeypatch.setattr(capture, "stream_capturing", lambda h: h in streams["capturing"])
+
+    def stream_capturing(handle: int) -> bool:
+        streams["asked"].append(handle)
+        return handle in streams["capturing"]
+
+    monkeypatch.setattr(capture, "stream_capturing", stream_capturing)
     monkeypatch.setattr(dense_mlp, "_KEPT_ACT", {})  # a fresh process-wide act registry
     mlp = _mlp(kernel_weights, limit=2.0, ue8m0=True)
     mlp.arch = "sm_90a"
@@ -379,6 +415,15 @@ def test_kernel_path_prepare_and_launch_order(fake_kernel_path, kernel_weights) 
         act,
         ref.gemv_reference(x, weights["w13"], mlp.w13_scale, swiglu=True, limit=2.0, ue8m0=True),
     )
+
+
+def test_kernel_path_takes_x_of_any_kind(fake_kernel_path) -> None:
+    """A Tensor subclass x passes the full checks and launches like a plain one."""
+    mlp, _fake, log = fake_kernel_path
+    x = _x(2)
+    want = mlp(x)
+    assert torch.equal(mlp(x.as_subclass(_Marked)), want)
+    assert log[-2][2][1] == x.data_ptr()
 
 
 def test_layers_of_one_signature_share_one_load(fake_kernel_path, kernel_weights) -> None:
@@ -431,6 +476,7 @@ def test_act_buffers_come_from_prepare_for_its_thread_and_stream(fake_kernel_pat
     mlp.prepare([2, 3])
     kept = {key[3]: buf.data_ptr() for key, buf in dense_mlp._KEPT_ACT.items()}
     assert sorted(kept) == [2, 3]
+    mlp.streams["asked"].clear()
     assert act_of_call() == act_of_call() == kept[2]  # prepare's thread and stream: reused
     mlp.streams["current"] = 7
     assert act_of_call() not in kept.values()  # another stream: allocated per call
@@ -440,16 +486,31 @@ def test_act_buffers_come_from_prepare_for_its_thread_and_stream(fake_kernel_pat
     thread.start()
     thread.join()
     assert from_thread and from_thread[0] not in kept.values()  # another thread: the same
-    mlp.streams["capturing"].add(0)
-    assert act_of_call() not in kept.values()  # capturing: never the kept buffer
-    mlp.prepare([2])  # while capturing: loads nothing new, keeps nothing
-    assert len(dense_mlp._KEPT_ACT) == 2
+    # Handle 0, the legacy default stream, cannot capture: its calls never ask (nor do calls
+    # without a kept buffer).
+    assert mlp.streams["asked"] == []
+    # A side stream prepared on keeps its own buffers. While it captures, no call gets one
+    # (a replay may run on any stream at any time), also right after calls that did, and
+    # prepare keeps none; after the capture, calls reuse them again.
+    mlp.streams["current"] = 5
+    mlp.prepare([2])
+    side = dense_mlp._KEPT_ACT[(-1, threading.get_ident(), 5, 2, KERNEL_INTER)].data_ptr()
+    assert act_of_call() == act_of_call() == side
+    mlp.streams["capturing"].add(5)
+    asked = len(mlp.streams["asked"])
+    assert act_of_call() not in (side, *kept.values())  # capturing: never a kept buffer
+    assert act_of_call() not in (side, *kept.values())
+    assert mlp.streams["asked"][asked:] == [5, 5]  # asked on every call
+    mlp.prepare([2, 3])  # while capturing: keeps nothing (3 has no buffer on this stream)
+    assert len(dense_mlp._KEPT_ACT) == 3
+    mlp.streams["capturing"].clear()
+    assert act_of_call() == side
+    mlp.streams["current"] = 0
     # Another layer of the same size shares the buffers (stream order covers it too).
     other = _mlp({k: getattr(mlp, k) for k in ("w13", "w13_scale", "w2", "w2_scale")})
     other.arch = "sm_90a"
-    mlp.streams["capturing"].clear()
     other.prepare([2])
-    assert len(dense_mlp._KEPT_ACT) == 2
+    assert len(dense_mlp._KEPT_ACT) == 3
     assert torch.equal(other(x), ref.dense_mlp_reference(x, **weights))
     assert log[-2][2][0] == kept[2]
 
@@ -487,6 +548,15 @@ def test_weights_are_read_only_and_read_per_call(fake_kernel_path) -> None:
     assert log[-1][2][2] != w2.data_ptr()
     mlp(x)
     assert log[-1][2][2] == w2.data_ptr()
+    # Every weight and scale: gate_up's slots 2 and 3, then down's.
+    for w in (mlp.w13, mlp.w13_scale, mlp.w2, mlp.w2_scale):
+        w.data = w.data.clone()
+    out = mlp(x)
+    (_, _, gate_up), (_, _, down) = log[-2:]
+    assert gate_up[2:] == (mlp.w13.data_ptr(), mlp.w13_scale.data_ptr())
+    assert down[2:] == (mlp.w2.data_ptr(), mlp.w2_scale.data_ptr())
+    weights = {k: getattr(mlp, k) for k in ("w13", "w13_scale", "w2", "w2_scale")}
+    assert torch.equal(out, ref.dense_mlp_reference(x, limit=2.0, ue8m0=True, **weights))
 
 
 def test_kernel_path_refuses_a_kernel_with_another_signature(fake_kernel_path, monkeypatch) -> None:

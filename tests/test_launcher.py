@@ -387,6 +387,58 @@ def test_pair_retries_a_failed_launch_through_the_kernel(monkeypatch: pytest.Mon
         KernelPair(first, second).launch((1, 2), (3, 4), None, 555)
 
 
+def test_pair_launch_joined_gives_each_kernel_its_own_slots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """launch_joined: the first kernel's slots then the second's in one sequence (kernels of
+    3 and 2 parameters here), each launch reading its own, full 64-bit values; a sequence
+    of another length raises before anything is launched; the paths off the fast one get
+    each kernel's part."""
+    from ctypes import c_uint64, c_void_p
+
+    from mlpjit.jit import launcher
+    from mlpjit.jit.launcher import KernelPair
+
+    fake = _RecordingDriver()
+    monkeypatch.setattr(launcher, "_driver_module", fake)
+    counts = {"GATE_UP": 3, "DOWN": 2}
+    status = {"GATE_UP": fake.CUresult.CUDA_SUCCESS, "DOWN": fake.CUresult.CUDA_SUCCESS}
+
+    def launch(config, function, params, extra):
+        pointers = (c_void_p * counts[function]).from_address(params)
+        values = tuple(c_uint64.from_address(p).value for p in pointers)
+        fake.calls.append((function, values))
+        return (status[function],)
+
+    monkeypatch.setattr(fake, "cuLaunchKernelEx", launch, raising=False)
+    ptr = KernelParam("p", "ptr")
+    first = LoadedKernel("6f" * 32, fake_binary(ptr, ptr, ptr), device_index=0, function="GATE_UP")
+    second = LoadedKernel("7a" * 32, fake_binary(ptr, ptr), device_index=0, function="DOWN")
+    pair = KernelPair(first, second)
+    slots = tuple((0x7F00 + i) << 32 | (0x1000 * i) for i in range(5))
+    pair.launch_joined(slots, None, 555)
+    pair.launch(slots[:3], slots[3:], False, 555)
+    assert fake.calls == [("GATE_UP", slots[:3]), ("DOWN", slots[3:])] * 2
+    for wrong in (slots[:4], (*slots, 1)):
+        with pytest.raises(ValueError):
+            pair.launch_joined(wrong, None, 555)
+    assert len(fake.calls) == 4
+    own: list[tuple] = []
+    for kernel in (first, second):
+        monkeypatch.setattr(
+            kernel, "launch_unchecked", lambda s, p=None, h=None, k=kernel: own.append((k, s, h))
+        )
+    status["GATE_UP"] = fake.CUresult.CUDA_ERROR_LAUNCH_FAILED  # retried by the kernel
+    pair.launch_joined(slots, None, 555)
+    assert own == [(first, slots[:3], 555)] and fake.calls[-1] == ("DOWN", slots[3:])
+    monkeypatch.setattr(pair, "_current_device", lambda: 1)  # another device's null stream
+    pair.launch_joined(slots, None, 0)
+    assert own[1:] == [(first, slots[:3], 0), (second, slots[3:], 0)] and len(fake.calls) == 6
+    with pytest.raises(ValueError):
+        pair.launch_joined(slots[:4], None, 0)
+    assert len(own) == 3
+
+
 def test_kernel_pair_is_shared_per_kernels_and_needs_one_device() -> None:
     from mlpjit.jit.launcher import KernelPair, kernel_pair
 

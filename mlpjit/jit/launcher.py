@@ -111,6 +111,25 @@ class _ParamBuffers(threading.local):
         self.address = addressof(self.pointers)
 
 
+class _PairBuffers(threading.local):
+    """Per-thread parameter storage of a KernelPair: the first kernel's slots then the
+    second's, in one array, with a pointer array for each kernel.
+
+    ``parts`` is (slots, first's pointer array address, second's), read with one lookup of
+    the thread's storage on the per-call path.
+    """
+
+    def __init__(self, first: int, second: int) -> None:
+        self.slots = (c_uint64 * (first + second))()  # exactly: filled with one [:] = slots
+        base = addressof(self.slots)
+        # A kernel without parameters reads none: its one pointer is never followed.
+        self.pointers = [
+            (c_void_p * max(count, 1))(*(base + 8 * (start + i) for i in range(max(count, 1))))
+            for start, count in ((0, first), (first, second))
+        ]
+        self.parts = (self.slots, *(addressof(p) for p in self.pointers))
+
+
 class LoadedKernel:
     """A kernel function loaded on one device, ready to launch with cuLaunchKernelEx."""
 
@@ -347,11 +366,11 @@ class KernelPair:
 
     One call does what two ``launch_unchecked`` calls would, with the per-launch host work
     done once for both: one (stream, pdl) lookup of both launch configs, one current-device
-    check on the default stream, one per-thread parameter buffer (the driver copies the
-    values before cuLaunchKernelEx returns, so the second launch may refill it). Anything
-    off the fast path (the default stream of another device's context, a failed launch)
-    goes through each kernel's ``launch_unchecked``, which handles contexts and errors.
-    Shared by every layer with the same two kernels (``kernel_pair``).
+    check on the default stream, one per-thread parameter buffer holding both kernels' slots
+    (the driver copies the values before cuLaunchKernelEx returns). Anything off the fast
+    path (the default stream of another device's context, a failed launch) goes through each
+    kernel's ``launch_unchecked``, which handles contexts and errors. Shared by every layer
+    with the same two kernels (``kernel_pair``).
     """
 
     def __init__(self, first: LoadedKernel, second: LoadedKernel) -> None:
@@ -364,7 +383,7 @@ class KernelPair:
         self.device = first.device
         self._index = first.device.index
         self._counts = (len(first.params), len(second.params))
-        self._buffers = _ParamBuffers(max(self._counts))
+        self._buffers = _PairBuffers(*self._counts)
         # (stream, pdl) -> (cuLaunchKernelEx, first config, first function, second ...)
         self._plans: dict[tuple[int, bool | None], tuple] = {}
         self._current_device = _device_getter()
@@ -400,23 +419,29 @@ class KernelPair:
                 f"{count_first} and {count_second} parameter slots, got {len(first_slots)} "
                 f"and {len(second_slots)}"
             )
+        self.launch_joined((*first_slots, *second_slots), pdl, stream)
+
+    def launch_joined(self, slots: Sequence[int], pdl: bool | None, stream: int) -> None:
+        """``launch`` with both kernels' slots in one sequence, the first's then the
+        second's: DenseMlp's per-call path, which builds one tuple and skips ``launch``'s
+        two length checks (its prepare checks each kernel's parameter list). A sequence of
+        another length still raises ValueError (ctypes', before anything is launched)."""
+        buffer, first_params, second_params = self._buffers.parts
+        buffer[:] = slots
         if stream == 0 and self._current_device() != self._index:
             # The default stream of whatever context is current: each kernel's own path.
-            self.first.launch_unchecked(first_slots, pdl, stream)
-            self.second.launch_unchecked(second_slots, pdl, stream)
+            count_first = self._counts[0]
+            self.first.launch_unchecked(slots[:count_first], pdl, stream)
+            self.second.launch_unchecked(slots[count_first:], pdl, stream)
             return
         plan = self._plans.get((stream, pdl))
         if plan is None:
             plan = self._plan(stream, pdl)
         launch, first_config, first_function, second_config, second_function = plan
-        buffers = self._buffers
-        slots = buffers.slots
-        slots[:count_first] = first_slots
-        if launch(first_config, first_function, buffers.address, 0)[0]:
-            self.first.launch_unchecked(first_slots, pdl, stream)  # retried, or raised
-        slots[:count_second] = second_slots
-        if launch(second_config, second_function, buffers.address, 0)[0]:
-            self.second.launch_unchecked(second_slots, pdl, stream)
+        if launch(first_config, first_function, first_params, 0)[0]:  # retried, or raised
+            self.first.launch_unchecked(slots[: self._counts[0]], pdl, stream)
+        if launch(second_config, second_function, second_params, 0)[0]:
+            self.second.launch_unchecked(slots[self._counts[0] :], pdl, stream)
 
 
 _pairs: dict[tuple[str, str, int], KernelPair] = {}

@@ -266,6 +266,23 @@ def test_call_allocating_equals_forward_into() -> None:
     assert mlp(x, out=given) is given and torch.equal(given, out)
 
 
+class _Marked(torch.Tensor):
+    """A Tensor subclass: x's checks take the long way for it."""
+
+
+def test_x_checks_on_the_gpu() -> None:
+    """A CUDA layer takes a Tensor subclass x like a plain one, and refuses x on the CPU or
+    strided with the messages of the CPU tests."""
+    mlp = mlp_for("glm5-tp8", True, None)
+    x = _inputs["glm5-tp8"][:3]
+    want = mlp(x)
+    assert torch.equal(mlp(x.as_subclass(_Marked)), want)
+    with pytest.raises(ValueError, match=r"x must be on the weights' device cuda:\d+, got cpu"):
+        mlp(x.cpu())
+    with pytest.raises(ValueError, match=r"x must be contiguous"):
+        mlp(_inputs["glm5-tp8"][::2])
+
+
 def test_unprepared_token_count_prepares_lazily_outside_capture() -> None:
     mlp = DenseMlp(**layer("glm5-tp8"), ue8m0=True)
     out = mlp(_inputs["glm5-tp8"][:6])
