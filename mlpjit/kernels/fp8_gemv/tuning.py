@@ -117,13 +117,11 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
     # GLM-5 (hidden 6144, intermediate 12288) TP 8
     (3072, 6144, True): (
         (1, _config(1, 3, 2)),
-        (2, _config(3, 3, 1, spw=2, splits=2)),  # variant 33
         (4, _config(1, 3, 1)),
         (8, _config(1, 3, 1, cluster=2)),
     ),
     (6144, 1536, False): (
         (1, _config(4, 3, 2)),
-        (2, _config(3, 3, 1)),  # variant 33
         (4, _config(4, 1, 2, spw=3)),
         (8, _config(4, 1, 2, spw=3, cluster=2)),
     ),
@@ -218,8 +216,11 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
     ),
     (4096, 7168, True): (
         (1, None),
-        (2, _config(2, 3, 1, spw=2)),
-        (4, _config(2, 1, 1)),
+        (2, _config(2, 3, 1, early=True, spw=2)),  # variant 33
+        (3, _config(2, 1, 1)),
+        (4, _config(2, 2, 1, early=True, spw=7, slice_k=256)),  # variant 33
+        (5, _config(4, 2, 1, spw=7, slice_k=256, splits=2)),
+        (6, _config(2, 3, 1, early=True, spw=2)),  # variant 33
         (7, _config(4, 2, 1, spw=7, slice_k=256, splits=2)),
         (8, _config(2, 2, 1, early=True, spw=7, slice_k=256)),  # variant 33
     ),
