@@ -111,8 +111,9 @@ def _config(
 # still runs) only where it won >= 0.25 us per layer, and only on gate_up: after down a
 # server runs no mlpjit kernel. cluster=2 where clusters of 2 won >= 0.2 us per layer in two
 # sweeps; spw = slices per warp, mostly with persistent grids (TP 4, 2, 1). Entries marked
-# "(variant 33)": pairs that beat the planner's by more than 3% in three rounds of a layer
-# sweep once K splits no longer met at a fenced cluster barrier (docs/KERNEL_NOTES.md).
+# "(variant 33)": pairs that beat the planner's by more than 3% in every round (two or three)
+# of a layer sweep once K splits no longer met at a fenced cluster barrier
+# (docs/KERNEL_NOTES.md).
 TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...]] = {
     # GLM-5 (hidden 6144, intermediate 12288) TP 8
     (3072, 6144, True): (
