@@ -134,3 +134,25 @@ def test_cluster_pairs_set_each_kernel_and_both() -> None:
     assert ("t1/r3/c1", "t4/r1/c2/s3") in labels
     assert ("t1/r3/c1/n2", "t4/r1/c2/s3/n4") in labels
     assert not any(g.cluster == 4 for g, _ in found)
+
+
+def test_parse_config_send_x() -> None:
+    config = gemv_sweep.parse_config("t1/r3/c1/n2/send")
+    assert (config.cluster, config.send_x) == (2, True)
+    assert gemv_sweep.label(config) == "t1/r3/c1/n2/send"
+    assert not gemv_sweep.parse_config("t1/r3/c1/n2").send_x
+    with pytest.raises(ValueError, match="needs a cluster"):
+        gemv_sweep.parse_config("t1/r3/c1/send")
+
+
+def test_send_x_pairs_switch_each_clustered_kernel() -> None:
+    """--send-x adds the default pair with its clustered gate_up, its clustered down and
+    both sending x by st.async; a pair without a cluster gets none."""
+    hidden, inter = gemv_sweep.LAYER_SHAPES["glm5-tp8"]
+    plain = gemv_sweep.pairs(hidden, inter, 8)
+    found = gemv_sweep.pairs(hidden, inter, 8, send_x=True)
+    assert found[: len(plain)] == plain
+    sends = [(g.send_x, d.send_x) for g, d in found[len(plain) :]]
+    assert sends == [(True, False), (False, True), (True, True)]
+    assert all(g.cluster == 2 and d.cluster == 2 for g, d in found[len(plain) :])
+    assert gemv_sweep.pairs(hidden, inter, 1, send_x=True) == gemv_sweep.pairs(hidden, inter, 1)

@@ -130,8 +130,9 @@ def check_kernel_sass(p: dict) -> None:
     assert facts["regs"] * threads * p["ctas_per_sm"] <= hopper.REGS_PER_SM
     slice_k, splits = params.slice_k, params.splits
     assert binary.smem_bytes == gemv_params.smem_bytes(
-        p["k"], p["tokens"], p["tiles"], p["in_regs"], spw, slice_k=slice_k, splits=splits
-    )
+        p["k"], p["tokens"], p["tiles"], p["in_regs"], spw, slice_k=slice_k, splits=splits,
+        send_x=p.get("send_x", False),
+    )  # fmt: skip
     assert binary.smem_bytes + facts["static_smem"] <= hopper.SMEM_PER_CTA_MAX
     assert binary.smem_bytes <= hopper.smem_budget(p["ctas_per_sm"])
 
@@ -190,9 +191,16 @@ def check_kernel_sass(p: dict) -> None:
     # partials meet and after each tile's sum (its slots are free again); otherwise the
     # partials go to the first CTA with st.async (STAS), counted on its mbarrier, without
     # a cluster barrier's release fence (MEMBAR.ALL.GPU).
+    # send_x: they meet at entry only; x goes out by st.async, counted on mbarriers.
     cluster = p.get("cluster", 1)
     assert binary.cluster == (max(cluster, splits), 1, 1) and grid % max(cluster, splits) == 0
-    if cluster > 1:
+    if cluster > 1 and p.get("send_x"):
+        assert not persistent or cluster <= tuning.MAX_PERSISTENT_CLUSTER
+        assert count["UCGABAR_ARV"] == 1 and count["UCGABAR_WAIT"] == 1
+        assert ops.index("UCGABAR_ARV") < wait < ops.index("UCGABAR_WAIT")
+        assert count["STAS.128"] > 0 and "ST.E.128" not in count
+        assert "MEMBAR.ALL.GPU" not in count
+    elif cluster > 1:
         assert not persistent or cluster <= tuning.MAX_PERSISTENT_CLUSTER
         assert count["UCGABAR_ARV"] == 2 and count["UCGABAR_WAIT"] == 2
         assert ops.index("UCGABAR_ARV") < wait
@@ -307,19 +315,19 @@ def test_wide_warps_compile_clean(changes, persistent) -> None:
     assert facts["regs"] * binary.block[0] * p["ctas_per_sm"] <= hopper.REGS_PER_SM
 
 
-@pytest.mark.parametrize(
-    "changes",
-    [
-        {"tokens": 8, "ctas_per_sm": 1, "cluster": 2},
-        {"tokens": 8, "ctas_per_sm": 1, "cluster": 4},
-        {"tokens": 1, "cluster": 8},
-        {"rows": 6144, "k": 1536, "tiles": 4, "in_regs": 1, "swiglu": False, "tokens": 3,
-         "slices_per_warp": 3, "cluster": 2},
-        {"rows": 6144, "k": 12288, "tokens": 7, "in_regs": 3, "ctas_per_sm": 1, "swiglu": False,
-         "slices_per_warp": 3, "cluster": 2},
-    ],
-    ids=["persistent-n2", "persistent-n4", "t1-n8", "down-3-chunks-per-2", "tp1-down-n2"],
-)  # fmt: skip
+# Clustered variants of _variant: persistent and not, chunk counts the cluster does not divide.
+CLUSTER_VARIANTS = {
+    "persistent-n2": {"tokens": 8, "ctas_per_sm": 1, "cluster": 2},
+    "persistent-n4": {"tokens": 8, "ctas_per_sm": 1, "cluster": 4},
+    "t1-n8": {"tokens": 1, "cluster": 8},
+    "down-3-chunks-per-2": {"rows": 6144, "k": 1536, "tiles": 4, "in_regs": 1, "swiglu": False,
+                            "tokens": 3, "slices_per_warp": 3, "cluster": 2},
+    "tp1-down-n2": {"rows": 6144, "k": 12288, "tokens": 7, "in_regs": 3, "ctas_per_sm": 1,
+                    "swiglu": False, "slices_per_warp": 3, "cluster": 2},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("changes", CLUSTER_VARIANTS.values(), ids=CLUSTER_VARIANTS)
 def test_clusters_compile_clean(changes) -> None:
     """Each CTA quantizes every cluster-th (token, 512-K) chunk of x and stores it into all
     of the cluster's CTAs: cluster DSMEM stores (ST.E.128, which the plain kernel has none
@@ -347,6 +355,44 @@ def test_clusters_compile_clean(changes) -> None:
     assert "BPT.TRAP" not in _facts(_freeze({**p, "cluster": 1}))["count"]
     ops = facts["ops"]
     assert ops.index("UCGABAR_ARV") < ops.index("ACQBULK") < ops.index("UCGABAR_WAIT")
+
+
+SEND_X_VARIANTS = ("persistent-n2", "t1-n8", "down-3-chunks-per-2", "tp1-down-n2")
+
+
+@pytest.mark.parametrize(
+    "changes", [CLUSTER_VARIANTS[n] for n in SEND_X_VARIANTS], ids=SEND_X_VARIANTS
+)
+def test_send_x_compiles_clean(changes) -> None:
+    """send_x: each CTA stores its own chunks of x and sends them to the cluster's other
+    CTAs with st.async (STAS.128, counted on their mbarriers), so the only cluster barrier
+    is the entry one and no release fence (MEMBAR.ALL.GPU) is left; no spills; no weight
+    load later than without it; grid as without it, shared memory plus the mbarrier."""
+    p = {**_variant(**changes), "send_x": True}
+    barrier = {**p, "send_x": False}
+    binary, facts = _compiled(_freeze(p)), _facts(_freeze(p))
+    before = _compiled(_freeze(barrier))
+    assert facts["stack"] == 0 and facts["local"] == 0, facts
+    assert (binary.cluster, binary.grid, binary.block) == (
+        before.cluster, before.grid, before.block
+    )  # fmt: skip
+    assert binary.smem_bytes == -(-before.smem_bytes // 16) * 16 + gemv_params.MBARRIER_BYTES
+    n = p["cluster"]
+    warps = binary.block[0] // 32
+    chunks = p["tokens"] * p["k"] // 512
+    per_warp = math.ceil(math.ceil(chunks / n) / warps)
+    count, ops = facts["count"], facts["ops"]
+    assert count["STAS.128"] == (n - 1) * per_warp and "ST.E.128" not in count
+    assert "MEMBAR.ALL.GPU" not in count and "MEMBAR.ALL.GPU" in _facts(_freeze(barrier))["count"]
+    assert count["UCGABAR_ARV"] == 1 and count["UCGABAR_WAIT"] == 1
+    assert ops.index("UCGABAR_ARV") < ops.index("ACQBULK") < ops.index("UCGABAR_WAIT")
+    assert count["SYNCS.PHASECHK.TRANS64.TRYWAIT"] >= 1
+
+    def loads_before_wait(ops: list) -> int:
+        wait = ops.index("ACQBULK")
+        return sum(op.startswith(("LDG.E.NA", "LDGSTS")) for op in ops[:wait])
+
+    assert loads_before_wait(ops) >= loads_before_wait(_facts(_freeze(barrier))["ops"])
 
 
 @pytest.mark.parametrize(
@@ -452,6 +498,8 @@ def test_deterministic_across_processes() -> None:
         ({"splits": 9}, "splits must be"),
         ({"splits": 5}, r"k must be a multiple of splits \* slice_k = 2560"),
         ({"splits": 2, "cluster": 2}, "cluster must be 1 with splits > 1"),
+        ({"send_x": True}, "send_x needs cluster > 1"),
+        ({"send_x": 1, "cluster": 2}, "send_x must be a bool"),
     ],
 )
 def test_bad_params(changes, match) -> None:

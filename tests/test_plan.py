@@ -107,6 +107,9 @@ def test_smem_bytes_matches_design_formula() -> None:
     # warps * (STEPS - in_regs) * 1 KB + max(tokens*k, warps*512) + tokens * k/128 * 4
     assert gemv_params.smem_bytes(6144, 8, 1, 3) == 12 * 5 * 1024 + 8 * 6144 + 8 * 48 * 4
     assert gemv_params.smem_bytes(1536, 1, 2, 8) == 0 + 6 * 512 + 1 * 12 * 4
+    # send_x: the scales 16-byte aligned, then the mbarrier counting the bytes the others send
+    assert gemv_params.smem_bytes(1536, 1, 2, 8, send_x=True) == 6 * 512 + 48 + 16
+    assert gemv_params.smem_bytes(1536, 3, 2, 8, send_x=True) == 3 * 1536 + 144 + 16
     assert tuning.choose_config(6144, 1536, 1, False).in_regs <= gemv_params.STEPS - 1
 
 
@@ -148,6 +151,7 @@ def test_gemv_request_params() -> None:
         "cluster",
         "slice_k",
         "splits",
+        "send_x",
         "sms",
     }
 
@@ -440,8 +444,8 @@ def test_k_split_geometry() -> None:
     staged = 7 * (4 - 1) * 1024
     assert p.smem_reduce_offset == staged + 3 * 1792 + 176
     # the other three splits' partials, then the mbarrier that counts them
-    assert p.smem_split_barrier == p.smem_reduce_offset + 3 * 512
-    assert p.smem_bytes == p.smem_split_barrier + 16
+    assert p.smem_mbarrier == p.smem_reduce_offset + 3 * 512
+    assert p.smem_bytes == p.smem_mbarrier + 16
     # persistent: DeepSeek-V3 TP 1 down split in two, 66 clusters take 448 row tiles in turn
     q = gemv_params.GemvParams(
         rows=7168, k=18432, tokens=1, tiles=1, in_regs=1, ctas_per_sm=1, swiglu=False,

@@ -77,23 +77,27 @@ ARCH = "sm_90a"
 
 def label(config: GemvConfig) -> str:
     """'t4/r3/c2' (tiles, in_regs, ctas_per_sm), with '/s3' for 3 slices per warp, '/n2'
-    for clusters of 2 CTAs, '/k256' for 256-K slices, '/x4' for 4 K splits and '/early'
-    for the PDL trigger at kernel entry."""
+    for clusters of 2 CTAs, '/k256' for 256-K slices, '/x4' for 4 K splits, '/send' for x
+    sent by st.async (send_x) and '/early' for the PDL trigger at kernel entry."""
     c = config
     spw = f"/s{c.slices_per_warp}" if c.slices_per_warp != 1 else ""
     cluster = f"/n{c.cluster}" if c.cluster != 1 else ""
     slice_k = f"/k{c.slice_k}" if c.slice_k != 512 else ""
     splits = f"/x{c.splits}" if c.splits != 1 else ""
+    send = "/send" if c.send_x else ""
     early = "/early" if c.early_launch else ""
-    return f"t{c.tiles}/r{c.in_regs}/c{c.ctas_per_sm}{spw}{cluster}{slice_k}{splits}{early}"
+    return f"t{c.tiles}/r{c.in_regs}/c{c.ctas_per_sm}{spw}{cluster}{slice_k}{splits}{send}{early}"
 
 
 def parse_config(text: str) -> GemvConfig:
     """'t4/r3/c2' (tiles, in_regs, ctas_per_sm), then optionally, in any order, '/s2'
-    (slices_per_warp), '/n2' (CTAs per cluster), '/k256' (slice_k) and '/x4' (K splits)
-    -> GemvConfig, trigger after the wait. ValueError otherwise."""
-    form = "t4/r3/c2, t1/r0/c2/s3, t1/r3/c1/s2/n4 or t2/r1/c2/k256/x4"
+    (slices_per_warp), '/n2' (CTAs per cluster), '/k256' (slice_k), '/x4' (K splits) and
+    '/send' (send_x) -> GemvConfig, trigger after the wait. ValueError otherwise."""
+    form = "t4/r3/c2, t1/r0/c2/s3, t1/r3/c1/s2/n4, t1/r3/c1/n2/send or t2/r1/c2/k256/x4"
     parts = text.split("/")
+    send_x = "send" in parts[3:]
+    if send_x:
+        parts.remove("send")
     optional = {"s": "slices_per_warp", "n": "cluster", "k": "slice_k", "x": "splits"}
     if len(parts) < 3 or [x[:1] for x in parts[:3]] != ["t", "r", "c"]:
         raise ValueError(f"config must look like {form}, got {text!r}")
@@ -112,7 +116,9 @@ def parse_config(text: str) -> GemvConfig:
         raise ValueError(f"config needs tiles, ctas_per_sm, slices >= 1 and in_regs >= 0: {text!r}")
     if extra.get("cluster", 1) not in CLUSTER_SIZES:
         raise ValueError(f"config's cluster (/n) must be one of {CLUSTER_SIZES}: {text!r}")
-    return GemvConfig(tiles, in_regs, cps, **extra)
+    if send_x and extra.get("cluster", 1) == 1:
+        raise ValueError(f"config's /send needs a cluster (/n2 or more): {text!r}")
+    return GemvConfig(tiles, in_regs, cps, send_x=send_x, **extra)
 
 
 def gemv_request(
@@ -221,13 +227,15 @@ def pairs(
     extra_gate_up: Sequence[GemvConfig] = (),
     clusters: Sequence[int] = (),
     spread: int = 0,
+    send_x: bool = False,
 ) -> list[tuple[GemvConfig, GemvConfig]]:
     """choose_config's (gate_up, down) with each early_launch combination, then every
     (gate_up, down) of the defaults, tuning.spread_config's picks and the extra configs
     that fit (and the ``spread`` best picks of tuning.spread_configs), with gate_up's trigger
     at entry and after the wait (down's after the wait); then, per cluster size in
     ``clusters``, the default pair with gate_up, down and both set to that cluster size
-    (where it fits)."""
+    (where it fits); with ``send_x``, the default pair with each of its clustered kernels,
+    and both, sending x by st.async instead (send_x)."""
     gate_up = tuning.choose_config(2 * inter, hidden, m, True)
     down = tuning.choose_config(hidden, inter, m, False)
     found = [
@@ -257,6 +265,12 @@ def pairs(
         for pair, ok in (((g, down), g_fits), ((gate_up, d), d_fits), ((g, d), g_fits and d_fits)):
             if ok and pair not in found:
                 found.append(pair)
+    if send_x:
+        g = dataclasses.replace(gate_up, send_x=gate_up.cluster > 1)
+        d = dataclasses.replace(down, send_x=down.cluster > 1)
+        for pair in ((g, down), (gate_up, d), (g, d)):
+            if pair not in found and (pair[0].send_x or pair[1].send_x):
+                found.append(pair)
     return found
 
 
@@ -279,12 +293,15 @@ def layer_requests(
     arch: str = ARCH,
     clusters: Sequence[int] = (),
     spread: int = 0,
+    send_x: bool = False,
 ) -> list[KernelRequest]:
     """The distinct compile requests of every pair the layer sweep times."""
     out: list[KernelRequest] = []
     for name in shapes:
         hidden, inter = LAYER_SHAPES[name]
         for m in tokens:
-            for pair in pairs(hidden, inter, m, extra_down, extra_gate_up, clusters, spread):
+            for pair in pairs(
+                hidden, inter, m, extra_down, extra_gate_up, clusters, spread, send_x
+            ):
                 out += [r for r in pair_requests(hidden, inter, m, pair, arch) if r not in out]
     return out

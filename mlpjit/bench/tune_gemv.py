@@ -65,8 +65,9 @@ def _kernel_variants(args: argparse.Namespace, name: str, m: int) -> list[GemvCo
 def _layer_pairs(args: argparse.Namespace, name: str, m: int) -> list:
     hidden, inter = LAYER_SHAPES[name]
     return pairs(
-        hidden, inter, m, args.extra_down, args.extra_gate_up, args.cluster_list, args.spread
-    )
+        hidden, inter, m, args.extra_down, args.extra_gate_up, args.cluster_list, args.spread,
+        args.send_x,
+    )  # fmt: skip
 
 
 # ---- arguments -------------------------------------------------------------------------------
@@ -171,6 +172,11 @@ def parse_args(
         default=0,
         metavar="N",
         help="also time the N best picks of tuning.spread_configs (K splits, any tiles)",
+    )
+    layer.add_argument(
+        "--send-x",
+        action="store_true",
+        help="also time the default pair with its clustered kernels sending x by st.async",
     )
     args = p.parse_args(argv)
     if args.tokens is None:
@@ -388,6 +394,7 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
                 args.arch,
                 args.cluster_list,
                 args.spread,
+                args.send_x,
             )
         args.emit.parent.mkdir(parents=True, exist_ok=True)
         args.emit.write_text("".join(r.to_json_line() + "\n" for r in items))

@@ -79,6 +79,8 @@ __all__ = [
     "st_cluster_f32",
     "st_cluster_v4",
     "st_cluster_v4_f32",
+    "st_async_f32",
+    "st_async_v4",
     "st_async_v4_f32",
     "st_shared_f32",
     "st_shared_v4",
@@ -540,6 +542,39 @@ def st_cluster_f32(addr: Int32, value: Float32, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def st_async_v4(
+    addr: Int32, a: Int32, b: Int32, c: Int32, d: Int32, mbar: Int32, *, loc=None, ip=None
+) -> None:
+    """st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [addr], {a, b, c, d}, [mbar];
+
+    st_async_v4_f32's form for packed words (the FP8 values of a quantized chunk)."""
+    _asm(
+        [],
+        [(_I32, addr), (_I32, a), (_I32, b), (_I32, c), (_I32, d), (_I32, mbar)],
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 "
+        "[$0], {$1, $2, $3, $4}, [$5];",
+        "r,r,r,r,r,r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def st_async_f32(addr: Int32, value: Float32, mbar: Int32, *, loc=None, ip=None) -> None:
+    """st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [addr], value, [mbar];"""
+    _asm(
+        [],
+        [(_I32, addr), (_F32, value), (_I32, mbar)],
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [$0], $1, [$2];",
+        "r,f,r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
 def st_async_v4_f32(
     addr: Int32, a: Float32, b: Float32, c: Float32, d: Float32, mbar: Int32, *, loc=None, ip=None
 ) -> None:
@@ -806,20 +841,27 @@ def mbarrier_init(addr: Int32, count: int, *, loc=None, ip=None) -> None:
 
 @dsl_user_op
 def mbarrier_init_expect_tx_if_zero(
-    addr: Int32, selector: Int32, nbytes: int, *, loc=None, ip=None
+    addr: Int32, selector: Int32, nbytes: int | Int32, *, loc=None, ip=None
 ) -> None:
     """Where ``selector`` is 0: init the mbarrier at addr for one arrival, fence the init
-    for the cluster, and arrive expecting ``nbytes`` transaction bytes. Predicated in one
-    asm block, with no branch: a branch among the pre-wait weight loads let ptxas sink some
-    of them below griddepcontrol.wait."""
+    for the cluster, and arrive expecting ``nbytes`` transaction bytes (a constant, or a
+    register where it differs between CTAs). Predicated in one asm block, with no branch:
+    a branch among the pre-wait weight loads let ptxas sink some of them below
+    griddepcontrol.wait."""
+    ins = [(_I32, addr), (_I32, selector)]
+    if isinstance(nbytes, int):
+        count, constraints = str(int(nbytes)), "r,r,~{memory}"
+    else:
+        ins.append((_I32, nbytes))
+        count, constraints = "$2", "r,r,r,~{memory}"
     _asm(
         [],
-        [(_I32, addr), (_I32, selector)],
+        ins,
         "{\n\t.reg .pred p;\n\tsetp.eq.u32 p, $1, 0;\n\t"
         "@p mbarrier.init.shared::cta.b64 [$0], 1;\n\t"
         "@p fence.mbarrier_init.release.cluster;\n\t"
-        f"@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], {int(nbytes)};\n\t}}",
-        "r,r,~{memory}",
+        f"@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], {count};\n\t}}",
+        constraints,
         side_effects=True,
         loc=loc,
         ip=ip,

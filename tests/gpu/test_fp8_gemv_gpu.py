@@ -75,7 +75,8 @@ WIDE_CASES = (
 
 # Thread block clusters sharing one quantization of x (gemv_params.GemvConfig.cluster): persistent
 # and not, chunk counts the cluster does not divide (9 chunks over 2 CTAs, 3 over 4, 12 over
-# 8), both scale rules. Each must equal the same config without a cluster bit for bit.
+# 8), both scale rules, x written through DSMEM or sent by st.async (send_x). Each must equal
+# the same config without a cluster bit for bit.
 C = gemv_params.GemvConfig
 CLUSTER_CASES = (
     ("glm5-tp1-down", 8, C(1, 3, 1, slices_per_warp=2, cluster=2), True),
@@ -85,6 +86,10 @@ CLUSTER_CASES = (
     ("glm5-tp8-gate_up", 1, C(1, 3, 2, cluster=8), True),
     ("glm5-tp8-down", 3, C(4, 1, 2, slices_per_warp=3, cluster=2), True),
     ("glm5-tp8-down", 1, C(4, 3, 2, cluster=4), True),
+    ("glm5-tp1-down", 8, C(1, 3, 1, slices_per_warp=3, cluster=2, send_x=True), True),
+    ("glm5-tp8-gate_up", 8, C(1, 3, 1, cluster=2, send_x=True), False),
+    ("glm5-tp8-gate_up", 1, C(1, 3, 2, cluster=8, send_x=True), True),
+    ("glm5-tp8-down", 3, C(4, 1, 2, slices_per_warp=3, cluster=2, send_x=True), True),
 )
 
 
@@ -108,7 +113,7 @@ def kernel_requests(arch: str = ARCH) -> list:
     clustered = [
         _request(s, m, u, None, arch, c)
         for s, m, config, u in CLUSTER_CASES
-        for c in (config, dataclasses.replace(config, cluster=1))
+        for c in (config, dataclasses.replace(config, cluster=1, send_x=False))
     ]
     fewer_sms = [
         fp8_plan.gemv_request(*SHAPES[s][:2], m, swiglu=SHAPES[s][2], limit=None, ue8m0=True,
@@ -228,7 +233,8 @@ def test_wide_warps_match_reference(case) -> None:
     "case",
     CLUSTER_CASES,
     ids=[
-        f"{s}-t{m}-t{c.tiles}r{c.in_regs}c{c.ctas_per_sm}s{c.slices_per_warp}n{c.cluster}-"
+        f"{s}-t{m}-t{c.tiles}r{c.in_regs}c{c.ctas_per_sm}s{c.slices_per_warp}n{c.cluster}"
+        + ("-send-" if c.send_x else "-")
         + ("ue8m0" if u else "f32")
         for s, m, c, u in CLUSTER_CASES
     ],
@@ -237,7 +243,7 @@ def test_clusters_match_unclustered_bit_for_bit(case) -> None:
     shape, m, config, ue8m0 = case
     swiglu, w, w_scale, x, cols = _inputs(shape, m)
     outs = []
-    for c in (config, dataclasses.replace(config, cluster=1)):
+    for c in (config, dataclasses.replace(config, cluster=1, send_x=False)):
         out = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
         _launch(_request(shape, m, ue8m0, None, config=c), out, x, w, w_scale)
         outs.append(out)

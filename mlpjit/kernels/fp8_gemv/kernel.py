@@ -12,7 +12,8 @@ columns. Weights are loaded before griddepcontrol.wait (PDL): per slice, the fir
 ``in_regs`` 64-K steps into registers (L2 evict-first hint), the rest by cp.async into
 shared memory (no hint: see ptx.cp_async_cg_16). With ``cluster`` > 1 the CTAs of a thread
 block cluster quantize x together (each a share, written to all of them through
-distributed shared memory). With ``splits`` > 1 the K splits of a row tile are the CTAs of
+distributed shared memory; with ``send_x``, sent by st.async counted on each one's
+mbarrier). With ``splits`` > 1 the K splits of a row tile are the CTAs of
 one cluster, each quantizing only its part of x; the others send their fp32 partials into
 the first one's shared memory (st.async counted on its mbarrier; in a persistent grid, whose
 slots every tile reuses, written and ordered by cluster barriers), and it adds them in split
@@ -35,7 +36,7 @@ from cutlass import Float32, Int32, Int64
 
 from mlpjit.kernels import ptx
 from mlpjit.kernels.cubin import compile_to_cubin
-from mlpjit.kernels.fp8_gemv.params import GROUP, KERNEL_ARGS, STEP, GemvParams
+from mlpjit.kernels.fp8_gemv.params import GROUP, KERNEL_ARGS, STEP, GemvParams, split_slots
 from mlpjit.kernels.numerics import quantize16, swiglu
 
 __all__ = ["Fp8Gemv", "compile_cubin"]
@@ -116,7 +117,7 @@ class Fp8Gemv:
         s_act = s_base + self.smem_weights
         s_xsc = s_act + self.smem_act
         s_red = s_base + self.smem_reduce_offset
-        s_bar = s_base + self.smem_split_barrier
+        s_bar = s_base + self.smem_mbarrier
 
         g_out = Int64(m_out.iterator.toint())
         g_x = Int64(m_x.iterator.toint())
@@ -139,7 +140,9 @@ class Fp8Gemv:
             cute.arch.griddepcontrol_launch_dependents()
         # K splits sent with st.async (send_splits): the first split's mbarrier counts them.
         split_barrier = self.splits > 1 and not self.persistent
-        if cutlass.const_expr(self.cluster_ctas > 1 and not split_barrier):
+        # send_x: the others' shares of x sent with st.async, counted on our mbarrier.
+        x_barrier = self.send_x
+        if cutlass.const_expr(self.cluster_ctas > 1 and not (split_barrier or x_barrier)):
             ptx.cluster_arrive_relaxed()  # "started": others may write our smem after the wait
         # ---- weights in flight before the dependency wait (they never depend on it)
         policy = ptx.createpolicy_evict_first()
@@ -163,8 +166,12 @@ class Fp8Gemv:
         if cutlass.const_expr(split_barrier):
             # Made before our arrive, so no other split can signal it earlier; after the
             # weight loads, so nothing delays them.
-            nbytes = (self.splits - 1) * TL * 512
+            nbytes = split_slots(TL, self.splits)
             ptx.mbarrier_init_expect_tx_if_zero(s_bar, tid | split, nbytes)
+            ptx.cluster_arrive_relaxed()  # "started": others may send to us after the wait
+        if cutlass.const_expr(x_barrier):
+            # The same, for the bytes of x the other CTAs of the cluster send us.
+            ptx.mbarrier_init_expect_tx_if_zero(s_bar, tid, self.shared_x_bytes())
             ptx.cluster_arrive_relaxed()  # "started": others may send to us after the wait
 
         cute.arch.griddepcontrol_wait()
@@ -172,7 +179,7 @@ class Fp8Gemv:
             cute.arch.griddepcontrol_launch_dependents()
 
         if cutlass.const_expr(self.cluster > 1):
-            self.quantize_across_cluster(g_x, s_act, s_xsc, warp, lane)
+            self.quantize_across_cluster(g_x, s_act, s_xsc, s_bar, warp, lane)
         elif cutlass.const_expr(self.chunk_lanes == 32):
             # ---- quantize x once per CTA: warp (tile i, slice s) takes tokens i, i+tiles, ...
             # All of a warp's x loads are issued before the first is consumed, so the global
@@ -450,28 +457,50 @@ class Fp8Gemv:
         elif t < self.tokens:
             self.quantize_chunk(words, s_act, s_xsc, t, slc, lane)
 
+    def shared_x_chunks(self) -> tuple[int, int, int]:
+        """(chunks, chunks per CTA, chunks per warp) of x shared over a cluster: the
+        (token, 512-K) chunks, dealt round robin to the cluster's CTAs and their warps."""
+        chunks = self.tokens * self.slices
+        per_cta = (chunks + self.cluster - 1) // self.cluster
+        return chunks, per_cta, (per_cta + self.warps - 1) // self.warps
+
     @cute.jit
-    def quantize_across_cluster(self, g_x: Int64, s_act: Int32, s_xsc: Int32, warp, lane):
+    def shared_x_bytes(self):
+        """Bytes of x this CTA receives from the others with send_x: the values and scales
+        of every chunk its cluster rank does not quantize (rank r quantizes chunks r, r + N,
+        ...); a constant where the cluster divides the chunks."""
+        N = self.cluster
+        chunks, _, _ = self.shared_x_chunks()
+        per_chunk = self.slice_k + self.slice_groups * 4
+        if cutlass.const_expr(chunks % N == 0):
+            return (chunks - chunks // N) * per_chunk
+        return (chunks - (chunks - ptx.cluster_ctarank() + (N - 1)) // N) * per_chunk
+
+    @cute.jit
+    def quantize_across_cluster(
+        self, g_x: Int64, s_act: Int32, s_xsc: Int32, s_bar: Int32, warp, lane
+    ):
         """Quantize x once per cluster instead of once per CTA: the (token, 512-K) chunks are
         dealt round robin to the cluster's CTAs, and each quantized chunk and its scales are
-        written into the shared memory of every CTA of the cluster (DSMEM).
+        written into the shared memory of every CTA of the cluster (DSMEM; with send_x, sent
+        to the others with st.async, counted on their mbarriers at s_bar).
 
         Reading and quantizing x costs more with more tokens; the cluster splits that cost
         over its CTAs (docs/KERNEL_NOTES.md, variant 14).
         """
         N = self.cluster
         T = self.tokens
-        chunks = T * self.slices
-        per_cta = (chunks + N - 1) // N
-        per_warp = (per_cta + self.warps - 1) // self.warps
+        chunks, per_cta, per_warp = self.shared_x_chunks()
         always_valid = per_cta * N == chunks and per_warp * self.warps == per_cta
         rank = ptx.cluster_ctarank()
         # Before any remote store (off the weight loads' path): clusters of the size planned.
         ptx.trap_unless_cluster_size(N)
-        # Every CTA of the cluster has started (its entry arrive): its smem may be written.
+        # Every CTA of the cluster has started (its entry arrive): its smem may be written
+        # (with send_x: its mbarrier is made).
         # Waited for before the x loads: after them, ptxas keeps every chunk live across the
         # barrier instead of quantizing while the later ones arrive (and spills).
         ptx.cluster_wait()
+        sends = (s_bar, rank) if self.send_x else None
         todo = []
         for j in cutlass.range_constexpr(per_warp):
             c = (warp + j * self.warps) * N + rank
@@ -481,23 +510,36 @@ class Fp8Gemv:
         for j in cutlass.range_constexpr(per_warp):
             c, words = todo[j]
             if cutlass.const_expr(always_valid):  # noqa: SIM114 (static branch, see above)
-                self.quantize_chunk(words, s_act, s_xsc, c % T, c // T, lane)
+                self.quantize_chunk(words, s_act, s_xsc, c % T, c // T, lane, sends=sends)
             elif (warp + j * self.warps) * N + rank < chunks:
-                self.quantize_chunk(words, s_act, s_xsc, c % T, c // T, lane)
-        # Release our remote writes, acquire everyone's: the whole x is then in our smem.
-        # (The release costs a MEMBAR.ALL.GPU, about 0.5 us per layer. Counting the bytes on
-        # each CTA's mbarrier instead avoids it, but both ways tried were slower from 4
-        # tokens on: st.async stores and bulk copies, docs/KERNEL_NOTES.md variants 17-18.)
-        ptx.cluster_sync_acq_rel()
+                self.quantize_chunk(words, s_act, s_xsc, c % T, c // T, lane, sends=sends)
+        if cutlass.const_expr(self.send_x):
+            # Our own chunks (plain stores) from every warp, then the others' (their bytes
+            # counted on our mbarrier: no release fence anywhere).
+            cute.arch.sync_threads()
+            ptx.mbarrier_wait(s_bar, Int32(0))
+        else:
+            # Release our remote writes, acquire everyone's: the whole x is then in our smem.
+            # (The release costs a MEMBAR.ALL.GPU. send_x avoids it; st.async for every
+            # store, our own too, was slower everywhere: docs/KERNEL_NOTES.md variant 34.)
+            ptx.cluster_sync_acq_rel()
 
     @cute.jit
     def quantize_chunk(
-        self, words: list, s_act: Int32, s_xsc: Int32, t: Int32, slc: Int32, lane, valid=None
+        self,
+        words: list,
+        s_act: Int32,
+        s_xsc: Int32,
+        t: Int32,
+        slc: Int32,
+        lane,
+        valid=None,
+        sends=None,
     ):
         """Lane l (of its chunk) quantizes K = slc*slice_k + 16l .. +15 of token t; 8 lanes
         share a 128-group (numerics.quantize16). With a cluster, the result goes to the same
-        place in every CTA's shared memory. ``valid`` (a runtime predicate, or None for
-        always): whether to store.
+        place in every CTA's shared memory (``sends``: (mbarrier, own rank) with send_x).
+        ``valid`` (a runtime predicate, or None for always): whether to store.
         """
         packed, scale = quantize16(words, self.ue8m0)
         chunk = lane ^ ((t & 1) << 2)  # swizzle odd tokens: conflict-free B reads
@@ -513,6 +555,20 @@ class Fp8Gemv:
             ptx.st_shared_v4(s_dst, packed[0], packed[1], packed[2], packed[3])
             if lane & 7 == 0:
                 ptx.st_shared_f32(s_xsc + (t * self.cta_groups + slc * GS + (lane >> 3)) * 4, scale)
+        elif cutlass.const_expr(sends is not None):
+            s_scale = s_xsc + (t * self.cta_groups + slc * GS + (lane >> 3)) * 4
+            s_bar, me = sends
+            ptx.st_shared_v4(s_dst, packed[0], packed[1], packed[2], packed[3])
+            for d in cutlass.range_constexpr(1, self.cluster):
+                r = (me + d) % self.cluster
+                dst, bar = ptx.mapa_shared(s_dst, r), ptx.mapa_shared(s_bar, r)
+                ptx.st_async_v4(dst, packed[0], packed[1], packed[2], packed[3], bar)
+            if lane & 7 == 0:
+                ptx.st_shared_f32(s_scale, scale)
+                for d in cutlass.range_constexpr(1, self.cluster):
+                    r = (me + d) % self.cluster
+                    dst, bar = ptx.mapa_shared(s_scale, r), ptx.mapa_shared(s_bar, r)
+                    ptx.st_async_f32(dst, scale, bar)
         else:
             # (Not hoisted above the branch: that reorders the plain kernel's SASS.)
             s_scale = s_xsc + (t * self.cta_groups + slc * GS + (lane >> 3)) * 4

@@ -29,6 +29,7 @@ __all__ = [
     "MAX_ROWS",
     "MAX_TOKENS",
     "MAX_WARPS",
+    "MBARRIER_BYTES",
     "MIN_LIMIT",
     "SLICE",
     "SLICE_SIZES",
@@ -41,6 +42,7 @@ __all__ = [
     "grid_ctas",
     "is_persistent",
     "smem_bytes",
+    "split_slots",
 ]
 
 SLICE = 512  # K per warp slice by default (slice_k)
@@ -51,8 +53,9 @@ GROUP = BLOCK  # activation / weight scale group along K
 # K splits of a row tile: the CTAs of one thread block cluster (at most 8, the portable
 # cluster size) sum their partials in the first one's shared memory.
 SPLITS_MAX = 8
-# The first K split's mbarrier that counts the others' partials (8 bytes, 16 for alignment).
-SPLIT_BARRIER = 16
+# The mbarrier that counts the bytes the cluster's other CTAs send (the K splits' partials,
+# or x's shares with send_x): 8 bytes, 16 for alignment.
+MBARRIER_BYTES = 16
 MAX_TOKENS = 8  # the mma's N
 # The largest layer sizes planned: hidden 65536 and an intermediate (shard) of 1M are far
 # past every released model (DeepSeek-V3: 7168 and 18432; Llama-3.1-405B: 16384 and
@@ -99,19 +102,26 @@ def smem_bytes(
     *,
     slice_k: int = SLICE,
     splits: int = 1,
+    send_x: bool = False,
 ) -> int:
     """Dynamic shared memory of a specialization: staged weights | activations (reused for
-    the partial sums) | x scales | the other splits' partials and the mbarrier that counts
-    them (first CTA of a cluster)."""
+    the partial sums) | x scales | the other splits' partials (first CTA of a cluster) |
+    the mbarrier counting what the cluster's other CTAs send (K splits, or send_x)."""
     kc = k // splits
     slices = kc // slice_k
     warps = tiles * slices // slices_per_warp
     staged = tiles * slices * (slice_k // STEP - in_regs) * 2 * 32 * 16
     act = max(tokens * kc, warps * 32 * 16)
     scales = tokens * (kc // GROUP) * 4
-    if splits == 1:
+    if splits == 1 and not send_x:
         return staged + act + scales
-    return staged + act + _align16(scales) + (splits - 1) * tiles * 32 * 16 + SPLIT_BARRIER
+    return staged + act + _align16(scales) + split_slots(tiles, splits) + MBARRIER_BYTES
+
+
+def split_slots(tiles: int, splits: int) -> int:
+    """Bytes of the other K splits' tile sums in a row tile's first CTA (16 per lane of
+    each tile's first warp, per split past the first): also what its mbarrier expects."""
+    return (splits - 1) * tiles * 32 * 16
 
 
 def _align16(nbytes: int) -> int:
@@ -176,6 +186,10 @@ class GemvConfig:
     # K splits per row tile, one CTA each (a cluster of that many CTAs): spreads few rows
     # over more SMs, and each CTA reads and quantizes only its k/splits of x.
     splits: int = 1
+    # With a cluster: each CTA sends its share of x to the others with st.async, counted on
+    # their mbarriers, instead of DSMEM stores met at a fenced cluster barrier. Faster for
+    # some kernels, slower for others (docs/KERNEL_NOTES.md, variant 37): a measured choice.
+    send_x: bool = False
 
 
 # GemvConfig's field names, each also one of GemvParams': its values are plain ints and
@@ -225,6 +239,7 @@ class GemvParams:
     cluster: int = 1
     slice_k: int = SLICE
     splits: int = 1
+    send_x: bool = False
     sms: int = hopper.SMS  # the target GPU's SM count: sizes a persistent grid
 
     def __post_init__(self) -> None:
@@ -236,7 +251,7 @@ class GemvParams:
         check_int("splits", self.splits, 1, SPLITS_MAX)
         check_int("in_regs", self.in_regs, 0, self.steps)
         check_int("ctas_per_sm", self.ctas_per_sm, 1, 32)
-        for name in ("swiglu", "ue8m0", "early_launch"):
+        for name in ("swiglu", "ue8m0", "early_launch", "send_x"):
             check_bool(name, getattr(self, name))
         object.__setattr__(self, "limit", check_limit(self.limit))
         if self.k % (self.splits * self.slice_k):
@@ -273,6 +288,11 @@ class GemvParams:
             raise ValueError(
                 f"cluster must be 1 with slice_k={self.slice_k} (clusters share x in "
                 f"{SLICE}-K chunks), got cluster={self.cluster}"
+            )
+        if self.send_x and self.cluster == 1:
+            raise ValueError(
+                "send_x needs cluster > 1 (it is how the CTAs of a cluster share x), "
+                "got cluster=1"
             )
         if self.splits > 1 and self.cluster > 1:
             raise ValueError(
@@ -436,9 +456,10 @@ class GemvParams:
         return self.smem_weights + self.smem_act + _align16(self.smem_scales)
 
     @property
-    def smem_split_barrier(self) -> int:
-        """Where the first split's mbarrier sits (8-byte aligned): after the partials' slots."""
-        return self.smem_reduce_offset + (self.splits - 1) * self.tiles * 32 * 16
+    def smem_mbarrier(self) -> int:
+        """Where the mbarrier counting the other CTAs' bytes sits (8-byte aligned): after the
+        partials' slots."""
+        return self.smem_reduce_offset + split_slots(self.tiles, self.splits)
 
     @property
     def smem_bytes(self) -> int:
@@ -450,6 +471,7 @@ class GemvParams:
             self.spw,
             slice_k=self.slice_k,
             splits=self.splits,
+            send_x=self.send_x,
         )
 
     @property

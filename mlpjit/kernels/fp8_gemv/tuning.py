@@ -61,6 +61,7 @@ def max_in_regs(
     *,
     slice_k: int = SLICE,
     splits: int = 1,
+    send_x: bool = False,
 ) -> int | None:
     """The most 64-K steps in registers that fit the register and shared-memory budgets
     of this tiling and launch bound, or None if none does."""
@@ -68,7 +69,8 @@ def max_in_regs(
     in_regs = _register_steps(threads, ctas_per_sm, slices_per_warp, slice_k)
     if in_regs is None:
         return None
-    smem = smem_bytes(k, tokens, tiles, in_regs, slices_per_warp, slice_k=slice_k, splits=splits)
+    geometry = {"slice_k": slice_k, "splits": splits, "send_x": send_x}
+    smem = smem_bytes(k, tokens, tiles, in_regs, slices_per_warp, **geometry)
     if smem > hopper.smem_budget(ctas_per_sm):
         return None
     return in_regs
@@ -97,8 +99,9 @@ def _config(
     cluster: int = 1,
     slice_k: int = SLICE,
     splits: int = 1,
+    send_x: bool = False,
 ) -> GemvConfig:
-    return GemvConfig(tiles, in_regs, ctas_per_sm, early, spw, cluster, slice_k, splits)
+    return GemvConfig(tiles, in_regs, ctas_per_sm, early, spw, cluster, slice_k, splits, send_x)
 
 
 # The fastest config per GLM shape on one H200 (132 SMs), from per-kernel sweeps
@@ -113,13 +116,16 @@ def _config(
 # sweeps; spw = slices per warp, mostly with persistent grids (TP 4, 2, 1). Entries marked
 # "(variant 33)": pairs that beat the planner's by more than 3% in every round (two or three)
 # of a layer sweep once K splits no longer met at a fenced cluster barrier
-# (docs/KERNEL_NOTES.md).
+# (docs/KERNEL_NOTES.md). send_x ("variant 37": x sent by st.async instead of the fenced
+# cluster barrier) on GLM-5's TP-8 and TP-4 gate_up at 6-8 tokens, where it won 1.5-3.2%
+# per layer in two device runs; on other clustered kernels it was level or slower.
 TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...]] = {
     # GLM-5 (hidden 6144, intermediate 12288) TP 8
     (3072, 6144, True): (
         (1, _config(1, 3, 2)),
         (4, _config(1, 3, 1)),
-        (8, _config(1, 3, 1, cluster=2)),
+        (5, _config(1, 3, 1, cluster=2)),
+        (8, _config(1, 3, 1, cluster=2, send_x=True)),  # variant 37
     ),
     (6144, 1536, False): (
         (1, _config(4, 3, 2)),
@@ -133,7 +139,7 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
         (3, _config(1, 2, 2, spw=3)),
         (4, _config(1, 2, 2, spw=3, cluster=2)),
         (5, _config(1, 3, 1)),
-        (8, _config(1, 3, 1, cluster=2)),
+        (8, _config(1, 3, 1, cluster=2, send_x=True)),  # variant 37
     ),
     (6144, 3072, False): (
         (2, _config(4, 0, 1, spw=2)),
@@ -266,7 +272,7 @@ def config_fits(rows: int, k: int, tokens: int, config: GemvConfig, sms: int = h
         slots >= p.ctas > hopper.resident_ctas(slots, p.cluster_ctas)
     ):
         return False  # meant as one wave, but not resident at once
-    geometry = {"slice_k": p.slice_k, "splits": p.splits}
+    geometry = {"slice_k": p.slice_k, "splits": p.splits, "send_x": p.send_x}
     fit = max_in_regs(k, tokens, p.tiles, p.ctas_per_sm, p.spw, **geometry)
     return fit is not None and p.in_regs <= fit
 
