@@ -123,16 +123,17 @@ def test_parse_config_cluster() -> None:
 
 
 def test_cluster_pairs_set_each_kernel_and_both() -> None:
-    """GLM-5 TP8 at 8 tokens: plan's pair uses clusters of 2; --clusters 1 adds the
-    unclustered kernels, 4 only where the grid allows it (not gate_up's persistent grid)."""
+    """GLM-5 TP8 at 8 tokens: plan's pair uses clusters of 2 (gate_up sending x by
+    st.async); --clusters 1 adds the unclustered kernels, 4 only where the grid allows it
+    (not gate_up's persistent grid)."""
     hidden, inter = gemv_sweep.LAYER_SHAPES["glm5-tp8"]
     found = gemv_sweep.pairs(hidden, inter, 8, clusters=[1, 4])
     assert len(found) == len(set(found))
     labels = {(gemv_sweep.label(g), gemv_sweep.label(d)) for g, d in found}
-    assert ("t1/r3/c1/n2", "t4/r1/c2/s3") in labels
+    assert ("t1/r3/c1/n2/send", "t4/r1/c2/s3") in labels
     assert ("t1/r3/c1", "t4/r1/c2/s3/n2") in labels
     assert ("t1/r3/c1", "t4/r1/c2/s3") in labels
-    assert ("t1/r3/c1/n2", "t4/r1/c2/s3/n4") in labels
+    assert ("t1/r3/c1/n2/send", "t4/r1/c2/s3/n4") in labels
     assert not any(g.cluster == 4 for g, _ in found)
 
 
@@ -146,13 +147,15 @@ def test_parse_config_send_x() -> None:
 
 
 def test_send_x_pairs_switch_each_clustered_kernel() -> None:
-    """--send-x adds the default pair with its clustered gate_up, its clustered down and
-    both sending x by st.async; a pair without a cluster gets none."""
+    """--send-x adds the default pair with the x sharing of its clustered gate_up, of its
+    clustered down and of both switched (GLM-5 TP 8 at 8 tokens: gate_up sends, down does
+    not, as planned); a pair without a cluster gets none."""
     hidden, inter = gemv_sweep.LAYER_SHAPES["glm5-tp8"]
     plain = gemv_sweep.pairs(hidden, inter, 8)
+    assert (plain[0][0].send_x, plain[0][1].send_x) == (True, False)
     found = gemv_sweep.pairs(hidden, inter, 8, send_x=True)
     assert found[: len(plain)] == plain
     sends = [(g.send_x, d.send_x) for g, d in found[len(plain) :]]
-    assert sends == [(True, False), (False, True), (True, True)]
+    assert sends == [(False, False), (True, True), (False, True)]
     assert all(g.cluster == 2 and d.cluster == 2 for g, d in found[len(plain) :])
     assert gemv_sweep.pairs(hidden, inter, 1, send_x=True) == gemv_sweep.pairs(hidden, inter, 1)

@@ -190,7 +190,7 @@ def variants(
         if spw > 1 and tuning.config_fits(rows, k, tokens, c) and c not in ordered:
             ordered.append(c)
     for c, n in itertools.product(list(ordered), clusters):
-        clustered = dataclasses.replace(c, cluster=n)
+        clustered = dataclasses.replace(c, cluster=n, send_x=c.send_x and n > 1)
         if tuning.config_fits(rows, k, tokens, clustered) and clustered not in ordered:
             ordered.append(clustered)
     return ordered
@@ -234,8 +234,8 @@ def pairs(
     that fit (and the ``spread`` best picks of tuning.spread_configs), with gate_up's trigger
     at entry and after the wait (down's after the wait); then, per cluster size in
     ``clusters``, the default pair with gate_up, down and both set to that cluster size
-    (where it fits); with ``send_x``, the default pair with each of its clustered kernels,
-    and both, sending x by st.async instead (send_x)."""
+    (where it fits); with ``send_x``, the default pair with the way each of its clustered
+    kernels shares x (GemvConfig.send_x) switched, and both."""
     gate_up = tuning.choose_config(2 * inter, hidden, m, True)
     down = tuning.choose_config(hidden, inter, m, False)
     found = [
@@ -258,18 +258,18 @@ def pairs(
         if pair not in found:
             found.append(pair)
     for n in clusters:
-        g = dataclasses.replace(gate_up, cluster=n)
-        d = dataclasses.replace(down, cluster=n)
+        g = dataclasses.replace(gate_up, cluster=n, send_x=gate_up.send_x and n > 1)
+        d = dataclasses.replace(down, cluster=n, send_x=down.send_x and n > 1)
         g_fits = tuning.config_fits(2 * inter, hidden, m, g)
         d_fits = tuning.config_fits(hidden, inter, m, d)
         for pair, ok in (((g, down), g_fits), ((gate_up, d), d_fits), ((g, d), g_fits and d_fits)):
             if ok and pair not in found:
                 found.append(pair)
     if send_x:
-        g = dataclasses.replace(gate_up, send_x=gate_up.cluster > 1)
-        d = dataclasses.replace(down, send_x=down.cluster > 1)
+        g = dataclasses.replace(gate_up, send_x=not gate_up.send_x and gate_up.cluster > 1)
+        d = dataclasses.replace(down, send_x=not down.send_x and down.cluster > 1)
         for pair in ((g, down), (gate_up, d), (g, d)):
-            if pair not in found and (pair[0].send_x or pair[1].send_x):
+            if pair not in found:
                 found.append(pair)
     return found
 

@@ -176,7 +176,8 @@ def parse_args(
     layer.add_argument(
         "--send-x",
         action="store_true",
-        help="also time the default pair with its clustered kernels sending x by st.async",
+        help="also time the default pair with the x sharing of its clustered kernels switched "
+        "(send_x: st.async instead of a fenced cluster barrier, or back)",
     )
     args = p.parse_args(argv)
     if args.tokens is None:
