@@ -121,6 +121,11 @@ def parse_config(text: str) -> GemvConfig:
     return GemvConfig(tiles, in_regs, cps, send_x=send_x, **extra)
 
 
+def _with_cluster(config: GemvConfig, cluster: int) -> GemvConfig:
+    """``config`` in clusters of ``cluster`` CTAs; send_x kept only while there is one."""
+    return dataclasses.replace(config, cluster=cluster, send_x=config.send_x and cluster > 1)
+
+
 def gemv_request(
     rows: int, k: int, swiglu: bool, tokens: int, config: GemvConfig, arch: str = ARCH
 ) -> KernelRequest:
@@ -190,7 +195,7 @@ def variants(
         if spw > 1 and tuning.config_fits(rows, k, tokens, c) and c not in ordered:
             ordered.append(c)
     for c, n in itertools.product(list(ordered), clusters):
-        clustered = dataclasses.replace(c, cluster=n, send_x=c.send_x and n > 1)
+        clustered = _with_cluster(c, n)
         if tuning.config_fits(rows, k, tokens, clustered) and clustered not in ordered:
             ordered.append(clustered)
     return ordered
@@ -258,8 +263,7 @@ def pairs(
         if pair not in found:
             found.append(pair)
     for n in clusters:
-        g = dataclasses.replace(gate_up, cluster=n, send_x=gate_up.send_x and n > 1)
-        d = dataclasses.replace(down, cluster=n, send_x=down.send_x and n > 1)
+        g, d = _with_cluster(gate_up, n), _with_cluster(down, n)
         g_fits = tuning.config_fits(2 * inter, hidden, m, g)
         d_fits = tuning.config_fits(hidden, inter, m, d)
         for pair, ok in (((g, down), g_fits), ((gate_up, d), d_fits), ((g, d), g_fits and d_fits)):

@@ -591,6 +591,16 @@ class Fp8Gemv:
         return row0, row1
 
     @cute.jit
+    def split_slot(self, s_red: Int32, warp: Int32, lane: Int32) -> Int32:
+        """Where the K splits meet: trap unless launched in clusters of the splits, wait at
+        the cluster barrier (every CTA of the cluster has arrived: started, or done with the
+        slots), and return this lane's slot for split 1 in s_red (split r: + (r - 1) *
+        tiles * 512)."""
+        ptx.trap_unless_cluster_size(self.splits)
+        ptx.cluster_wait()
+        return s_red + (warp * 32 + lane) * 16
+
+    @cute.jit
     def send_splits(
         self,
         g_out: Int64,
@@ -608,11 +618,8 @@ class Fp8Gemv:
         the epilogue. No cluster barrier after the entry one: its release would be a
         MEMBAR.ALL.GPU in every CTA, and the other splits exit as soon as they have sent."""
         TL = self.tiles
-        ptx.trap_unless_cluster_size(self.splits)
-        # Pairs with the entry arrive: every CTA of the cluster has started, so the first
-        # one's mbarrier is initialized.
-        ptx.cluster_wait()
-        slot = s_red + (warp * 32 + lane) * 16  # split r: + (r - 1) * tiles * 512
+        # (Its entry arrive made the first CTA's mbarrier: the wait below pairs with it.)
+        slot = self.split_slot(s_red, warp, lane)
         if split != 0:  # noqa: SIM102 (a runtime `and` of two conditions: kept apart)
             if warp < TL:
                 acc = self.tile_partials(s_part)
@@ -639,11 +646,9 @@ class Fp8Gemv:
         them in split order (the same order whichever CTA finishes first) and runs the
         epilogue. The slots are reused by the next tile, hence the barriers."""
         TL = self.tiles
-        ptx.trap_unless_cluster_size(self.splits)
-        # Pairs with the entry arrive (every CTA of the cluster has started) or, in a
-        # persistent kernel, with the previous tile's last arrive (its slots were read).
-        ptx.cluster_wait()
-        slot = s_red + (warp * 32 + lane) * 16  # split r: + (r - 1) * tiles * 512
+        # (The wait pairs with the entry arrive, or with the previous tile's last arrive:
+        # its slots were read.)
+        slot = self.split_slot(s_red, warp, lane)
         if split != 0:  # noqa: SIM102 (a runtime `and` of two conditions: kept apart)
             if warp < TL:
                 acc = self.tile_partials(s_part)
