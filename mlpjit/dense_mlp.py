@@ -7,7 +7,10 @@
 Path per token count m (``path(m)``):
 - "kernel": CUDA weights on sm_90a, 1 <= m <= 8 and both shapes supported by the fp8_gemv
   kernel (fp8_gemv.tuning.kernel_supports): the gate_up kernel (SwiGLU fused) writes act, the
-  down kernel writes out. Kernels come from the compile cache and are loaded by prepare();
+  down kernel writes out (fp8_stream's where fp8_gemv.plan.down_on_stream: fp8_gemv's plan
+  for it takes several waves; its workspace is a per-(thread, stream) buffer like act, whose
+  counters gate_up zeroes on every call). Kernels come from the compile cache and are loaded
+  by prepare();
 - "stock": other shapes/token counts on a Hopper GPU: torch's block-scaled _scaled_mm
   (mlpjit.stock), correct but five kernels;
 - "reference": CPU weights or GPUs without block-scaled _scaled_mm: the reference math
@@ -52,7 +55,7 @@ from mlpjit.device import device_sms, kernel_arch
 from mlpjit.errors import CaptureError, MlpjitError
 from mlpjit.jit import capture
 from mlpjit.kernels.blocks import BLOCK
-from mlpjit.kernels.fp8_gemv.params import KERNEL_ARGS, MAX_TOKENS, check_limit
+from mlpjit.kernels.fp8_gemv.params import KERNEL_ARGS, MAX_TOKENS, ZERO_ARG, check_limit
 from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests, token_counts
 from mlpjit.kernels.fp8_gemv.tuning import kernel_supports
 from mlpjit.kernels.hopper import SMS
@@ -68,8 +71,12 @@ __all__ = ["DenseMlp", "MAX_TOKENS", "kernel_requests", "kernel_supported"]
 
 _BF16 = torch.bfloat16  # x's dtype, compared by identity on every call (dtypes are singletons)
 
-# The fp8_gemv parameter list DenseMlp._launch fills with raw pointers, in order.
+# The fp8_gemv parameter list DenseMlp._launch fills with raw pointers, in order; a gate_up
+# that zeroes an fp8_stream down projection's counters takes ZERO_ARG too, and that down
+# its workspace (the fp8_stream kernel's fifth parameter).
 _KERNEL_PARAMS = [(name, "ptr") for name in KERNEL_ARGS]
+_ZEROING_PARAMS = [*_KERNEL_PARAMS, (ZERO_ARG, "ptr")]
+_STREAM_PARAMS = [*_KERNEL_PARAMS, ("workspace", "ptr")]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -109,6 +116,8 @@ def kernel_requests(
 # act buffers kept for eager calls (see _ActBuffers), shared by every DenseMlp of a process:
 # (device index, thread, stream, tokens, intermediate) -> bf16 [tokens, intermediate].
 _KEPT_ACT: dict[tuple[int, int, int, int, int], Tensor] = {}
+# ... and fp8_stream workspaces, the same way: (device index, thread, stream, bytes) -> uint8.
+_KEPT_WORKSPACES: dict[tuple[int, int, int, int], Tensor] = {}
 _KEPT_ACT_LOCK = threading.Lock()
 
 
@@ -117,6 +126,7 @@ class _ThreadActs(threading.local):
 
     def __init__(self) -> None:
         self.acts: dict[tuple[int, int], Tensor] = {}
+        self.workspaces: dict[tuple[int, int], Tensor] = {}
 
 
 class _ActBuffers:
@@ -149,19 +159,42 @@ class _ActBuffers:
         self._capturing = capture.stream_capturing
         self._mine = _ThreadActs()
 
-    def keep(self, counts: Iterable[int]) -> None:
-        """Make the buffers of these token counts for the calling thread and its stream."""
+    def keep(self, counts: Iterable[int], workspaces: Iterable[int] = ()) -> None:
+        """Make the buffers of these token counts for the calling thread and its stream, and
+        workspaces of these sizes in bytes (for fp8_stream down projections)."""
         stream = self._stream_of(self._index)
         if self._capturing(stream):
             return
         inter = self._intermediate
+        thread = threading.get_ident()
         with _KEPT_ACT_LOCK:
             for m in counts:
-                key = (self._index, threading.get_ident(), stream, m, inter)
+                key = (self._index, thread, stream, m, inter)
                 if key not in _KEPT_ACT:
                     _KEPT_ACT[key] = torch.empty(
                         (m, inter), dtype=torch.bfloat16, device=self._device
                     )
+            for nbytes in workspaces:
+                key = (self._index, thread, stream, nbytes)
+                if key not in _KEPT_WORKSPACES:
+                    _KEPT_WORKSPACES[key] = torch.empty(
+                        nbytes, dtype=torch.uint8, device=self._device
+                    )
+
+    def workspace(self, x: Tensor, nbytes: int, stream: int) -> Tensor:
+        """A workspace of ``nbytes`` for a call on raw stream handle ``stream``: the one kept
+        for this thread and stream, or a fresh one (not kept, or the stream is capturing).
+        Uninitialized: the layer's gate_up zeroes the counters its down reads (so sharing
+        one between the layers of a stream is safe, as for act)."""
+        ws = self._mine.workspaces.get((stream, nbytes))
+        if ws is None:
+            ws = _KEPT_WORKSPACES.get((self._index, threading.get_ident(), stream, nbytes))
+            if ws is None:
+                return x.new_empty((nbytes,), dtype=torch.uint8)
+            self._mine.workspaces[(stream, nbytes)] = ws
+        if stream and self._capturing(stream):
+            return x.new_empty((nbytes,), dtype=torch.uint8)
+        return ws
 
     def get(self, x: Tensor, m: int, stream: int) -> Tensor:
         """The kept buffer for m tokens on raw stream handle ``stream`` (the caller's current
@@ -241,31 +274,54 @@ def _token_counts(tokens: Iterable[int]) -> list[int]:
 # ---- kernels: compiled through the cache, loaded and checked ---------------------------------
 
 
+# A token count's kernels: the pair, and for an fp8_stream down projection its workspace's
+# (bytes, offset of the counters gate_up zeroes), else None.
+_Loaded = tuple["KernelPair", "tuple[int, int] | None"]
+
+
 def _load_pairs(
     requests: list[KernelRequest], device: torch.device
-) -> Iterator[tuple[int, KernelPair]]:
-    """(m, the gate_up and down kernels of m tokens as a KernelPair) for each token count of
-    a layer's ``requests``, as soon as both of its kernels are loaded and checked (through
-    the process-wide memo; compiled on a cache miss)."""
+) -> Iterator[tuple[int, _Loaded]]:
+    """(m, the gate_up and down kernels of m tokens as a KernelPair, and the down's
+    workspace if any) for each token count of a layer's ``requests``, as soon as both of its
+    kernels are loaded and checked (through the process-wide memo; compiled on a cache
+    miss)."""
     from mlpjit.jit import launcher, loaded
 
-    ready: dict[tuple[int, bool], LoadedKernel] = {}
+    ready: dict[tuple[int, bool], tuple[KernelRequest, LoadedKernel]] = {}
     for request, kernel in zip(requests, loaded.load_kernels(requests, device), strict=True):
         m = request.params["tokens"]
-        ready[(m, request.params["swiglu"])] = _check_gemv(kernel)
+        ready[(m, request.params["swiglu"])] = (request, kernel)
         if (m, True) in ready and (m, False) in ready:
-            yield m, launcher.kernel_pair(ready[(m, True)], ready[(m, False)])
+            (_, gate_up), (down_request, down) = ready[(m, True)], ready[(m, False)]
+            workspace = _check_pair(gate_up, down, down_request)
+            yield m, (launcher.kernel_pair(gate_up, down), workspace)
 
 
-def _check_gemv(kernel: LoadedKernel) -> LoadedKernel:
-    """``kernel`` if it takes the (out, x, w, w_scale) pointers DenseMlp._launch passes,
-    raw and in that order, without per-call checks; MlpjitError otherwise."""
-    if [(p.name, p.kind) for p in kernel.params] != _KERNEL_PARAMS:
-        raise MlpjitError(
-            f"kernel {kernel.symbol} ({kernel.key[:12]}) takes "
-            f"{[(p.name, p.kind) for p in kernel.params]}, expected {_KERNEL_PARAMS}"
-        )
-    return kernel
+def _check_pair(
+    gate_up: LoadedKernel, down: LoadedKernel, down_request: KernelRequest
+) -> tuple[int, int] | None:
+    """The down kernel's workspace (bytes, counters offset), None without one, if both
+    kernels take the raw pointers DenseMlp._launch passes, in that order, without per-call
+    checks: fp8_gemv's (out, x, w, w_scale) for both, or a zeroing gate_up (+ zero) and an
+    fp8_stream down (+ workspace); MlpjitError otherwise."""
+    streamed = down_request.kernel == "fp8_stream"
+    expected = ((gate_up, _ZEROING_PARAMS), (down, _STREAM_PARAMS)) if streamed else (
+        (gate_up, _KERNEL_PARAMS), (down, _KERNEL_PARAMS)
+    )
+    for kernel, params in expected:
+        if [(p.name, p.kind) for p in kernel.params] != params:
+            raise MlpjitError(
+                f"kernel {kernel.symbol} ({kernel.key[:12]}) takes "
+                f"{[(p.name, p.kind) for p in kernel.params]}, expected {params}"
+            )
+    if not streamed:
+        return None
+    from mlpjit.kernels.fp8_stream.params import counters_span
+
+    p = down_request.params
+    offset, nbytes = counters_span(p["rows"], p["k"], p.get("sms", SMS))
+    return offset + nbytes, offset
 
 
 # ---- the layer ------------------------------------------------------------------------------
@@ -332,6 +388,9 @@ class DenseMlp:
         # tensors both say -1, so off CUDA the device itself is compared as well).
         self._index = w13.get_device()
         self._kernels: dict[int, KernelPair] = {}
+        # Token counts whose down projection is fp8_stream's: m -> its workspace's (bytes,
+        # counters offset); empty for most shapes (fp8_gemv's down needs none).
+        self._workspaces: dict[int, tuple[int, int]] = {}
         self._act_buffers: _ActBuffers | None = None  # made with the first kernels loaded
         # Programmatic dependent launch: None = as compiled (on), False = off (benchmarks).
         self.pdl: bool | None = None
@@ -471,7 +530,8 @@ class DenseMlp:
             self._fallback.prepare()  # the stock path's scale operands, before capture
         self._load(counts)
         if counts:
-            self._act_buffers.keep(counts)
+            workspaces = {self._workspaces[m][0] for m in counts if m in self._workspaces}
+            self._act_buffers.keep(counts, workspaces)
 
     def _load(self, counts: list[int]) -> None:
         """Compile (through the cache) and load the kernels of these kernel-path counts.
@@ -503,11 +563,11 @@ class DenseMlp:
         )  # fmt: skip
         missing = []
         for m in todo:
-            pair = shared.get((*signature, m))
-            if pair is None:
+            found = shared.get((*signature, m))
+            if found is None:
                 missing.append(m)
             else:
-                self._kernels[m] = pair
+                self._mark_loaded(m, found)
         if not missing:
             return
         requests = kernel_requests(
@@ -519,9 +579,15 @@ class DenseMlp:
             ue8m0=self.ue8m0,
             sms=self.sms,
         )
-        for m, pair in _load_pairs(requests, self.device):
-            shared[(*signature, m)] = pair
-            self._kernels[m] = pair
+        for m, found in _load_pairs(requests, self.device):
+            shared[(*signature, m)] = found
+            self._mark_loaded(m, found)
+
+    def _mark_loaded(self, m: int, found: _Loaded) -> None:
+        pair, workspace = found
+        if workspace is not None:
+            self._workspaces[m] = workspace  # before the pair: a call finds both or neither
+        self._kernels[m] = pair
 
     def _capturing(self) -> bool:
         """Whether the weights' device's current stream is capturing a CUDA graph."""
@@ -594,7 +660,7 @@ class DenseMlp:
         if out is None:
             # new_empty: x's dtype and device are already checked; the cheapest call
             out = x.new_empty((m, self.hidden))
-        self._launch(pair, x, act, out, stream)
+        self._launch(pair, x, act, out, stream, m)
         return out
 
     def forward_into(self, x: Tensor, act: Tensor, out: Tensor) -> Tensor:
@@ -606,20 +672,34 @@ class DenseMlp:
         pair = self._kernels.get(m)
         if pair is None:
             return self._call_without_kernels(x, m, act, out)
-        self._launch(pair, x, act, out, self._stream_of(self._index))
+        self._launch(pair, x, act, out, self._stream_of(self._index), m)
         return out
 
-    def _launch(self, pair: KernelPair, x: Tensor, act: Tensor, out: Tensor, stream: int) -> None:
-        """gate_up then down on ``stream`` (the current stream's raw handle, read once per
-        call); x, act and out are checked by the caller, the weights at construction (their
-        addresses are read here: see the properties)."""
+    def _launch(
+        self, pair: KernelPair, x: Tensor, act: Tensor, out: Tensor, stream: int, m: int
+    ) -> None:
+        """gate_up then down of m tokens on ``stream`` (the current stream's raw handle, read
+        once per call); x, act and out are checked by the caller, the weights at construction
+        (their addresses are read here: see the properties)."""
         act_ptr = act.data_ptr()
         w13, w13_scale, w2, w2_scale = self._weight_ptrs
+        workspace = self._workspaces.get(m) if self._workspaces else None
+        if workspace is None:
+            pair.launch_joined(
+                (act_ptr, x.data_ptr(), w13(), w13_scale(), out.data_ptr(), act_ptr, w2(),
+                 w2_scale()),
+                self.pdl,
+                stream,
+            )  # fmt: skip
+            return
+        nbytes, counters = workspace
+        ws = self._act_buffers.workspace(x, nbytes, stream).data_ptr()
         pair.launch_joined(
-            (act_ptr, x.data_ptr(), w13(), w13_scale(), out.data_ptr(), act_ptr, w2(), w2_scale()),
+            (act_ptr, x.data_ptr(), w13(), w13_scale(), ws + counters, out.data_ptr(), act_ptr,
+             w2(), w2_scale(), ws),
             self.pdl,
             stream,
-        )
+        )  # fmt: skip
 
     def _call_without_kernels(
         self, x: Tensor, m: int, act: Tensor | None, out: Tensor | None

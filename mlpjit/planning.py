@@ -400,7 +400,7 @@ def _request_lines(path: Path) -> Iterator[tuple[int, str]]:
 
 @dataclass(frozen=True)
 class ShardRole:
-    """One model layer an fp8_gemv kernel serves: preset, layer kind, TP size, half."""
+    """One model layer a kernel serves: preset, layer kind, TP size, half."""
 
     model: str
     layer: str  # "dense" or "shared" (models.LAYERS)
@@ -412,14 +412,14 @@ class ShardRole:
 
 
 def shard_roles(kernel: Any, params: Any) -> list[ShardRole]:
-    """The model presets' layers whose TP shard an entry with these params serves (rows
-    and k of fp8_gemv's gate_up: 2*intermediate/tp x hidden, or down: hidden x
-    intermediate/tp), smallest TP first (the likeliest reading: GLM-5's 6144 x 256 down is
+    """The model presets' layers whose TP shard an fp8_gemv or fp8_stream entry with these
+    params serves (rows and k of the gate_up: 2*intermediate/tp x hidden, or the down:
+    hidden x intermediate/tp), smallest TP first (the likeliest reading: GLM-5's 6144 x 256 down is
     its shared expert at TP 8 before its dense MLP at TP 48); [] for another kernel or a
     shape no preset has."""
     from mlpjit.models import PRESETS
 
-    if kernel != "fp8_gemv" or not isinstance(params, dict):
+    if kernel not in ("fp8_gemv", "fp8_stream") or not isinstance(params, dict):
         return []
     rows, k, swiglu = params.get("rows"), params.get("k"), params.get("swiglu")
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (rows, k)):

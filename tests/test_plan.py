@@ -153,6 +153,7 @@ def test_gemv_request_params() -> None:
         "splits",
         "send_x",
         "sms",
+        "zero_bytes",
     }
 
 
@@ -771,3 +772,76 @@ def test_spread_search_equals_the_straightforward_search(rows, k, sms) -> None:
         assert tuning._spread_ranked(rows, k, tokens, sms) == tuple(
             _reference_spread_ranked(rows, k, tokens, sms)
         ), tokens
+
+
+# ---- fp8_stream down projections ----------------------------------------------------------
+
+
+def test_down_projections_take_fp8_stream_where_fp8_gemv_needs_several_waves() -> None:
+    from mlpjit.testing.layers import DENSE_SHAPES, GRID_SHAPES
+
+    taken = {
+        name
+        for name, (hidden, inter) in {**DENSE_SHAPES, **GRID_SHAPES}.items()
+        if any(fp8_plan.down_on_stream(hidden, inter, m) for m in range(1, 9))
+    }
+    assert taken == {
+        "qwen3-8b-tp1", "qwen3-14b-tp1", "qwen3-14b-tp2",
+        "h6144-i4864", "h7168-i4864", "h8192-i4864",
+    }  # fmt: skip
+    from mlpjit.kernels.fp8_stream import plan as stream_plan
+
+    for name in taken:
+        hidden, inter = {**DENSE_SHAPES, **GRID_SHAPES}[name]
+        assert fp8_plan.down_on_stream(hidden, inter, 1)
+        for m in range(1, 9):
+            several = tuning.planned_waves(hidden, inter, m, False) > 1
+            fits = stream_plan.fits(hidden, inter, m)
+            assert fp8_plan.down_on_stream(hidden, inter, m) == (several and fits)
+    # x of 8 tokens at k 17408 does not fit fp8_stream's shared memory: fp8_gemv's waves
+    assert not stream_plan.fits(5120, 17408, 8)
+    assert not fp8_plan.down_on_stream(5120, 17408, 8)
+    # one wave (a persistent grid) keeps fp8_gemv, whatever the size or the K
+    assert tuning.planned_waves(5120, 6400, 8, False) == 1
+    assert not fp8_plan.down_on_stream(5120, 6400, 8)  # Qwen3-32B TP 4, 33 MB
+
+
+def test_streamed_down_requests_pair_with_a_zeroing_gate_up() -> None:
+    from mlpjit.kernels.fp8_stream.params import StreamParams, counters_span
+
+    requests = fp8_plan.dense_mlp_requests(6144, 4864, 1, [1, 8], ARCH)
+    assert [(r.kernel, r.params["tokens"]) for r in requests] == [
+        ("fp8_gemv", 1), ("fp8_stream", 1), ("fp8_gemv", 8), ("fp8_stream", 8),
+    ]  # fmt: skip
+    offset, nbytes = counters_span(6144, 4864)
+    assert nbytes == 6144 // 16 * 4 and offset % 16 == 0
+    for gate_up, down in zip(requests[::2], requests[1::2], strict=True):
+        assert gate_up.params["zero_bytes"] == nbytes and gate_up.params["swiglu"]
+        stream = StreamParams(**down.params)
+        assert (stream.rows, stream.k, stream.swiglu) == (6144, 4864, False)
+        assert offset + nbytes >= stream.workspace_bytes  # the counters end the workspace
+    # every other layer: plain fp8_gemv kernels, no zeroing
+    for r in fp8_plan.dense_mlp_requests(6144, 1536, 1, range(1, 9), ARCH):
+        assert r.kernel == "fp8_gemv" and "zero_bytes" not in r.params
+
+
+@pytest.mark.parametrize(
+    "zero_bytes,match",
+    [(8, "multiple of 16"), (-16, "zero_bytes"), (1 << 30, "zero_bytes"), (True, "zero_bytes")],
+)
+def test_zero_bytes_checked(zero_bytes, match) -> None:
+    from mlpjit.kernels.fp8_gemv.params import GemvConfig, GemvParams
+
+    with pytest.raises(ValueError, match=match):
+        GemvParams.of(3072, 6144, 1, GemvConfig(1, 3, 2), swiglu=True, limit=None,
+                      ue8m0=True, zero_bytes=zero_bytes)  # fmt: skip
+
+
+def test_zeroing_kernel_takes_a_fifth_pointer() -> None:
+    from mlpjit.kernels.fp8_gemv.params import KERNEL_ARGS, ZERO_ARG, GemvConfig, GemvParams
+
+    base = dict(swiglu=True, limit=None, ue8m0=True)
+    plain = GemvParams.of(3072, 6144, 1, GemvConfig(1, 3, 2), **base)
+    zeroing = GemvParams.of(3072, 6144, 1, GemvConfig(1, 3, 2), **base, zero_bytes=1536)
+    assert plain.kernel_args == KERNEL_ARGS
+    assert zeroing.kernel_args == (*KERNEL_ARGS, ZERO_ARG)

@@ -109,7 +109,9 @@ def test_stock_reason_is_given_for_what_the_kernel_refuses(
 
 
 def test_shard_roles_invert_the_planner() -> None:
-    """Every kernel the planner gives a preset's layer maps back to that layer, TP and half."""
+    """Every kernel the planner gives a preset's layer (fp8_stream's down projections too)
+    maps back to that layer, TP and half."""
+    kernels = set()
     for preset in PRESETS.values():
         for layer, intermediate in preset.layers().items():
             for tp in (1, 2, 4, 8):
@@ -117,8 +119,10 @@ def test_shard_roles_invert_the_planner() -> None:
                     continue
                 for r in dense_mlp_requests(preset.hidden, intermediate, tp, [1], ARCH):
                     half = "gate_up" if r.params["swiglu"] else "down"
-                    roles = planning.shard_roles("fp8_gemv", dict(r.params))
+                    roles = planning.shard_roles(r.kernel, dict(r.params))
                     assert ShardRole(preset.name, layer, tp, half) in roles
+                    kernels.add(r.kernel)
+    assert kernels == {"fp8_gemv", "fp8_stream"}
     assert str(ShardRole("glm5", "dense", 8, "down")) == "glm5 dense tp8 down"
     assert planning.shard_roles("smoke", {"n": 1024}) == []
     assert planning.shard_roles("fp8_gemv", {"rows": "x"}) == []

@@ -16,17 +16,20 @@ def tune():
 
 def test_variants_parse(tune) -> None:
     assert tune.parse_variant("gemv") is None
-    assert tune.parse_variant("16x0") == (16, 0, 1, 1)
-    assert tune.parse_variant("8x3b2c2") == (8, 3, 2, 2)
+    assert tune.parse_variant("16x0") == (16, 0, 1, 1, "")
+    assert tune.parse_variant("8x3b2c2") == (8, 3, 2, 2, "")
+    assert tune.parse_variant("8x0b2g") == (8, 0, 2, 1, "g")
+    assert tune.parse_variant("8x0b2c1d") == (8, 0, 2, 1, "d")
     assert tune.parse_variant("g0") == ("g", 0)
     assert tune.parse_variant("d12") == ("d", 12)
     assert tune.parse_variant("L") == ("L", 0, 0, 0, 0)
     assert tune.parse_variant("L16b1") == ("L", 16, 1, 0, 0)
     assert tune.parse_variant("L8b2s2x4") == ("L", 8, 2, 2, 4)
-    for text in ("L", "L16b1", "L8b2s2x4"):
+    for text in ("L", "L16b1", "L8b2s2x4", "8x0b2c1g", "8x0b2c1d", "16x0b1c1"):
         assert tune.variant_label(tune.parse_variant(text)) == text
     bad_layers = ("L8", "L8b", "Lb1", "L8x1", "L8b1s3", "Ls3x4", "Lt")
-    for bad in ("", "16", "x4", "8x0b", "8x0c2b2", "gemv2", "g", "x1", *bad_layers):
+    bad_streams = ("8x0gd", "8x0b2e")
+    for bad in ("", "16", "x4", "8x0b", "8x0c2b2", "gemv2", "g", "x1", *bad_streams, *bad_layers):
         with pytest.raises(ValueError, match="variant must be"):
             tune.parse_variant(bad)
 
@@ -92,3 +95,45 @@ def test_a_one_kernel_layer_is_one_request(tune) -> None:
     assert fused.kernel == traced.kernel == "fp8_layer"
     assert traced.params["trace"] is True and traced.params["blocks_per_warp"] == 1
     assert (traced.params["stages_gate_up"], traced.params["stages_down"]) == (3, 4)
+
+
+def test_one_streamed_half_keeps_the_planned_gemv_kernel_for_the_other(tune) -> None:
+    both = tune.layer_requests(6144, 1536, 8, tune.parse_variant("8x0b2"))
+    gemv = tune.layer_requests(6144, 1536, 8, None)
+    gate_up_only = tune.layer_requests(6144, 1536, 8, tune.parse_variant("8x0b2g"))
+    down_only = tune.layer_requests(6144, 1536, 8, tune.parse_variant("8x0b2d"))
+    assert [r.kernel for r in both] == ["fp8_stream", "fp8_stream"]
+    assert gate_up_only == [both[0], gemv[1]]
+    assert down_only == [gemv[0], both[1]]
+    assert tune._streamed(tune.parse_variant("8x0b2g")) == (True, False)
+    assert tune._streamed(tune.parse_variant("8x0b2d")) == (False, True)
+    assert tune._streamed(tune.parse_variant("8x0b2")) == (True, True)
+    assert tune._streamed(tune.parse_variant("g3")) == (False, False)
+    assert tune._streamed(None) == (False, False)
+
+
+def test_plot_rows_read_every_stored_form(tune) -> None:
+    row = {"variant": "gemv", "tokens": 1, "mbytes": 28.3, "x_floor": 1.46}
+    assert tune.plot_rows([row]) == [row]
+    assert tune.plot_rows({"meta": {}, "rows": [row]}) == [row]
+    bench = {"meta": {}, "results": [
+        {"hidden": 6144, "intermediate": 1536, "tokens": 8, "floor_us": 6.8,
+         "mlpjit_us": 10.2, "scaled_mm_us": 20.4},
+        {"hidden": 6144, "intermediate": 1536, "tokens": 1, "floor_us": 6.8,
+         "mlpjit_us": 6.8},
+    ]}  # fmt: skip
+    rows = tune.plot_rows(bench)
+    assert [(r["variant"], r["tokens"]) for r in rows] == [
+        ("DenseMlp", 8), ("2x _scaled_mm", 8), ("DenseMlp", 1),
+    ]  # fmt: skip
+    assert [round(r["x_floor"], 3) for r in rows] == [1.5, 3.0, 1.0]
+    assert rows[0]["mbytes"] == 3 * 6144 * 1536 / 1e6
+
+
+def test_plot_draws_a_png(tune, tmp_path) -> None:
+    src = tmp_path / "grid.json"
+    src.write_text('{"meta": {}, "results": [{"hidden": 2048, "intermediate": 256, '
+                   '"tokens": 1, "floor_us": 0.4, "mlpjit_us": 3.2, "scaled_mm_us": 11.8}]}')
+    png = tmp_path / "grid.png"
+    assert tune.main(["--plot", str(png), "--from-json", str(src)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

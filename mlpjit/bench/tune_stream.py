@@ -26,7 +26,7 @@ DEFAULT_SHAPES = (
 )  # fmt: skip
 
 
-_VARIANT = re.compile(r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?$")
+_VARIANT = re.compile(r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?([gd])?$")
 _ALTERNATIVE = re.compile(r"^([gd])(\d+)$")
 _LAYER = re.compile(r"^L(?:(\d+)b(\d)(?:s(\d+)x(\d+))?)?$")
 # Decompositions a gN / dN variant draws from: the planner model's best of each (K splits,
@@ -40,7 +40,10 @@ def parse_variant(text: str) -> tuple | None:
     blocks_per_warp, ctas_per_sm)
     (R 0: the planner's; B and C default to 1): '16x0', '8x0b2c2'; 'gN' / 'dN' -> ('g', N) /
     ('d', N): fp8_gemv with gate_up (g) or down (d) on the N-th of
-    ``gemv_alternatives`` and the other half as planned."""
+    ``gemv_alternatives`` and the other half as planned. A trailing g or d on a WxR variant
+    ('8x0b2g', '8x0b2d') takes fp8_stream for that half only (gate_up or down) and
+    fp8_gemv's planned kernel for the other: (warps, stages, blocks_per_warp, ctas_per_sm,
+    half), half '' for both."""
     if text == "gemv":
         return None
     layer = _LAYER.match(text)
@@ -52,11 +55,11 @@ def parse_variant(text: str) -> tuple | None:
     match = _VARIANT.match(text)
     if match is None:
         raise ValueError(
-            f"variant must be 'gemv', gN, dN, L[WbB[sGxD]] or WxR[bB][cC] (g0, L, "
-            f"L8b1s3x4, 16x0, 8x0b2c2), got {text!r}"
+            f"variant must be 'gemv', gN, dN, L[WbB[sGxD]] or WxR[bB][cC][g|d] (g0, L, "
+            f"L8b1s3x4, 16x0, 8x0b2c2, 8x0b2d), got {text!r}"
         )
-    warps, stages, bpw, cps = match.groups()
-    return int(warps), int(stages), int(bpw or 1), int(cps or 1)
+    warps, stages, bpw, cps, half = match.groups()
+    return int(warps), int(stages), int(bpw or 1), int(cps or 1), half or ""
 
 
 def variant_label(variant: tuple | None) -> str:
@@ -67,7 +70,7 @@ def variant_label(variant: tuple | None) -> str:
         return "L" + (f"{warps}b{bpw}" if warps else "") + (f"s{sg}x{sd}" if sg else "")
     if isinstance(variant[0], str):
         return f"{variant[0]}{variant[1]}"
-    return "{}x{}b{}c{}".format(*variant)
+    return "{}x{}b{}c{}{}".format(*variant)
 
 
 def gemv_alternatives(rows: int, k: int, tokens: int, swiglu: bool) -> list:
@@ -131,7 +134,7 @@ def layer_requests(
             gemv_plan.gemv_request(hidden, inter, tokens, swiglu=False, limit=None, ue8m0=True,
                                    arch=arch, config=configs[1]),
         ]  # fmt: skip
-    warps, stages, bpw, cps = variant
+    warps, stages, bpw, cps, half = variant
     options = dict(
         limit=None,
         ue8m0=True,
@@ -142,15 +145,22 @@ def layer_requests(
         blocks_per_warp=bpw,
         ctas_per_sm=cps,
     )
-    return [
+    stream = [
         stream_plan.stream_request(2 * inter, hidden, tokens, swiglu=True, **options),
         stream_plan.stream_request(hidden, inter, tokens, swiglu=False, **options),
     ]
+    if not half:
+        return stream
+    gemv = layer_requests(hidden, inter, tokens, None, arch)
+    return [stream[0], gemv[1]] if half == "g" else [gemv[0], stream[1]]
 
 
-def _is_stream(variant: tuple | None) -> bool:
-    """fp8_stream's two kernels, or fp8_layer's one: the variants with a workspace."""
-    return variant is not None and (not isinstance(variant[0], str) or _is_layer(variant))
+def _streamed(variant: tuple | None) -> tuple[bool, bool]:
+    """Whether (gate_up, down) of a two-kernel variant are fp8_stream's (a workspace each)."""
+    if variant is None or isinstance(variant[0], str):
+        return False, False
+    half = variant[4]
+    return half != "d", half != "g"
 
 
 def _is_layer(variant: tuple | None) -> bool:
@@ -164,7 +174,7 @@ def all_requests(args: argparse.Namespace) -> list[KernelRequest]:
             for variant in args.variants:
                 try:
                     reqs = layer_requests(hidden, inter, tokens, variant)
-                    if args.trace and _is_stream(variant):
+                    if args.trace and _streamed(variant) == (True, True):
                         reqs += layer_requests(hidden, inter, tokens, variant, trace=True)
                     for r in reqs:
                         if r not in seen:
@@ -225,7 +235,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                         fused.launch([out, act, x, layer["w13"], layer["w13_scale"],
                                       layer["w2"], layer["w2_scale"], work])  # fmt: skip
                 else:
-                    launch = _pair_launcher(kernels, _is_stream(variant), hidden, inter, x, act,
+                    launch = _pair_launcher(kernels, _streamed(variant), hidden, inter, x, act,
                                             out)  # fmt: skip
 
                 def chain(launch=launch, layers=layers):
@@ -239,7 +249,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                         [out, act, x, layers[0]["w13"], layers[0]["w13_scale"],
                          layers[0]["w2"], layers[0]["w2_scale"]],
                     )  # fmt: skip
-                elif args.trace and _is_stream(variant):
+                elif args.trace and _streamed(variant) == (True, True):
                     print_trace(
                         name, tokens, label, manager, device,
                         layer_requests(hidden, inter, tokens, variant, trace=True),
@@ -267,19 +277,19 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
     return rows_out
 
 
-def _pair_launcher(kernels, with_workspace, hidden, inter, x, act, out):  # pragma: no cover
-    """One layer as two launches (fp8_gemv's or fp8_stream's gate_up, then down)."""
+def _pair_launcher(kernels, streamed, hidden, inter, x, act, out):  # pragma: no cover
+    """One layer as two launches (fp8_gemv's or fp8_stream's gate_up, then down; streamed:
+    which of the two are fp8_stream's, with a workspace)."""
     import torch
 
     from mlpjit.kernels.fp8_stream.params import workspace_bytes
 
     gate_up, down = kernels
     extra: tuple[list, list] = ([], [])
-    if with_workspace:
-        extra = (
-            [torch.zeros(workspace_bytes(2 * inter, hidden), dtype=torch.uint8, device="cuda")],
-            [torch.zeros(workspace_bytes(hidden, inter), dtype=torch.uint8, device="cuda")],
-        )
+    for half, (rows, k) in enumerate(((2 * inter, hidden), (hidden, inter))):
+        if streamed[half]:
+            nbytes = workspace_bytes(rows, k)
+            extra[half].append(torch.zeros(nbytes, dtype=torch.uint8, device="cuda"))
 
     def launch(layer):
         gate_up.launch([act, x, layer["w13"], layer["w13_scale"], *extra[0]])
@@ -359,6 +369,28 @@ _TRACE_NAMES = ("start", "waited", "x ready", "warp0 done", "warpL done", "copie
                 "1st piece", "epilogue done")  # fmt: skip
 
 
+# bench_dense_mlp's timed methods, as plot_rows names them.
+_BENCH_METHODS = {"mlpjit": "DenseMlp", "scaled_mm": "2x _scaled_mm"}
+
+
+def plot_rows(data: Any) -> list[dict[str, Any]]:
+    """The (variant, tokens, mbytes, x_floor) rows of a results file: this script's --json
+    (a list of rows, or {"meta", "rows"} as stored under bench/results), or
+    scripts/bench_dense_mlp.py's --json ({"meta", "results"}: one row per timed method)."""
+    if isinstance(data, list):
+        return data
+    if "rows" in data:
+        return data["rows"]
+    rows = []
+    for r in data["results"]:
+        mbytes = 3 * r["hidden"] * r["intermediate"] / 1e6  # FP8 weights, scales aside
+        for method, name in _BENCH_METHODS.items():
+            if r.get(f"{method}_us") is not None:
+                x_floor = r[f"{method}_us"] / r["floor_us"]
+                rows.append(dict(variant=name, tokens=r["tokens"], mbytes=mbytes, x_floor=x_floor))
+    return rows
+
+
 def plot(rows: list[dict[str, Any]], path: str) -> None:
     """x floor against layer megabytes, one series per (variant, tokens)."""
     import matplotlib
@@ -379,6 +411,9 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
         marker = "o" if tokens == 1 else "x"
         ax.plot(*zip(*points, strict=True), marker=marker, linestyle="none", label=label)
     ax.set_xscale("log")
+    ratios = [r["x_floor"] for r in rows]
+    if max(ratios) > 8 * min(ratios):  # e.g. beside the stock GEMMs: keep the low end readable
+        ax.set_yscale("log")
     ax.set_xlabel("layer weight bytes (MB, gate_up + down)")
     ax.set_ylabel("time per layer / copy-bandwidth floor")
     ax.axhline(1.0, color="gray", linewidth=0.5)
@@ -409,13 +444,16 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
     parser.add_argument("--emit", help="write the compile requests (JSON lines) and stop")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--plot", help="with --from-json: draw that file's results into PNG")
-    parser.add_argument("--from-json", help="results of an earlier --json run (for --plot)")
+    parser.add_argument(
+        "--from-json",
+        help="results of an earlier --json run or of bench_dense_mlp.py --json (for --plot)",
+    )
     args = parser.parse_args(argv)
     if args.plot:
         if not args.from_json:
             parser.error("--plot needs --from-json FILE")
         with open(args.from_json) as f:
-            plot(json.load(f), args.plot)
+            plot(plot_rows(json.load(f)), args.plot)
         return 0
     try:
         args.tokens = [int(t) for t in args.tokens.split(",")]

@@ -76,6 +76,10 @@ FAMILY_SHAPES = {
     "qwen3-32b-tp8": (5120, 3200),
 }
 SHAPES.update(FAMILY_SHAPES)
+# A shard whose down projection runs on fp8_stream (fp8_gemv's plan for it takes 3 waves:
+# fp8_gemv.plan.down_on_stream); qwen3-8b-tp1 and qwen3-14b-tp1/tp2 above are others.
+STREAM_SHAPES = {"h6144-i4864": (6144, 4864)}
+SHAPES.update(STREAM_SHAPES)
 # A shard the kernels decline at every token count (k 196608 would take more than 8 waves of
 # CTAs): it runs the stock path (test_fallback_shape_the_kernels_decline).
 STOCK_SHAPE = (1024, 196608)
@@ -99,7 +103,14 @@ CASES += [
     for j, m in enumerate(sorted({1 + (3 * i) % 8, 1 + (3 * i + 4) % 8, 8}))
 ]
 
+CASES += [
+    ("h6144-i4864", m, u, lim)
+    for m, u, lim in ((1, True, None), (3, True, LIMIT), (8, True, None), (1, False, LIMIT),
+                      (8, False, None), (5, False, None))
+]  # fmt: skip
+
 GRAPH_SHAPE, GRAPH_LAYERS, GRAPH_TOKENS = "glm5-tp8", 4, 4
+STREAM_TOKENS = (1, 8)
 
 
 def kernel_requests(arch: str = "sm_90a") -> list:
@@ -113,6 +124,7 @@ def kernel_requests(arch: str = "sm_90a") -> list:
     # K-split repeat and graph tests: their shapes, ue8m0, no clamp, tokens 1..8
     for shape in (GRAPH_SHAPE, *SPLIT_SHAPES):
         wanted.setdefault((*SHAPES[shape], True, None), set()).update(TOKENS)
+    wanted.setdefault((*SHAPES["h6144-i4864"], True, None), set()).update(STREAM_TOKENS)
     requests = []
     for (hidden, inter, ue8m0, limit), tokens in wanted.items():
         requests += layer_requests(hidden, inter, sorted(tokens), arch, limit=limit, ue8m0=ue8m0)
@@ -387,28 +399,7 @@ def test_graph_of_a_chain_replays_like_eager(tokens: int) -> None:
     pair = layers[0]._kernels[tokens]
     clusters = {pair.first.cluster, pair.second.cluster}
     assert clusters == ({(2, 1, 1)} if tokens == 8 else {(1, 1, 1)})
-
-    def chain(x: torch.Tensor) -> torch.Tensor:
-        for mlp in layers:
-            x = mlp(x)
-        return x
-
-    static_x = make_x(tokens, hidden, seed=400)
-    eager = chain(static_x)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = chain(static_x)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.isfinite(static_out).all()
-    assert torch.equal(static_out, eager)
-    # new input, same graph
-    x2 = make_x(tokens, hidden, seed=401)
-    static_x.copy_(x2)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(static_out, chain(x2))
-    assert not torch.equal(static_out, eager)
+    assert_chain_replays_like_eager(layers, tokens, seed=400)
 
 
 SPLIT_SHAPES = ("dsv3-shared-tp8", "dsv3-tp8", "dsv3-tp1", "glm5-shared-tp8")
@@ -420,6 +411,26 @@ def split_cluster_sizes(mlp: DenseMlp, m: int) -> list[int]:
         mlp.hidden, mlp.intermediate, [m], mlp.arch, limit=mlp.limit, ue8m0=mlp.ue8m0, sms=mlp.sms
     )
     return [r.params.get("splits", 1) for r in requests if r.params.get("splits", 1) > 1]
+
+
+def assert_repeats_on_two_streams(
+    mlp: DenseMlp, inputs: list[torch.Tensor], first: torch.Tensor, rounds: int
+) -> None:
+    """mlp(inputs[0]) gives ``first`` again on three more calls, and each input gives its
+    own result bit for bit over ``rounds`` calls on two streams running at the same time."""
+    for _ in range(3):
+        assert torch.equal(mlp(inputs[0]), first)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    wants = [first, mlp(inputs[1])]
+    torch.cuda.synchronize()
+    outs: list[list[torch.Tensor]] = [[], []]
+    for _ in range(rounds):
+        for i, stream in enumerate(streams):
+            with torch.cuda.stream(stream):
+                outs[i].append(mlp(inputs[i]))
+    torch.cuda.synchronize()
+    for i in range(2):
+        assert all(torch.equal(o, wants[i]) for o in outs[i]), f"stream {i}, m={len(first)}"
 
 
 @pytest.mark.parametrize("shape", SPLIT_SHAPES)
@@ -434,20 +445,7 @@ def test_k_split_results_repeat_bit_for_bit(shape: str) -> None:
     for m in TOKENS:
         x = make_x(m, hidden, seed=500 + m)
         first = mlp(x)
-        for _ in range(3):
-            assert torch.equal(mlp(x), first)
-        streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-        inputs = [x, make_x(m, hidden, seed=600 + m)]
-        wants = [first, mlp(inputs[1])]
-        torch.cuda.synchronize()
-        outs: list[list[torch.Tensor]] = [[], []]
-        for _ in range(20):
-            for i, stream in enumerate(streams):
-                with torch.cuda.stream(stream):
-                    outs[i].append(mlp(inputs[i]))
-        torch.cuda.synchronize()
-        for i in range(2):
-            assert all(torch.equal(o, wants[i]) for o in outs[i]), f"stream {i}, m={m}"
+        assert_repeats_on_two_streams(mlp, [x, make_x(m, hidden, seed=600 + m)], first, 20)
     print(f"[k-split] {shape}: splits per token count "
           f"{ {m: split_cluster_sizes(mlp, m) for m in TOKENS} }")  # fmt: skip
 
@@ -463,13 +461,19 @@ def test_graph_of_k_split_layers_replays_like_eager(shape: str, tokens: int) -> 
     for mlp in layers:
         mlp.prepare([tokens])
     assert split_cluster_sizes(layers[0], tokens), "no K-split kernel at this token count"
+    assert_chain_replays_like_eager(layers, tokens, seed=800)
+
+
+def assert_chain_replays_like_eager(layers: list[DenseMlp], tokens: int, seed: int) -> None:
+    """A CUDA graph of the layers called in a chain replays bit-identically to eager calls,
+    three times, and again after its input changes."""
 
     def chain(x: torch.Tensor) -> torch.Tensor:
         for mlp in layers:
             x = mlp(x)
         return x
 
-    static_x = make_x(tokens, hidden, seed=800)
+    static_x = make_x(tokens, layers[0].hidden, seed=seed)
     eager = chain(static_x)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -477,11 +481,54 @@ def test_graph_of_k_split_layers_replays_like_eager(shape: str, tokens: int) -> 
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()
+        assert torch.isfinite(static_out).all()
         assert torch.equal(static_out, eager)
-    static_x.copy_(make_x(tokens, hidden, seed=801))
+    static_x.copy_(make_x(tokens, layers[0].hidden, seed=seed + 1))
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(static_out, chain(static_x))
+    assert not torch.equal(static_out, eager)
+
+
+def _fill_kept_workspaces(value: int) -> int:
+    """Fill every workspace DenseMlp keeps with ``value`` (bytes); how many there are."""
+    for ws in dense_mlp._KEPT_WORKSPACES.values():
+        ws.fill_(value)
+    return len(dense_mlp._KEPT_WORKSPACES)
+
+
+def test_streamed_down_with_garbage_workspaces_repeats_bit_for_bit_on_two_streams() -> None:
+    """An fp8_stream down projection's workspace is never reset by the host: the layer's
+    gate_up zeroes its counters on every call. Kept workspaces filled with 0xFF bytes first
+    (and the side streams' fresh, uninitialized ones) still give the reference's result,
+    the same bits on every call, also on two streams at once."""
+    shape = "h6144-i4864"
+    hidden, inter = SHAPES[shape]
+    mlp = DenseMlp(**layer(shape), ue8m0=True)
+    mlp.prepare(STREAM_TOKENS)
+    assert sorted(mlp._workspaces) == list(STREAM_TOKENS), "the down is not fp8_stream's"
+    want_act, want_out = reference_for(shape, True, None)
+    for m in STREAM_TOKENS:
+        assert _fill_kept_workspaces(0xFF) >= 1
+        x = _inputs[shape][:m]
+        first = mlp(x)
+        torch.cuda.synchronize()
+        err = rel_l2(first, want_out[:m])
+        assert torch.isfinite(first).all() and err < TOL, f"m={m}: rel L2 {err:.2e}"
+        assert_repeats_on_two_streams(mlp, [x, make_x(m, hidden, seed=650 + m)], first, 10)
+        print(f"[stream-down] {shape} m={m} out_rel_l2={err:.2e}")
+
+
+@pytest.mark.parametrize("tokens", STREAM_TOKENS)
+def test_graph_of_streamed_down_layers_replays_like_eager(tokens: int) -> None:
+    """Captured layers with an fp8_stream down (their workspaces fresh from the graph's
+    pool, uninitialized) replay like eager calls, with nothing reset between replays."""
+    hidden, inter = SHAPES["h6144-i4864"]
+    layers = [DenseMlp(**make_layer(hidden, inter, seed=900 + i), ue8m0=True) for i in range(2)]
+    for mlp in layers:
+        mlp.prepare([tokens])
+    assert tokens in layers[0]._workspaces
+    assert_chain_replays_like_eager(layers, tokens, seed=950)
 
 
 def test_unprepared_token_count_during_capture_raises() -> None:

@@ -25,9 +25,17 @@ from mlpjit.kernels.fp8_gemv.params import (
     check_limit,
 )
 from mlpjit.kernels.fp8_gemv.spec import SPEC
-from mlpjit.kernels.fp8_gemv.tuning import choose_config, kernel_supports
+from mlpjit.kernels.fp8_gemv.tuning import choose_config, kernel_supports, planned_waves
+from mlpjit.kernels.fp8_stream import plan as stream_plan
+from mlpjit.kernels.fp8_stream.params import counters_span
 
-__all__ = ["MAX_TOKEN_COUNTS", "dense_mlp_requests", "gemv_request", "token_counts"]
+__all__ = [
+    "MAX_TOKEN_COUNTS",
+    "dense_mlp_requests",
+    "down_on_stream",
+    "gemv_request",
+    "token_counts",
+]
 
 # Most token counts one plan or prepare() reads: far more than a server's list of CUDA-graph
 # batch sizes, and few enough that an endless iterable (itertools.count) is refused at once.
@@ -60,6 +68,17 @@ def token_counts(tokens: Iterable[int]) -> list[int]:
     return counts
 
 
+def down_on_stream(hidden: int, inter: int, tokens: int, sms: int = hopper.SMS) -> bool:
+    """Whether a layer's down projection (rows hidden, k the intermediate shard) runs on
+    fp8_stream instead of fp8_gemv: where fp8_gemv's plan for it takes more than one wave of
+    CTAs (no one-wave decomposition fits its K: each wave pays its own ramp and tail),
+    fp8_stream's one wave of equal stream-K ranges was up to 16% faster per layer on the
+    H200 (docs/KERNEL_NOTES.md, variant 38), and it must take the shape."""
+    return planned_waves(hidden, inter, tokens, False, sms) > 1 and stream_plan.fits(
+        hidden, inter, tokens, sms
+    )
+
+
 def gemv_request(
     rows: int,
     k: int,
@@ -71,17 +90,20 @@ def gemv_request(
     arch: str,
     config: GemvConfig | None = None,
     sms: int = hopper.SMS,
+    zero_bytes: int = 0,
 ) -> KernelRequest:
     """The compile request of one fp8_gemv launch (config defaults to choose_config) for a
-    GPU of ``sms`` SMs. ValueError (from GemvParams) for anything the kernel cannot take."""
+    GPU of ``sms`` SMs; ``zero_bytes``: see GemvParams. ValueError (from GemvParams) for
+    anything the kernel cannot take."""
     hopper.check_sms(sms)
     if config is None:
         config = choose_config(rows, k, tokens, swiglu, sms)
     elif not isinstance(config, GemvConfig):
         raise ValueError(f"config must be a GemvConfig or None, got {config!r}")
     params = GemvParams.of(
-        rows, k, tokens, config, swiglu=swiglu, limit=limit, ue8m0=ue8m0, sms=sms
-    )
+        rows, k, tokens, config, swiglu=swiglu, limit=limit, ue8m0=ue8m0, sms=sms,
+        zero_bytes=zero_bytes,
+    )  # fmt: skip
     # Defaults left out, as the key does: requests stay short (and record files readable).
     return KernelRequest(kernel=SPEC.name, params=SPEC.key_params(params), arch=arch)
 
@@ -100,8 +122,9 @@ def dense_mlp_requests(
     GPU of ``sms`` SMs.
 
     gate_up: rows 2*intermediate/tp, k hidden (SwiGLU fused); down: rows hidden,
-    k intermediate/tp. Token counts or shapes the kernel cannot take are skipped (they run
-    the stock path and need no compile).
+    k intermediate/tp, on fp8_stream where ``down_on_stream`` (gate_up
+    then zeroes its workspace's counters: GemvParams.zero_bytes). Token counts or shapes
+    the kernel cannot take are skipped (they run the stock path and need no compile).
     """
     hopper.check_sms(sms)
     check_int("hidden", hidden, 1, MAX_HIDDEN)
@@ -133,10 +156,14 @@ def _shard_requests(
             kernel_supports(2 * inter, hidden, m, sms) and kernel_supports(hidden, inter, m, sms)
         ):
             continue
-        for rows, k, swiglu in ((2 * inter, hidden, True), (hidden, inter, False)):
+        options = dict(limit=limit, ue8m0=ue8m0, arch=arch, sms=sms)
+        if down_on_stream(hidden, inter, m, sms):
+            _, zero_bytes = counters_span(hidden, inter, sms)
             requests.append(
-                gemv_request(
-                    rows, k, m, swiglu=swiglu, limit=limit, ue8m0=ue8m0, arch=arch, sms=sms
-                )
+                gemv_request(2 * inter, hidden, m, swiglu=True, zero_bytes=zero_bytes, **options)
             )
+            requests.append(stream_plan.stream_request(hidden, inter, m, swiglu=False, **options))
+            continue
+        for rows, k, swiglu in ((2 * inter, hidden, True), (hidden, inter, False)):
+            requests.append(gemv_request(rows, k, m, swiglu=swiglu, **options))
     return tuple(requests)

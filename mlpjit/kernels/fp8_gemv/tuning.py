@@ -962,6 +962,16 @@ def choose_config(
     return pick
 
 
+def planned_waves(rows: int, k: int, tokens: int, swiglu: bool, sms: int = hopper.SMS) -> int:
+    """Waves of resident CTAs choose_config's pick runs in: 1 for one wave or a persistent
+    grid; more only where no one-wave decomposition fits (see SPREAD_MAX_WAVES)."""
+    p = GemvParams.of(
+        rows, k, tokens, choose_config(rows, k, tokens, swiglu, sms), swiglu=swiglu,
+        limit=None, ue8m0=True, sms=sms,
+    )  # fmt: skip
+    return math.ceil(p.ctas / hopper.resident_ctas(sms * p.ctas_per_sm, p.cluster_ctas))
+
+
 def _whole_k_pick(rows: int, k: int, tokens: int, sms: int) -> GemvConfig | None:
     """The whole-K heuristic (512-K slices): a wide persistent grid, else the best
     one-wave tiling; None if k is not a multiple of 512 or nothing fits."""

@@ -19,6 +19,7 @@ __all__ = [
     "choose_stages",
     "stream_params",
     "stream_request",
+    "fits",
 ]
 
 DEFAULT_WARPS = 8
@@ -83,6 +84,16 @@ def stream_params(
         ue8m0=ue8m0, warps=warps, stages=stages, sms=sms, trace=trace,
         blocks_per_warp=blocks_per_warp, ctas_per_sm=ctas_per_sm,
     )  # fmt: skip
+
+
+def fits(rows: int, k: int, tokens: int, sms: int = hopper.SMS) -> bool:
+    """Whether fp8_stream takes the shape with its default knobs (x and MIN_STAGES stages
+    in shared memory)."""
+    try:
+        stream_params(rows, k, tokens, swiglu=False, limit=None, ue8m0=True, sms=sms)
+    except ValueError:
+        return False
+    return True
 
 
 def stream_request(rows: int, k: int, tokens: int, *, arch: str, **options) -> KernelRequest:
