@@ -138,7 +138,8 @@ class _ActBuffers:
     gate_up writes act only after its PDL wait, that is after the previous call's down kernel
     (of this layer or any other) has finished reading it. So layers with the same
     intermediate size share one buffer per token count (_KEPT_ACT): a process keeps
-    sum(tokens) x intermediate bf16 per (thread, stream), whatever its layer count. While the
+    sum(tokens) x intermediate bf16 per (thread, stream), whatever its layer count (and one
+    fp8_stream workspace per size, ``workspace``). While the
     stream captures a graph, calls allocate (from the graph's pool): a replay may run on any
     stream at any time. Buffers are only ever made in prepare, never inside a call:
     torch.compile's CUDA-graph warm-up runs calls with its own memory pool active, and a
@@ -665,7 +666,9 @@ class DenseMlp:
 
     def forward_into(self, x: Tensor, act: Tensor, out: Tensor) -> Tensor:
         """Like ``__call__`` but writes act [m, inter] and out [m, hidden] into the caller's
-        buffers (nothing allocated on the kernel path); returns out."""
+        buffers; returns out. Nothing is allocated on the kernel path, except an fp8_stream
+        down projection's workspace on a thread or stream prepare() did not run on (and
+        during graph capture), as for act in ``__call__``."""
         m = self._check_x(x)
         self._check_buffer(act, "act", m, self.intermediate)
         self._check_buffer(out, "out", m, self.hidden)

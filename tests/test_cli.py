@@ -914,6 +914,28 @@ def _fp8_cache(tmp_path: Path) -> tuple[Path, dict[tuple[str, int], str]]:
     return cache, keys
 
 
+def test_ls_names_the_layers_of_streamed_down_projections(tmp_path: Path) -> None:
+    """Qwen3-14B TP 2's down runs on fp8_stream: ls shows its layer and shape like fp8_gemv's."""
+    from entries import made
+
+    from mlpjit import kernels  # noqa: F401 (registers the kernels; `mlpjit` is the CLI here)
+    from mlpjit.jit.key import cache_key, key_components
+    from mlpjit.jit.store import CacheStore
+
+    cache = tmp_path / "stream"
+    store = CacheStore(root=cache, read_only=())
+    for i, r in enumerate(fp8_plan.dense_mlp_requests(5120, 17408, 2, [1], "sm_90a")):
+        components = key_components(r.spec, dict(r.params), r.arch)
+        assert store.publish(cache_key(components), components, made(i)[2], 0.1).persisted
+    lines = [line.split() for line in mlpjit(cache, "cache", "ls").stdout.splitlines()[1:3]]
+    assert [line[1:7] for line in lines] == [
+        ["fp8_gemv", "qwen3-14b", "dense", "tp2", "gate_up", "17408x5120"],
+        ["fp8_stream", "qwen3-14b", "dense", "tp2", "down", "5120x8704"],
+    ]  # fmt: skip
+    rows = ok_json(cache, "cache", "ls", "--half", "down", "--model", "qwen3-14b")
+    assert [r["kernel"] for r in rows] == ["fp8_stream"]
+
+
 def test_ls_shows_what_each_entry_serves_and_filters(tmp_path: Path) -> None:
     cache, keys = _fp8_cache(tmp_path)
     text = mlpjit(cache, "cache", "ls").stdout.splitlines()
