@@ -121,15 +121,15 @@ def _add_filters(parser: argparse.ArgumentParser) -> None:
         "--model",
         choices=PRESET_NAMES,
         metavar="NAME",
-        help="only fp8_gemv entries serving this model preset's layers",
+        help="only entries serving this model preset's layers (fp8_gemv, fp8_stream)",
     )
     parser.add_argument(
         "--tp",
         type=arg_type(bounded_int("--tp", 1, 1 << 20)),
-        help="only fp8_gemv entries serving a layer at this TP size",
+        help="only entries serving a layer at this TP size",
     )
     parser.add_argument(
-        "--half", choices=("gate_up", "down"), help="only fp8_gemv gate_up or down entries"
+        "--half", choices=("gate_up", "down"), help="only gate_up or down entries"
     )
 
 
