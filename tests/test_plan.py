@@ -798,9 +798,16 @@ def test_down_projections_take_fp8_stream_where_fp8_gemv_needs_several_waves() -
             several = tuning.planned_waves(hidden, inter, m, False) > 1
             fits = stream_plan.fits(hidden, inter, m)
             assert fp8_plan.down_on_stream(hidden, inter, m) == (several and fits)
-    # x of 8 tokens at k 17408 does not fit fp8_stream's shared memory: fp8_gemv's waves
-    assert not stream_plan.fits(5120, 17408, 8)
-    assert not fp8_plan.down_on_stream(5120, 17408, 8)
+    # x of 8 tokens at k 17408 leaves no room for stages of two blocks per warp: one block
+    stream = stream_plan.stream_params(5120, 17408, 8, swiglu=False, limit=None, ue8m0=True)
+    assert stream.blocks_per_warp == 1 and stream.stages >= stream_plan.MIN_STAGES
+    assert fp8_plan.down_on_stream(5120, 17408, 8)
+    at_7 = stream_plan.stream_params(5120, 17408, 7, swiglu=False, limit=None, ue8m0=True)
+    assert at_7.blocks_per_warp == stream_plan.DEFAULT_BLOCKS_PER_WARP
+    # ... and nothing fits at a k whose x alone fills shared memory
+    assert not stream_plan.fits(5120, 65536, 8)
+    with pytest.raises(ValueError, match="cannot hold x"):
+        stream_plan.stream_params(5120, 65536, 8, swiglu=False, limit=None, ue8m0=True)
     # one wave (a persistent grid) keeps fp8_gemv, whatever the size or the K
     assert tuning.planned_waves(5120, 6400, 8, False) == 1
     assert not fp8_plan.down_on_stream(5120, 6400, 8)  # Qwen3-32B TP 4, 33 MB

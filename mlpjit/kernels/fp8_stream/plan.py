@@ -1,7 +1,8 @@
 """fp8_stream's compile requests: the knobs follow from the shape and the shared-memory
 budget (no table): eight consumer warps of two blocks each per stage (32 KB stages, 2 KB
 bulk copies per weight row: 1 KB copies streamed at 2.9 TB/s on the H200, 2 KB ones at
-4.2), and as many ring stages as fit in the SM's shared memory beside x
+4.2; one block each where x leaves no room for two such stages), and as many ring stages as
+fit in the SM's shared memory beside x
 (docs/KERNEL_NOTES.md, the streaming kernel)."""
 
 from __future__ import annotations
@@ -75,6 +76,16 @@ def stream_params(
     """The params of one launch; knobs left None follow from the shape."""
     hopper.check_sms(sms)
     warps = DEFAULT_WARPS if warps is None else warps
+    if blocks_per_warp is None and stages is None:
+        # Two blocks per warp, or one where x leaves no room for MIN_STAGES stages of two
+        # (k 17408 at 8 tokens: docs/KERNEL_NOTES.md, variant 38).
+        for blocks_per_warp in (DEFAULT_BLOCKS_PER_WARP, 1):
+            try:
+                stages = choose_stages(rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm)
+                break
+            except ValueError:
+                if blocks_per_warp == 1:
+                    raise
     if blocks_per_warp is None:
         blocks_per_warp = DEFAULT_BLOCKS_PER_WARP
     if stages is None:
