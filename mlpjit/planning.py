@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from mlpjit.jit.spec import KernelRequest
 
 __all__ = [
+    "LAYER_KERNELS",
     "MAX_PARAM_REQUESTS",
     "MAX_REQUESTS_BYTES",
     "LayerShape",
@@ -43,6 +44,8 @@ __all__ = [
     "stock_reason",
 ]
 
+# The kernels whose entries are one half of a DenseMlp layer, a weight of rows x k.
+LAYER_KERNELS = ("fp8_gemv", "fp8_stream")
 # Largest request file read: a request line is ~300 bytes, so this is ~200k lines.
 MAX_REQUESTS_BYTES = 64 << 20
 # Most requests a parameter grid may multiply into (the product of its value lists): a
@@ -412,14 +415,14 @@ class ShardRole:
 
 
 def shard_roles(kernel: Any, params: Any) -> list[ShardRole]:
-    """The model presets' layers whose TP shard an fp8_gemv or fp8_stream entry with these
-    params serves (rows and k of the gate_up: 2*intermediate/tp x hidden, or the down:
+    """The model presets' layers whose TP shard an entry of LAYER_KERNELS with these params
+    serves (rows and k of the gate_up: 2*intermediate/tp x hidden, or the down:
     hidden x intermediate/tp), smallest TP first (the likeliest reading: GLM-5's 6144 x 256 down is
     its shared expert at TP 8 before its dense MLP at TP 48); [] for another kernel or a
     shape no preset has."""
     from mlpjit.models import PRESETS
 
-    if kernel not in ("fp8_gemv", "fp8_stream") or not isinstance(params, dict):
+    if kernel not in LAYER_KERNELS or not isinstance(params, dict):
         return []
     rows, k, swiglu = params.get("rows"), params.get("k"), params.get("swiglu")
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (rows, k)):

@@ -145,14 +145,14 @@ def layer_requests(
         blocks_per_warp=bpw,
         ctas_per_sm=cps,
     )
-    stream = [
-        stream_plan.stream_request(2 * inter, hidden, tokens, swiglu=True, **options),
-        stream_plan.stream_request(hidden, inter, tokens, swiglu=False, **options),
-    ]
-    if not half:
-        return stream
-    gemv = layer_requests(hidden, inter, tokens, None, arch)
-    return [stream[0], gemv[1]] if half == "g" else [gemv[0], stream[1]]
+    requests = []
+    for name, rows, k, swiglu in (("g", 2 * inter, hidden, True), ("d", hidden, inter, False)):
+        if half in ("", name):
+            requests.append(stream_plan.stream_request(rows, k, tokens, swiglu=swiglu, **options))
+        else:  # the other half: fp8_gemv as planned
+            requests.append(gemv_plan.gemv_request(rows, k, tokens, swiglu=swiglu, limit=None,
+                                                   ue8m0=True, arch=arch))  # fmt: skip
+    return requests
 
 
 def _streamed(variant: tuple | None) -> tuple[bool, bool]:

@@ -207,14 +207,12 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-# The kernels whose entries are a weight of rows x k (a DenseMlp half).
-_MATRIX_KERNELS = ("fp8_gemv", "fp8_stream")
-
-
 def _shape(row: dict[str, Any]) -> str:
-    """fp8_gemv and fp8_stream: 'rows x k'; another kernel: its params."""
+    """A layer kernel's (planning.LAYER_KERNELS) 'rows x k'; another kernel: its params."""
+    from mlpjit.planning import LAYER_KERNELS
+
     params = row.get("params")
-    if row.get("kernel") in _MATRIX_KERNELS and isinstance(params, dict):
+    if row.get("kernel") in LAYER_KERNELS and isinstance(params, dict):
         return f"{params.get('rows')}x{params.get('k')}"
     return output.params_text(params)
 

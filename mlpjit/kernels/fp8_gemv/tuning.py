@@ -965,11 +965,7 @@ def choose_config(
 def planned_waves(rows: int, k: int, tokens: int, swiglu: bool, sms: int = hopper.SMS) -> int:
     """Waves of resident CTAs choose_config's pick runs in: 1 for one wave or a persistent
     grid; more only where no one-wave decomposition fits (see SPREAD_MAX_WAVES)."""
-    p = GemvParams.of(
-        rows, k, tokens, choose_config(rows, k, tokens, swiglu, sms), swiglu=swiglu,
-        limit=None, ue8m0=True, sms=sms,
-    )  # fmt: skip
-    return math.ceil(p.ctas / hopper.resident_ctas(sms * p.ctas_per_sm, p.cluster_ctas))
+    return modeled_us(rows, k, tokens, choose_config(rows, k, tokens, swiglu, sms), sms)[0]
 
 
 def _whole_k_pick(rows: int, k: int, tokens: int, sms: int) -> GemvConfig | None:
