@@ -34,6 +34,9 @@ BASE = dict(rows=3072, k=6144, tokens=8, swiglu=True, limit=None, ue8m0=True)
         (dict(blocks_per_warp=5), r"blocks_per_warp must be in \[1, 4\]"),
         (dict(ctas_per_sm=3), r"ctas_per_sm must be in \[1, 2\]"),
         (dict(ctas_per_sm=2, stages=6), "at ctas_per_sm=2"),
+        (dict(cluster=3), "cluster must be one of 0, 1, 2, 4, 8"),
+        (dict(cluster=True), "cluster must be one of"),
+        (dict(k=384, cluster=4), r"cluster must be at most k / 128 = 3"),
     ],
 )
 def test_params_refuse_what_the_kernel_cannot_take(change, message) -> None:
@@ -87,3 +90,58 @@ def test_planner_fits_or_names_k_and_tokens(rows, k, tokens, warps, blocks_per_w
     assert p.smem_bytes <= hopper.smem_budget(ctas_per_sm)
     assert p.stage_blocks == warps * blocks_per_warp
     assert plan.MIN_STAGES <= p.stages <= plan.MAX_STAGES
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tiles=st.integers(1, 700),
+    kblocks=st.integers(1, 140),
+    cluster=st.sampled_from([0, 1, 2, 4, 8]),
+    sms=st.sampled_from([hopper.SMS, 114, 78, 16]),
+)
+def test_ranges_partition_the_blocks_and_split_tiles_stay_in_a_cluster(
+    tiles, kblocks, cluster, sms
+) -> None:
+    if cluster > kblocks:
+        return
+    p = StreamParams(
+        rows=tiles * TILE_ROWS, k=kblocks * BLOCK, tokens=1, swiglu=False, limit=None,
+        ue8m0=True, stages=2, sms=sms, cluster=cluster,
+    )  # fmt: skip
+    ranges = p.cta_ranges()
+    assert len(ranges) == p.ctas <= hopper.resident_ctas(sms, p.cluster_ctas)
+    assert ranges[0][0] == 0 and ranges[-1][1] == p.blocks
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    assert all(start < stop for start, stop in ranges)  # no idle CTA
+    assert max(stop - start for start, stop in ranges) == p.max_blocks_per_cta
+    if cluster:
+        for c, (start, stop) in enumerate(ranges):
+            # every tile this CTA touches lies wholly inside its cluster's blocks
+            j = c // cluster
+            lo = ranges[j * cluster][0]
+            hi = ranges[j * cluster + cluster - 1][1]
+            assert lo % kblocks == 0 and hi % kblocks == 0
+            assert lo <= start and stop <= hi
+
+
+def test_cluster_form_needs_no_workspace_and_holds_the_partials_it_receives() -> None:
+    grid = StreamParams(**BASE, stages=4)
+    clustered = StreamParams(**BASE, stages=4, cluster=4)
+    assert clustered.workspace_bytes == 16  # the kernel keeps a pointer; nothing is read
+    assert clustered.smem_received == clustered.smem_ring + 4 * clustered.stage_bytes
+    assert clustered.smem_bytes == clustered.smem_received + 3 * 512 + 16
+    assert grid.smem_bytes == grid.smem_ring + 4 * grid.stage_bytes
+    assert clustered.cluster_ctas == 4 and grid.cluster_ctas == 1
+    assert clustered.ctas == 120  # 30 clusters of 4 are resident on 132 SMs
+    assert StreamParams(**BASE, stages=4, cluster=2).ctas == 132
+    traced = StreamParams(**BASE, stages=4, cluster=2, trace=True)
+    assert traced.trace_offset == 0 and traced.workspace_bytes == 132 * 8 * 8
+
+
+def test_choose_cluster_takes_the_busiest_cta_with_fewest_blocks() -> None:
+    # GLM-5 TP 8 gate_up: 192 tiles; clusters of 2 take 3 tiles (72 blocks per CTA), one
+    # tile per CTA would leave two tiles (96 blocks) on some
+    assert plan.choose_cluster(3072, 6144) == 2
+    # DeepSeek-V3's shared expert gate_up: 32 tiles, 15 resident clusters of 8
+    assert plan.choose_cluster(512, 7168) == 8
+    assert plan.choose_cluster(128, 128) == 1  # one block per tile: no split possible

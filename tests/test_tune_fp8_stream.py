@@ -16,19 +16,30 @@ def tune():
 
 def test_variants_parse(tune) -> None:
     assert tune.parse_variant("gemv") is None
-    assert tune.parse_variant("16x0") == (16, 0, 1, 1, "")
-    assert tune.parse_variant("8x3b2c2") == (8, 3, 2, 2, "")
-    assert tune.parse_variant("8x0b2g") == (8, 0, 2, 1, "g")
-    assert tune.parse_variant("8x0b2c1d") == (8, 0, 2, 1, "d")
+    assert tune.parse_variant("16x0") == (16, 0, 1, 1, "", 0)
+    assert tune.parse_variant("8x3b2c2") == (8, 3, 2, 2, "", 0)
+    assert tune.parse_variant("8x0b2g") == (8, 0, 2, 1, "g", 0)
+    assert tune.parse_variant("8x0b2c1d") == (8, 0, 2, 1, "d", 0)
+    assert tune.parse_variant("8x0b2k2") == (8, 0, 2, 1, "", 2)
+    assert tune.parse_variant("8x0b2kad") == (8, 0, 2, 1, "d", tune.CLUSTER_AUTO)
     assert tune.parse_variant("g0") == ("g", 0)
     assert tune.parse_variant("d12") == ("d", 12)
     assert tune.parse_variant("L") == ("L", 0, 0, 0, 0)
     assert tune.parse_variant("L16b1") == ("L", 16, 1, 0, 0)
     assert tune.parse_variant("L8b2s2x4") == ("L", 8, 2, 2, 4)
-    for text in ("L", "L16b1", "L8b2s2x4", "8x0b2c1g", "8x0b2c1d", "16x0b1c1"):
+    for text in (
+        "L",
+        "L16b1",
+        "L8b2s2x4",
+        "8x0b2c1g",
+        "8x0b2c1d",
+        "16x0b1c1",
+        "8x0b2c1k4",
+        "8x0b2c1kag",
+    ):
         assert tune.variant_label(tune.parse_variant(text)) == text
     bad_layers = ("L8", "L8b", "Lb1", "L8x1", "L8b1s3", "Ls3x4", "Lt")
-    bad_streams = ("8x0gd", "8x0b2e")
+    bad_streams = ("8x0gd", "8x0b2e", "8x0b2k", "8x0b2kb", "8x0b2dk2")
     for bad in ("", "16", "x4", "8x0b", "8x0c2b2", "gemv2", "g", "x1", *bad_streams, *bad_layers):
         with pytest.raises(ValueError, match="variant must be"):
             tune.parse_variant(bad)
@@ -112,6 +123,18 @@ def test_one_streamed_half_keeps_the_planned_gemv_kernel_for_the_other(tune) -> 
     assert tune._streamed(None) == (False, False)
 
 
+def test_cluster_variants_request_the_cluster_form(tune) -> None:
+    from mlpjit.kernels.fp8_stream import plan
+
+    fixed = tune.layer_requests(6144, 1536, 4, tune.parse_variant("8x0b2k4"))
+    assert [r.params["cluster"] for r in fixed] == [4, 4]
+    auto = tune.layer_requests(7168, 256, 1, tune.parse_variant("8x0b2ka"))  # shared expert
+    assert auto[0].params["cluster"] == plan.choose_cluster(512, 7168) == 8
+    assert auto[1].params["cluster"] == plan.choose_cluster(7168, 256)
+    grid_wide = tune.layer_requests(6144, 1536, 4, tune.parse_variant("8x0b2"))
+    assert "cluster" not in grid_wide[0].params
+
+
 def test_plot_rows_read_every_stored_form(tune) -> None:
     row = {"variant": "gemv", "tokens": 1, "mbytes": 28.3, "x_floor": 1.46}
     assert tune.plot_rows([row]) == [row]
@@ -132,8 +155,10 @@ def test_plot_rows_read_every_stored_form(tune) -> None:
 
 def test_plot_draws_a_png(tune, tmp_path) -> None:
     src = tmp_path / "grid.json"
-    src.write_text('{"meta": {}, "results": [{"hidden": 2048, "intermediate": 256, '
-                   '"tokens": 1, "floor_us": 0.4, "mlpjit_us": 3.2, "scaled_mm_us": 11.8}]}')
+    src.write_text(
+        '{"meta": {}, "results": [{"hidden": 2048, "intermediate": 256, '
+        '"tokens": 1, "floor_us": 0.4, "mlpjit_us": 3.2, "scaled_mm_us": 11.8}]}'
+    )
     png = tmp_path / "grid.png"
     assert tune.main(["--plot", str(png), "--from-json", str(src)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

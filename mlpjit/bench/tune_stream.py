@@ -26,7 +26,8 @@ DEFAULT_SHAPES = (
 )  # fmt: skip
 
 
-_VARIANT = re.compile(r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?([gd])?$")
+_VARIANT = re.compile(r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?(?:k(\d|a))?([gd])?$")
+CLUSTER_AUTO = -1  # a WxR variant's 'ka': fp8_stream's planner chooses the cluster size
 _ALTERNATIVE = re.compile(r"^([gd])(\d+)$")
 _LAYER = re.compile(r"^L(?:(\d+)b(\d)(?:s(\d+)x(\d+))?)?$")
 # Decompositions a gN / dN variant draws from: the planner model's best of each (K splits,
@@ -42,8 +43,10 @@ def parse_variant(text: str) -> tuple | None:
     ('d', N): fp8_gemv with gate_up (g) or down (d) on the N-th of
     ``gemv_alternatives`` and the other half as planned. A trailing g or d on a WxR variant
     ('8x0b2g', '8x0b2d') takes fp8_stream for that half only (gate_up or down) and
-    fp8_gemv's planned kernel for the other: (warps, stages, blocks_per_warp, ctas_per_sm,
-    half), half '' for both."""
+    fp8_gemv's planned kernel for the other; 'kN' before it takes fp8_stream's cluster form
+    with clusters of N CTAs ('ka': the size choose_cluster picks): (warps, stages,
+    blocks_per_warp, ctas_per_sm, half, cluster), half '' for both, cluster 0 for the
+    grid-wide form and CLUSTER_AUTO for 'ka'."""
     if text == "gemv":
         return None
     layer = _LAYER.match(text)
@@ -55,11 +58,17 @@ def parse_variant(text: str) -> tuple | None:
     match = _VARIANT.match(text)
     if match is None:
         raise ValueError(
-            f"variant must be 'gemv', gN, dN, L[WbB[sGxD]] or WxR[bB][cC][g|d] (g0, L, "
-            f"L8b1s3x4, 16x0, 8x0b2c2, 8x0b2d), got {text!r}"
+            f"variant must be 'gemv', gN, dN, L[WbB[sGxD]] or WxR[bB][cC][kN|ka][g|d] (g0, L, "
+            f"L8b1s3x4, 16x0, 8x0b2c2, 8x0b2k2, 8x0b2kad), got {text!r}"
         )
-    warps, stages, bpw, cps, half = match.groups()
-    return int(warps), int(stages), int(bpw or 1), int(cps or 1), half or ""
+    warps, stages, bpw, cps, cluster, half = match.groups()
+    if cluster is None:
+        cluster = 0
+    elif cluster == "a":
+        cluster = CLUSTER_AUTO
+    else:
+        cluster = int(cluster)
+    return int(warps), int(stages), int(bpw or 1), int(cps or 1), half or "", cluster
 
 
 def variant_label(variant: tuple | None) -> str:
@@ -70,7 +79,9 @@ def variant_label(variant: tuple | None) -> str:
         return "L" + (f"{warps}b{bpw}" if warps else "") + (f"s{sg}x{sd}" if sg else "")
     if isinstance(variant[0], str):
         return f"{variant[0]}{variant[1]}"
-    return "{}x{}b{}c{}{}".format(*variant)
+    warps, stages, bpw, cps, half, cluster = variant
+    kind = {0: "", CLUSTER_AUTO: "ka"}.get(cluster, f"k{cluster}")
+    return f"{warps}x{stages}b{bpw}c{cps}{kind}{half}"
 
 
 def gemv_alternatives(rows: int, k: int, tokens: int, swiglu: bool) -> list:
@@ -134,7 +145,7 @@ def layer_requests(
             gemv_plan.gemv_request(hidden, inter, tokens, swiglu=False, limit=None, ue8m0=True,
                                    arch=arch, config=configs[1]),
         ]  # fmt: skip
-    warps, stages, bpw, cps, half = variant
+    warps, stages, bpw, cps, half, cluster = variant
     options = dict(
         limit=None,
         ue8m0=True,
@@ -148,7 +159,10 @@ def layer_requests(
     requests = []
     for name, rows, k, swiglu in (("g", 2 * inter, hidden, True), ("d", hidden, inter, False)):
         if half in ("", name):
-            requests.append(stream_plan.stream_request(rows, k, tokens, swiglu=swiglu, **options))
+            size = stream_plan.choose_cluster(rows, k) if cluster == CLUSTER_AUTO else cluster
+            requests.append(
+                stream_plan.stream_request(rows, k, tokens, swiglu=swiglu, cluster=size, **options)
+            )
         else:  # the other half: fp8_gemv as planned
             requests.append(gemv_plan.gemv_request(rows, k, tokens, swiglu=swiglu, limit=None,
                                                    ue8m0=True, arch=arch))  # fmt: skip

@@ -3,7 +3,10 @@
 Run on the H200 with a cache compiled on a CPU machine (scripts/gpu_requests.py lists this
 file's kernel_requests()). Outputs are poisoned with NaN first, so "no NaN" also means
 every element was written. Shapes include block counts that are odd or prime and grids
-where every tile is split between CTAs, so the workspace reduction runs everywhere.
+where every tile is split between CTAs, so the workspace reduction runs everywhere; the
+cluster form (whole tiles per thread block cluster, split tiles reduced in distributed
+shared memory) runs on the same shapes with clusters of 1, 2, 4 and 8, up to seven CTAs
+sending their partials of one tile.
 """
 
 from __future__ import annotations
@@ -47,18 +50,33 @@ CASES = (
 )  # fmt: skip
 
 
-GRAPH_SHAPES = ("odd-24x13", "dsv3-shared-tp8-gate_up")
+# (shape, cluster): the grid-wide form and the cluster form
+GRAPH_CASES = (("odd-24x13", 0), ("dsv3-shared-tp8-gate_up", 0), ("odd-24x13", 4),
+               ("dsv3-shared-tp8-gate_up", 8))  # fmt: skip
 # Two blocks per consumer warp and stage, and two CTAs per SM (knobs beside the default).
 KNOB_CASES = [
     (s, m, True, None, dict(warps=8, blocks_per_warp=2, ctas_per_sm=c))
     for s, m, c in (("glm5-tp8-down", 1, 2), ("dsv3-shared-tp8-down", 4, 2),
                     ("odd-24x13", 8, 1), ("glm5-tp8-gate_up", 3, 1))
 ]  # fmt: skip
+# The cluster form: tiles split over 2-8 CTAs of a cluster (odd-swiglu-8x13 with clusters
+# of 8: one 13-block tile per cluster, 1-2 blocks per CTA, seven senders), whole tiles
+# (cluster 1), and k of 2 blocks.
+CLUSTER_CASES = [
+    (s, m, u, lim, dict(warps=8, blocks_per_warp=2, cluster=c))
+    for s, m, u, lim, c in (
+        ("odd-24x13", 8, True, None, 2), ("odd-24x13", 1, False, None, 4),
+        ("prime-72x7", 3, True, None, 4), ("dsv3-shared-tp8-gate_up", 8, True, LIMIT, 8),
+        ("dsv3-shared-tp8-gate_up", 1, False, None, 8),
+        ("odd-swiglu-8x13", 2, False, LIMIT, 8), ("odd-swiglu-8x13", 8, True, None, 2),
+        ("glm5-tp8-down", 1, True, None, 1), ("glm5-tp8-gate_up", 8, True, None, 2),
+        ("glm5-tp8-gate_up", 1, True, LIMIT, 2), ("tiny-8x5", 1, True, None, 4),
+        ("dsv3-shared-tp8-down", 4, True, None, 2), ("dsv3-tp8-down", 8, False, None, 2),
+    )
+]  # fmt: skip
 
 
-def _request(
-    shape: str, m: int, ue8m0: bool, limit: float | None, knobs=None, arch: str = ARCH
-):
+def _request(shape: str, m: int, ue8m0: bool, limit: float | None, knobs=None, arch: str = ARCH):
     rows, k, swiglu = SHAPES[shape]
     return plan.stream_request(
         rows, k, m, swiglu=swiglu, limit=limit, ue8m0=ue8m0, arch=arch, **(knobs or {})
@@ -68,12 +86,16 @@ def _request(
 def kernel_requests(arch: str = ARCH) -> list:
     """Every compile request of these tests (for warming a cache on a machine without GPU)."""
     seen = []
-    graph_cases = [(s, 4, True, None) for s in GRAPH_SHAPES]
-    for case in CASES + graph_cases + KNOB_CASES:
+    graph_cases = [_graph_case(s, c) for s, c in GRAPH_CASES]
+    for case in CASES + graph_cases + KNOB_CASES + CLUSTER_CASES:
         r = _request(*case, arch=arch)
         if r not in seen:
             seen.append(r)
     return seen
+
+
+def _graph_case(shape: str, cluster: int):
+    return (shape, 4, True, None, dict(cluster=cluster) if cluster else {})
 
 
 def _inputs(shape: str, m: int):
@@ -97,14 +119,16 @@ def _workspace(shape: str) -> torch.Tensor:
     return torch.zeros(workspace_bytes(rows, k), dtype=torch.uint8, device="cuda")
 
 
-
 def _case_id(case) -> str:
     s, m, u, lim, *knobs = case
     extra = "-" + "-".join(f"{k}{v}" for k, v in knobs[0].items()) if knobs else ""
     return f"{s}-t{m}-{'ue8m0' if u else 'f32'}-lim{lim}{extra}"
 
 
-@pytest.mark.parametrize("case", CASES + KNOB_CASES, ids=[_case_id(c) for c in CASES + KNOB_CASES])
+ALL_CASES = CASES + KNOB_CASES + CLUSTER_CASES
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=[_case_id(c) for c in ALL_CASES])
 def test_stream_matches_reference_and_repeats_bit_for_bit(case) -> None:
     shape, m, ue8m0, limit, *knobs = case
     swiglu, w, w_scale, x, cols = _inputs(shape, m)
@@ -122,14 +146,15 @@ def test_stream_matches_reference_and_repeats_bit_for_bit(case) -> None:
     assert not torch.isnan(outs[0]).any(), "unwritten (NaN-poisoned) or NaN outputs"
     assert err < TOL
     assert all(torch.equal(outs[0], o) for o in outs[1:]), "repeated launches differ"
+    # (the cluster form never writes its workspace: all of it stays zero)
     assert not work[-(SHAPES[shape][0] // 16) * 4 :].any(), "arrival counters left non-zero"
 
 
-@pytest.mark.parametrize("shape", GRAPH_SHAPES)
-def test_graph_replays_equal_eager_and_two_streams_agree(shape: str) -> None:
+@pytest.mark.parametrize(("shape", "cluster"), GRAPH_CASES)
+def test_graph_replays_equal_eager_and_two_streams_agree(shape: str, cluster: int) -> None:
     m = 4
     swiglu, w, w_scale, x, cols = _inputs(shape, m)
-    kernel = _kernel(_request(shape, m, True, None))
+    kernel = _kernel(_request(*_graph_case(shape, cluster)))
     eager = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
     kernel.launch([eager, x, w, w_scale, _workspace(shape)])
     torch.cuda.synchronize()
@@ -159,4 +184,4 @@ def test_graph_replays_equal_eager_and_two_streams_agree(shape: str) -> None:
                 kernel.launch([out, x, w, w_scale, wk])
     torch.cuda.synchronize()
     assert all(torch.equal(o, eager) for o in outs)
-    print(f"\n[fp8_stream] {shape} graph and two streams identical to eager")
+    print(f"\n[fp8_stream] {shape} cluster={cluster} graph and two streams identical to eager")

@@ -24,10 +24,16 @@ work split and a memory pipeline whose speed follows from the bytes:
   counter for the next launch and runs the epilogue. The counters start at zero and are
   left at zero, so the workspace needs no reset between calls or graph replays; calls on
   two streams at once need two workspaces (the caller's).
+- Cluster form (``cluster`` >= 1): each thread block cluster takes whole tiles and cuts
+  them into equal ranges for its CTAs, so a split tile never leaves its cluster. The CTA
+  holding a split tile's first block owns it: the others send their partials into its
+  shared memory with st.async, counted on an mbarrier it made before the cluster's entry
+  arrive, and it adds them in rank order after its own. No workspace is read or written
+  (trace builds aside), so nothing needs zeroing, ever.
 
-Not used by DenseMlp yet: on the H200 it beats fp8_gemv only on large layers and loses on
-small ones (docs/KERNEL_NOTES.md, the streaming kernel); scripts/tune_fp8_stream.py times
-the two side by side.
+DenseMlp runs it for down projections that fp8_gemv would spread over several waves
+(mlpjit.kernels.fp8_gemv.plan.down_on_stream); scripts/tune_fp8_stream.py times it beside
+fp8_gemv (docs/KERNEL_NOTES.md, the streaming kernel).
 
 Nothing here is imported by ``import mlpjit``; the compile manager imports this module on
 a cache miss and calls :func:`compile_cubin`.
@@ -104,6 +110,8 @@ class Fp8Stream:
         if cutlass.const_expr(self.ctas_per_sm > 1):
             # Without an explicit carveout the DSL queries the device for min_blocks > 1.
             extra["preferred_smem_carveout"] = 100
+        if cutlass.const_expr(self.cluster_ctas > 1):
+            extra["cluster"] = [self.cluster_ctas, 1, 1]
         self.kernel(m_out, m_x, m_w, m_ws, m_work).launch(
             grid=[self.ctas, 1, 1],
             block=[self.threads, 1, 1],
@@ -131,14 +139,17 @@ class Fp8Stream:
 
         smem = cutlass.memory.SmemAllocator()
         s_base = smem.allocate(self.smem_bytes, byte_alignment=128).toint()
-        b0 = self.range_start(cta)
-        b1 = self.range_start(cta + 1)
+        b0, b1 = self.cta_range(cta)
 
         if tid == 0:
             self.stamp(Int64(m_work.iterator.toint()), cta, 0)
             self.init_barriers(s_base)
+            if cutlass.const_expr(self.cluster > 1):
+                self.expect_split_partials(s_base, cta, b0, b1)
             ptx.fence_mbarrier_init()
         cute.arch.sync_threads()
+        if cutlass.const_expr(self.cluster > 1):
+            ptx.cluster_arrive_relaxed()  # "started": the others may send us partials
 
         if warp == W:
             self.produce(Int64(m_w.iterator.toint()), s_base, b0, b1, lane)
@@ -166,6 +177,17 @@ class Fp8Stream:
             ptx.mbarrier_init(self.taken_bar(s_base, i), 32)
 
     @cute.jit
+    def expect_split_partials(self, s_base: Int32, cta: Int32, b0: Int32, b1: Int32):
+        """One thread, cluster form: the mbarrier that counts the partials the cluster's
+        other CTAs send for the split tile we own (our last tile, where it starts in our
+        range and ends past it), expecting their bytes."""
+        bar = s_base + self.smem_split_bar
+        ptx.mbarrier_init(bar, 1)
+        senders = self.split_senders(cta, b0, b1)
+        if senders > 0:
+            ptx.mbarrier_arrive_expect_tx(bar, senders * SLOT_BYTES)
+
+    @cute.jit
     def stamp(self, g_work: Int64, cta: Int32, point: int):
         """A trace build's %globaltimer stamp ``point`` of this CTA (nothing otherwise)."""
         if cutlass.const_expr(self.trace):
@@ -191,6 +213,59 @@ class Fp8Stream:
         return s_base + 16 * self.stages + 8 * (PARTIAL_BUFFERS + i)
 
     # ------------------------------------------------------------------ work split
+
+    @cute.jit
+    def cta_range(self, cta: Int32):
+        """[b0, b1): the CTA's blocks. Cluster form: cluster j takes whole tiles (tiles //
+        clusters each, one more for the first tiles % clusters), cut into ranges of equal
+        size for its CTAs (cluster_rank_start)."""
+        if cutlass.const_expr(self.cluster == 0):
+            return self.range_start(cta), self.range_start(cta + 1)
+        C = self.cluster
+        rank = cta % C
+        t0, nt = self.cluster_tiles_of(cta // C)
+        base = t0 * self.kblocks
+        nb = nt * self.kblocks
+        return base + self.cluster_rank_start(nb, rank), base + self.cluster_rank_start(
+            nb, rank + 1
+        )
+
+    @cute.jit
+    def cluster_tiles_of(self, j: Int32):
+        """(first tile, tiles) of cluster j."""
+        q, r = divmod(self.tiles, self.clusters)
+        nt = Int32(q)
+        if j < r:
+            nt = Int32(q + 1)
+        return j * q + cutlass.min(j, r), nt
+
+    @cute.jit
+    def cluster_rank_start(self, nb: Int32, rank: Int32) -> Int32:
+        """First block (from the cluster's first) of rank's range: nb // cluster each, one
+        more for the first nb % cluster ranks."""
+        q = nb // self.cluster
+        r = nb - q * self.cluster
+        return rank * q + cutlass.min(rank, r)
+
+    @cute.jit
+    def split_senders(self, cta: Int32, b0: Int32, b1: Int32) -> Int32:
+        """Cluster form: how many CTAs of our cluster send us a partial of our last tile
+        (0 unless we own a split tile: it starts in our range and ends past it)."""
+        C = self.cluster
+        KB = self.kblocks
+        rank = cta % C
+        tile = (b1 - 1) // KB
+        senders = Int32(0)
+        if tile * KB >= b0:  # noqa: SIM102 (runtime conditions: kept apart)
+            if tile * KB + KB > b1:
+                t0, nt = self.cluster_tiles_of(cta // C)
+                nb = nt * KB
+                last = tile * KB + KB - 1 - t0 * KB  # the tile's last block, in the cluster
+                hi = rank + 1  # holds part of the tile; start(C) = nb > last ends the walk
+                while self.cluster_rank_start(nb, hi + 1) <= last:
+                    hi = hi + 1
+                senders = hi - rank
+        return senders
 
     @cute.jit
     def range_start(self, cta: Int32) -> Int32:
@@ -310,8 +385,11 @@ class Fp8Stream:
     def stage_part(self, s_ring, slot, off, part):
         """Where a stage's part (the blocks of one tile from block ``off`` of the stage on,
         the stage's part-th) starts: rows of seg * 128 + ROW_PAD bytes follow."""
-        return s_ring + slot * self.stage_bytes + off * (TILE_ROWS * BLOCK) + part * (
-            TILE_ROWS * ROW_PAD
+        return (
+            s_ring
+            + slot * self.stage_bytes
+            + off * (TILE_ROWS * BLOCK)
+            + part * (TILE_ROWS * ROW_PAD)
         )
 
     # ------------------------------------------------------------------ consumer warps
@@ -586,8 +664,12 @@ class Fp8Stream:
                         owned = Int32(1)
                 if owned != 0:
                     self.epilogue(g_out, g_work, tile, lane, s0, s1, s2, s3)
-                else:
+                elif cutlass.const_expr(self.cluster == 0):
                     self.reduce_split_tile(g_out, g_work, cta, b0, tile, lane, s0, s1, s2, s3)
+                elif cutlass.const_expr(self.cluster > 1):  # (clusters of 1 split no tile)
+                    self.meet_in_cluster(
+                        g_out, g_work, s_base, cta, b0, b1, tile, lane, s0, s1, s2, s3
+                    )
                 pos = cutlass.min(first + KB, stop)
                 if piece == 0:  # noqa: SIM102 (runtime conditions: kept apart)
                     if lane == 0:
@@ -595,6 +677,52 @@ class Fp8Stream:
                 piece = piece + 1
         if lane == 0:
             self.stamp(g_work, cta, 7)
+
+    @cute.jit
+    def meet_in_cluster(
+        self,
+        g_out: Int64,
+        g_work: Int64,
+        s_base: Int32,
+        cta: Int32,
+        b0: Int32,
+        b1: Int32,
+        tile: Int32,
+        lane: Int32,
+        s0: Float32,
+        s1: Float32,
+        s2: Float32,
+        s3: Float32,
+    ):
+        """Cluster form, a tile split between CTAs of our cluster: its owner (the rank that
+        holds its first block) waits for the others' partials on its mbarrier, adds them in
+        rank order after its own and stores the tile; the others send theirs into its
+        shared memory with st.async (counted on that mbarrier: no fence, no workspace)."""
+        C = self.cluster
+        KB = self.kblocks
+        rank = cta % C
+        s_recv = s_base + self.smem_received + lane * 16
+        bar = s_base + self.smem_split_bar
+        if tile * KB >= b0:
+            senders = self.split_senders(cta, b0, b1)
+            ptx.mbarrier_wait(bar, Int32(0))
+            for i in cutlass.range(senders, unroll=1):
+                v = ptx.ld_shared_v4_f32(s_recv + i * SLOT_BYTES)
+                s0 = s0 + v[0]
+                s1 = s1 + v[1]
+                s2 = s2 + v[2]
+                s3 = s3 + v[3]
+            self.epilogue(g_out, g_work, tile, lane, s0, s1, s2, s3)
+        else:
+            t0, nt = self.cluster_tiles_of(cta // C)
+            first = tile * KB - t0 * KB  # the tile's first block, in the cluster
+            owner = rank - 1
+            while self.cluster_rank_start(nt * KB, owner) > first:
+                owner = owner - 1
+            ptx.trap_unless_cluster_size(C)
+            ptx.cluster_wait()  # every CTA of the cluster has made its mbarrier
+            dst = ptx.mapa_shared(s_recv + (rank - owner - 1) * SLOT_BYTES, owner)
+            ptx.st_async_v4_f32(dst, s0, s1, s2, s3, ptx.mapa_shared(bar, owner))
 
     @cute.jit
     def reduce_split_tile(
@@ -705,5 +833,5 @@ def compile_cubin(params: StreamParams, arch: str):
         smem_bytes=kern.smem_bytes,
         pdl=True,
         params=tuple(KernelParam(name, "ptr") for name in KERNEL_ARGS),
-        cluster=(1, 1, 1),
+        cluster=(kern.cluster_ctas, 1, 1),
     )

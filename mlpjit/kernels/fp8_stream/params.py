@@ -3,7 +3,10 @@
 Plain Python (no cutlass, no torch). The work is the layer's 128-K blocks of 16-row tiles,
 taken in tile-major order and cut into one contiguous range per CTA (stream-K): every
 CTA of the one resident wave gets the same number of blocks, whatever the number of row
-tiles or K blocks, so the speed follows from the bytes. kernel.py describes the rest.
+tiles or K blocks, so the speed follows from the bytes. With ``cluster`` the row tiles are
+first dealt to thread block clusters (whole tiles, as evenly as they go) and cut into equal
+ranges inside each cluster only, so a split tile is reduced in distributed shared memory
+instead of a global workspace. kernel.py describes the rest.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from mlpjit.kernels.fp8_gemv.params import MAX_K, MAX_ROWS, check_limit
 
 __all__ = [
     "BLOCK",
+    "CLUSTER_SIZES",
     "KERNEL_ARGS",
     "MAX_TOKENS",
     "ROW_PAD",
@@ -40,6 +44,11 @@ TRACE_POINTS = 8
 # The kernel's parameters, in order (device pointers): output, input, weight, scales, and
 # the layer's workspace (split partials and arrival counters, zero at first use).
 KERNEL_ARGS = ("out", "x", "w", "w_scale", "workspace")
+# ``cluster``: 0 splits tiles anywhere in the grid (reduced through the workspace); 1, 2, 4
+# or 8 deal whole tiles to clusters of that many CTAs and split them only inside a cluster
+# (1: no split tile at all), so the workspace holds nothing but a trace build's stamps.
+CLUSTER_SIZES = (0, 1, 2, 4, 8)
+MBARRIER_BYTES = 16  # the mbarrier that counts a split tile's partials from the cluster
 
 
 def workspace_bytes(rows: int, k: int, sms: int = hopper.SMS, trace: bool = False) -> int:
@@ -88,6 +97,9 @@ class StreamParams:
     # CTAs meant to be resident per SM (2: the next kernel's CTA fits beside this one, so
     # its weights stream while this one finishes): the shared-memory and register bounds
     ctas_per_sm: int = 1
+    # 0: stream-K over the whole grid, split tiles reduced through the workspace; C >= 1:
+    # whole tiles per cluster of C CTAs, split tiles reduced in distributed shared memory
+    cluster: int = 0
 
     def __post_init__(self) -> None:
         check_int("rows", self.rows, TILE_ROWS, MAX_ROWS)
@@ -97,6 +109,10 @@ class StreamParams:
         check_int("stages", self.stages, 2, 16)
         check_int("blocks_per_warp", self.blocks_per_warp, 1, 4)
         check_int("ctas_per_sm", self.ctas_per_sm, 1, 2)
+        if isinstance(self.cluster, bool) or self.cluster not in CLUSTER_SIZES:
+            raise ValueError(
+                f"cluster must be one of {', '.join(map(str, CLUSTER_SIZES))}, got {self.cluster!r}"
+            )
         hopper.check_sms(self.sms)
         for name in ("swiglu", "ue8m0", "trace"):
             check_bool(name, getattr(self, name))
@@ -105,6 +121,11 @@ class StreamParams:
             raise ValueError(f"k must be a multiple of {BLOCK}, got {self.k}")
         if self.rows % TILE_ROWS:
             raise ValueError(f"rows must be a multiple of {TILE_ROWS}, got {self.rows}")
+        if self.cluster > self.kblocks:
+            raise ValueError(
+                f"cluster must be at most k / {BLOCK} = {self.kblocks} (every CTA of a cluster "
+                f"takes a block of its tiles), got {self.cluster}"
+            )
         budget = hopper.smem_budget(self.ctas_per_sm)
         if self.smem_bytes > budget:
             raise ValueError(
@@ -128,11 +149,50 @@ class StreamParams:
         return self.tiles * self.kblocks
 
     @property
+    def clusters(self) -> int:
+        """Clusters of ``cluster`` CTAs (cluster form): as many as can be resident at once,
+        at most one per tile."""
+        slots = self.sms * self.ctas_per_sm
+        return max(1, min(self.tiles, hopper.resident_ctas(slots, self.cluster) // self.cluster))
+
+    @property
+    def cluster_tiles(self) -> int:
+        """Most tiles one cluster takes (cluster form)."""
+        return -(-self.tiles // self.clusters)
+
+    @property
     def ctas(self) -> int:
+        if self.cluster:
+            return self.clusters * self.cluster
         return min(self.sms, self.blocks)
+
+    def cta_ranges(self) -> list[tuple[int, int]]:
+        """[start, stop) blocks of every CTA, in CTA order: what the kernel's cta_range
+        computes on the device (grid-wide form: blocks // ctas each, one more for the first
+        blocks % ctas CTAs; cluster form: the same cut of each cluster's whole tiles)."""
+        if not self.cluster:
+            q, r = divmod(self.blocks, self.ctas)
+            starts = [c * q + min(c, r) for c in range(self.ctas + 1)]
+            return list(zip(starts, starts[1:], strict=False))
+        ranges = []
+        q, r = divmod(self.tiles, self.clusters)
+        for j in range(self.clusters):
+            base = (j * q + min(j, r)) * self.kblocks
+            nb = (q + (j < r)) * self.kblocks
+            qq, rr = divmod(nb, self.cluster)
+            starts = [base + i * qq + min(i, rr) for i in range(self.cluster + 1)]
+            ranges += zip(starts, starts[1:], strict=False)
+        return ranges
+
+    @property
+    def cluster_ctas(self) -> int:
+        """CTAs per launched thread block cluster (1: launched without clusters)."""
+        return max(1, self.cluster)
 
     @property
     def max_blocks_per_cta(self) -> int:
+        if self.cluster:
+            return -(-self.cluster_tiles * self.kblocks // self.cluster)
         return -(-self.blocks // self.ctas)
 
     @property
@@ -174,7 +234,8 @@ class StreamParams:
         return -(-self.tokens * self.x_blocks_max // (4 * self.warps))
 
     # Shared-memory layout: mbarriers (stages full, stages empty, partials full, partials
-    # empty) | warp partials | weight scales | x scales | x | ring
+    # empty) | warp partials | weight scales | x scales | x | ring | (cluster form) the
+    # partials the cluster's other CTAs send for our split tile, and their mbarrier
     @property
     def smem_partials(self) -> int:
         return _align(16 * self.stages + 16 * PARTIAL_BUFFERS, 128)
@@ -196,16 +257,31 @@ class StreamParams:
         return _align(self.smem_x + self.tokens * self.x_row, 128)
 
     @property
+    def smem_received(self) -> int:
+        """The other CTAs' partials of our split tile (cluster form: up to cluster - 1)."""
+        return self.smem_ring + self.stages * self.stage_bytes
+
+    @property
+    def smem_split_bar(self) -> int:
+        return self.smem_received + (self.cluster_ctas - 1) * SLOT_BYTES
+
+    @property
     def smem_bytes(self) -> int:
+        if self.cluster > 1:
+            return self.smem_split_bar + MBARRIER_BYTES
         return self.smem_ring + self.stages * self.stage_bytes
 
     @property
     def workspace_bytes(self) -> int:
+        if self.cluster:
+            return _align(self.ctas * TRACE_POINTS * 8, 16) if self.trace else 16
         return workspace_bytes(self.rows, self.k, self.sms, self.trace)
 
     @property
     def trace_offset(self) -> int:
         """Where the trace stamps start in the workspace (CTA c, point i: + (c * 8 + i) * 8)."""
+        if self.cluster:
+            return 0
         return _align(self.ctas * 2 * SLOT_BYTES + self.tiles * 4, 8)
 
     @property

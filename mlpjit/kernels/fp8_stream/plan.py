@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.kernels import hopper
-from mlpjit.kernels.fp8_stream.params import StreamParams
+from mlpjit.kernels.fp8_stream.params import CLUSTER_SIZES, StreamParams
 from mlpjit.kernels.fp8_stream.spec import SPEC
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_WARPS",
     "MAX_STAGES",
     "MIN_STAGES",
+    "choose_cluster",
     "choose_stages",
     "stream_params",
     "stream_request",
@@ -37,6 +38,7 @@ def choose_stages(
     sms: int = hopper.SMS,
     blocks_per_warp: int = 1,
     ctas_per_sm: int = 1,
+    cluster: int = 0,
 ) -> int:
     """Most ring stages (up to MAX_STAGES, no more than a CTA's range has) within the
     shared-memory budget of ``ctas_per_sm`` CTAs per SM; ValueError (naming k and tokens)
@@ -46,16 +48,14 @@ def choose_stages(
             params = StreamParams(
                 rows=rows, k=k, tokens=tokens, swiglu=False, limit=None, ue8m0=True,
                 warps=warps, stages=stages, sms=sms, blocks_per_warp=blocks_per_warp,
-                ctas_per_sm=ctas_per_sm,
+                ctas_per_sm=ctas_per_sm, cluster=cluster,
             )  # fmt: skip
         except ValueError:
             continue
         # A range of b blocks fills at most b / stage_blocks + 3 stages (its segments).
         most = -(-params.max_blocks_per_cta // params.stage_blocks) + 3
         return max(MIN_STAGES, min(stages, most))
-    raise ValueError(
-        f"fp8_stream cannot hold x for k={k} and {tokens} tokens in shared memory"
-    )
+    raise ValueError(f"fp8_stream cannot hold x for k={k} and {tokens} tokens in shared memory")
 
 
 def stream_params(
@@ -72,6 +72,7 @@ def stream_params(
     trace: bool = False,
     blocks_per_warp: int | None = None,
     ctas_per_sm: int = 1,
+    cluster: int = 0,
 ) -> StreamParams:
     """The params of one launch; knobs left None follow from the shape."""
     hopper.check_sms(sms)
@@ -81,7 +82,9 @@ def stream_params(
         # (k 17408 at 8 tokens: docs/KERNEL_NOTES.md, variant 38).
         for blocks_per_warp in (DEFAULT_BLOCKS_PER_WARP, 1):
             try:
-                stages = choose_stages(rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm)
+                stages = choose_stages(
+                    rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm, cluster
+                )
                 break
             except ValueError:
                 if blocks_per_warp == 1:
@@ -89,12 +92,32 @@ def stream_params(
     if blocks_per_warp is None:
         blocks_per_warp = DEFAULT_BLOCKS_PER_WARP
     if stages is None:
-        stages = choose_stages(rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm)
+        stages = choose_stages(rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm, cluster)
     return StreamParams(
         rows=rows, k=k, tokens=tokens, swiglu=swiglu, limit=limit if swiglu else None,
         ue8m0=ue8m0, warps=warps, stages=stages, sms=sms, trace=trace,
-        blocks_per_warp=blocks_per_warp, ctas_per_sm=ctas_per_sm,
+        blocks_per_warp=blocks_per_warp, ctas_per_sm=ctas_per_sm, cluster=cluster,
     )  # fmt: skip
+
+
+def choose_cluster(rows: int, k: int, sms: int = hopper.SMS) -> int:
+    """The cluster form's cluster size (1, 2, 4 or 8) whose busiest CTA takes the fewest
+    blocks (whole tiles dealt to as many clusters as can be resident, each cluster's
+    blocks cut evenly), the smaller size on a tie (fewer split tiles)."""
+    best = None
+    for size in CLUSTER_SIZES[1:]:
+        try:
+            params = StreamParams(
+                rows=rows, k=k, tokens=1, swiglu=False, limit=None, ue8m0=True,
+                stages=MIN_STAGES, sms=sms, cluster=size,
+            )  # fmt: skip
+        except ValueError:
+            continue
+        if best is None or params.max_blocks_per_cta < best[0]:
+            best = (params.max_blocks_per_cta, size)
+    if best is None:
+        raise ValueError(f"fp8_stream's cluster form cannot take rows={rows}, k={k}")
+    return best[1]
 
 
 def fits(rows: int, k: int, tokens: int, sms: int = hopper.SMS) -> bool:
