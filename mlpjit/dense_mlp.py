@@ -7,10 +7,9 @@
 Path per token count m (``path(m)``):
 - "kernel": CUDA weights on sm_90a, 1 <= m <= 8 and both shapes supported by the fp8_gemv
   kernel (fp8_gemv.tuning.kernel_supports): the gate_up kernel (SwiGLU fused) writes act, the
-  down kernel writes out (fp8_stream's where fp8_gemv.plan.down_on_stream: fp8_gemv's plan
-  for it takes several waves; its workspace is a per-(thread, stream) buffer like act, whose
-  counters gate_up zeroes on every call). Kernels come from the compile cache and are loaded
-  by prepare();
+  down kernel writes out, each fp8_gemv's or, where fp8_gemv.plan.stream_halves says so,
+  fp8_stream's cluster form (no workspace). Kernels come from the compile cache and are
+  loaded by prepare();
 - "stock": other shapes/token counts on a Hopper GPU: torch's block-scaled _scaled_mm
   (mlpjit.stock), correct but five kernels;
 - "reference": CPU weights or GPUs without block-scaled _scaled_mm: the reference math
@@ -55,7 +54,7 @@ from mlpjit.device import device_sms, kernel_arch
 from mlpjit.errors import CaptureError, MlpjitError
 from mlpjit.jit import capture
 from mlpjit.kernels.blocks import BLOCK
-from mlpjit.kernels.fp8_gemv.params import KERNEL_ARGS, MAX_TOKENS, ZERO_ARG, check_limit
+from mlpjit.kernels.fp8_gemv.params import KERNEL_ARGS, MAX_TOKENS, check_limit
 from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests, token_counts
 from mlpjit.kernels.fp8_gemv.tuning import kernel_supports
 from mlpjit.kernels.hopper import SMS
@@ -71,11 +70,10 @@ __all__ = ["DenseMlp", "MAX_TOKENS", "kernel_requests", "kernel_supported"]
 
 _BF16 = torch.bfloat16  # x's dtype, compared by identity on every call (dtypes are singletons)
 
-# The fp8_gemv parameter list DenseMlp._launch fills with raw pointers, in order; a gate_up
-# that zeroes an fp8_stream down projection's counters takes ZERO_ARG too, and that down
-# its workspace (the fp8_stream kernel's fifth parameter).
+# The fp8_gemv parameter list DenseMlp._launch fills with raw pointers, in order; an
+# fp8_stream kernel takes a workspace pointer too, which its cluster form never reads or
+# writes (trace builds aside, which DenseMlp never asks for): it gets the kernel's output's.
 _KERNEL_PARAMS = [(name, "ptr") for name in KERNEL_ARGS]
-_ZEROING_PARAMS = [*_KERNEL_PARAMS, (ZERO_ARG, "ptr")]
 _STREAM_PARAMS = [*_KERNEL_PARAMS, ("workspace", "ptr")]
 
 
@@ -116,8 +114,6 @@ def kernel_requests(
 # act buffers kept for eager calls (see _ActBuffers), shared by every DenseMlp of a process:
 # (device index, thread, stream, tokens, intermediate) -> bf16 [tokens, intermediate].
 _KEPT_ACT: dict[tuple[int, int, int, int, int], Tensor] = {}
-# ... and fp8_stream workspaces, the same way: (device index, thread, stream, bytes) -> uint8.
-_KEPT_WORKSPACES: dict[tuple[int, int, int, int], Tensor] = {}
 _KEPT_ACT_LOCK = threading.Lock()
 
 
@@ -126,7 +122,6 @@ class _ThreadActs(threading.local):
 
     def __init__(self) -> None:
         self.acts: dict[tuple[int, int], Tensor] = {}
-        self.workspaces: dict[tuple[int, int], Tensor] = {}
 
 
 class _ActBuffers:
@@ -138,10 +133,9 @@ class _ActBuffers:
     gate_up writes act only after its PDL wait, that is after the previous call's down kernel
     (of this layer or any other) has finished reading it. So layers with the same
     intermediate size share one buffer per token count (_KEPT_ACT): a process keeps
-    sum(tokens) x intermediate bf16 per (thread, stream), whatever its layer count (and one
-    fp8_stream workspace per size, ``workspace``). While the
-    stream captures a graph, calls allocate (from the graph's pool): a replay may run on any
-    stream at any time. Buffers are only ever made in prepare, never inside a call:
+    sum(tokens) x intermediate bf16 per (thread, stream), whatever its layer count. While
+    the stream captures a graph, calls allocate (from the graph's pool): a replay may run on
+    any stream at any time. Buffers are only ever made in prepare, never inside a call:
     torch.compile's CUDA-graph warm-up runs calls with its own memory pool active, and a
     buffer kept from there would be a live tensor in that pool.
 
@@ -160,9 +154,8 @@ class _ActBuffers:
         self._capturing = capture.stream_capturing
         self._mine = _ThreadActs()
 
-    def keep(self, counts: Iterable[int], workspaces: Iterable[int] = ()) -> None:
-        """Make the buffers of these token counts for the calling thread and its stream, and
-        workspaces of these sizes in bytes (for fp8_stream down projections)."""
+    def keep(self, counts: Iterable[int]) -> None:
+        """Make the buffers of these token counts for the calling thread and its stream."""
         stream = self._stream_of(self._index)
         if self._capturing(stream):
             return
@@ -175,27 +168,6 @@ class _ActBuffers:
                     _KEPT_ACT[key] = torch.empty(
                         (m, inter), dtype=torch.bfloat16, device=self._device
                     )
-            for nbytes in workspaces:
-                key = (self._index, thread, stream, nbytes)
-                if key not in _KEPT_WORKSPACES:
-                    _KEPT_WORKSPACES[key] = torch.empty(
-                        nbytes, dtype=torch.uint8, device=self._device
-                    )
-
-    def workspace(self, x: Tensor, nbytes: int, stream: int) -> Tensor:
-        """A workspace of ``nbytes`` for a call on raw stream handle ``stream``: the one kept
-        for this thread and stream, or a fresh one (not kept, or the stream is capturing).
-        Uninitialized: the layer's gate_up zeroes the counters its down reads (so sharing
-        one between the layers of a stream is safe, as for act)."""
-        ws = self._mine.workspaces.get((stream, nbytes))
-        if ws is None:
-            ws = _KEPT_WORKSPACES.get((self._index, threading.get_ident(), stream, nbytes))
-            if ws is None:
-                return x.new_empty((nbytes,), dtype=torch.uint8)
-            self._mine.workspaces[(stream, nbytes)] = ws
-        if stream and self._capturing(stream):
-            return x.new_empty((nbytes,), dtype=torch.uint8)
-        return ws
 
     def get(self, x: Tensor, m: int, stream: int) -> Tensor:
         """The kept buffer for m tokens on raw stream handle ``stream`` (the caller's current
@@ -275,16 +247,16 @@ def _token_counts(tokens: Iterable[int]) -> list[int]:
 # ---- kernels: compiled through the cache, loaded and checked ---------------------------------
 
 
-# A token count's kernels: the pair, and for an fp8_stream down projection its workspace's
-# (bytes, offset of the counters gate_up zeroes), else None.
-_Loaded = tuple["KernelPair", "tuple[int, int] | None"]
+# A token count's kernels: the pair, and which of (gate_up, down) are fp8_stream's (they take
+# a fifth pointer), None where neither is.
+_Loaded = tuple["KernelPair", "tuple[bool, bool] | None"]
 
 
 def _load_pairs(
     requests: list[KernelRequest], device: torch.device
 ) -> Iterator[tuple[int, _Loaded]]:
-    """(m, the gate_up and down kernels of m tokens as a KernelPair, and the down's
-    workspace if any) for each token count of a layer's ``requests``, as soon as both of its
+    """(m, the gate_up and down kernels of m tokens as a KernelPair, and which are
+    fp8_stream's) for each token count of a layer's ``requests``, as soon as both of its
     kernels are loaded and checked (through the process-wide memo; compiled on a cache
     miss)."""
     from mlpjit.jit import launcher, loaded
@@ -294,35 +266,29 @@ def _load_pairs(
         m = request.params["tokens"]
         ready[(m, request.params["swiglu"])] = (request, kernel)
         if (m, True) in ready and (m, False) in ready:
-            (_, gate_up), (down_request, down) = ready[(m, True)], ready[(m, False)]
-            workspace = _check_pair(gate_up, down, down_request)
-            yield m, (launcher.kernel_pair(gate_up, down), workspace)
+            streamed = tuple(_check_kernel(*ready[(m, half)]) for half in (True, False))
+            yield m, (launcher.kernel_pair(ready[(m, True)][1], ready[(m, False)][1]),
+                      streamed if any(streamed) else None)  # fmt: skip
 
 
-def _check_pair(
-    gate_up: LoadedKernel, down: LoadedKernel, down_request: KernelRequest
-) -> tuple[int, int] | None:
-    """The down kernel's workspace (bytes, counters offset), None without one, if both
-    kernels take the raw pointers DenseMlp._launch passes, in that order, without per-call
-    checks: fp8_gemv's (out, x, w, w_scale) for both, or a zeroing gate_up (+ zero) and an
-    fp8_stream down (+ workspace); MlpjitError otherwise."""
-    streamed = down_request.kernel == "fp8_stream"
-    expected = ((gate_up, _ZEROING_PARAMS), (down, _STREAM_PARAMS)) if streamed else (
-        (gate_up, _KERNEL_PARAMS), (down, _KERNEL_PARAMS)
-    )
-    for kernel, params in expected:
-        if [(p.name, p.kind) for p in kernel.params] != params:
-            raise MlpjitError(
-                f"kernel {kernel.symbol} ({kernel.key[:12]}) takes "
-                f"{[(p.name, p.kind) for p in kernel.params]}, expected {params}"
-            )
-    if not streamed:
-        return None
-    from mlpjit.kernels.fp8_stream.params import counters_span
-
-    p = down_request.params
-    offset, nbytes = counters_span(p["rows"], p["k"], p.get("sms", SMS))
-    return offset + nbytes, offset
+def _check_kernel(request: KernelRequest, kernel: LoadedKernel) -> bool:
+    """Whether the kernel is fp8_stream's, if it takes the raw pointers DenseMlp._launch
+    passes, in that order, without per-call checks: fp8_gemv's (out, x, w, w_scale), or
+    fp8_stream's cluster form (those + a workspace it never touches); MlpjitError
+    otherwise."""
+    streamed = request.kernel == "fp8_stream"
+    params = [(p.name, p.kind) for p in kernel.params]
+    expected = _STREAM_PARAMS if streamed else _KERNEL_PARAMS
+    if params != expected:
+        raise MlpjitError(
+            f"kernel {kernel.symbol} ({kernel.key[:12]}) takes {params}, expected {expected}"
+        )
+    if streamed and (not request.params.get("cluster") or request.params.get("trace")):
+        raise MlpjitError(
+            f"kernel {kernel.symbol} ({kernel.key[:12]}) is fp8_stream's grid-wide form or a "
+            "trace build, which read a workspace; DenseMlp runs its cluster form only"
+        )
+    return streamed
 
 
 # ---- the layer ------------------------------------------------------------------------------
@@ -389,9 +355,9 @@ class DenseMlp:
         # tensors both say -1, so off CUDA the device itself is compared as well).
         self._index = w13.get_device()
         self._kernels: dict[int, KernelPair] = {}
-        # Token counts whose down projection is fp8_stream's: m -> its workspace's (bytes,
-        # counters offset); empty for most shapes (fp8_gemv's down needs none).
-        self._workspaces: dict[int, tuple[int, int]] = {}
+        # Token counts with an fp8_stream kernel: m -> whether (gate_up, down) are (each
+        # takes a fifth pointer); empty where fp8_gemv runs both halves.
+        self._streamed: dict[int, tuple[bool, bool]] = {}
         self._act_buffers: _ActBuffers | None = None  # made with the first kernels loaded
         # Programmatic dependent launch: None = as compiled (on), False = off (benchmarks).
         self.pdl: bool | None = None
@@ -531,8 +497,7 @@ class DenseMlp:
             self._fallback.prepare()  # the stock path's scale operands, before capture
         self._load(counts)
         if counts:
-            workspaces = {self._workspaces[m][0] for m in counts if m in self._workspaces}
-            self._act_buffers.keep(counts, workspaces)
+            self._act_buffers.keep(counts)
 
     def _load(self, counts: list[int]) -> None:
         """Compile (through the cache) and load the kernels of these kernel-path counts.
@@ -585,9 +550,9 @@ class DenseMlp:
             self._mark_loaded(m, found)
 
     def _mark_loaded(self, m: int, found: _Loaded) -> None:
-        pair, workspace = found
-        if workspace is not None:
-            self._workspaces[m] = workspace  # before the pair: a call finds both or neither
+        pair, streamed = found
+        if streamed is not None:
+            self._streamed[m] = streamed  # before the pair: a call finds both or neither
         self._kernels[m] = pair
 
     def _capturing(self) -> bool:
@@ -666,9 +631,7 @@ class DenseMlp:
 
     def forward_into(self, x: Tensor, act: Tensor, out: Tensor) -> Tensor:
         """Like ``__call__`` but writes act [m, inter] and out [m, hidden] into the caller's
-        buffers; returns out. Nothing is allocated on the kernel path, except an fp8_stream
-        down projection's workspace on a thread or stream prepare() did not run on (and
-        during graph capture), as for act in ``__call__``."""
+        buffers; returns out. Nothing is allocated on the kernel path."""
         m = self._check_x(x)
         self._check_buffer(act, "act", m, self.intermediate)
         self._check_buffer(out, "out", m, self.hidden)
@@ -686,8 +649,8 @@ class DenseMlp:
         (their addresses are read here: see the properties)."""
         act_ptr = act.data_ptr()
         w13, w13_scale, w2, w2_scale = self._weight_ptrs
-        workspace = self._workspaces.get(m) if self._workspaces else None
-        if workspace is None:
+        streamed = self._streamed.get(m) if self._streamed else None
+        if streamed is None:
             pair.launch_joined(
                 (act_ptr, x.data_ptr(), w13(), w13_scale(), out.data_ptr(), act_ptr, w2(),
                  w2_scale()),
@@ -695,14 +658,11 @@ class DenseMlp:
                 stream,
             )  # fmt: skip
             return
-        nbytes, counters = workspace
-        ws = self._act_buffers.workspace(x, nbytes, stream).data_ptr()
-        pair.launch_joined(
-            (act_ptr, x.data_ptr(), w13(), w13_scale(), ws + counters, out.data_ptr(), act_ptr,
-             w2(), w2_scale(), ws),
-            self.pdl,
-            stream,
-        )  # fmt: skip
+        # fp8_stream's fifth pointer (a workspace its cluster form never touches): the output's.
+        out_ptr = out.data_ptr()
+        gate_up = (act_ptr, x.data_ptr(), w13(), w13_scale()) + ((act_ptr,) if streamed[0] else ())
+        down = (out_ptr, act_ptr, w2(), w2_scale()) + ((out_ptr,) if streamed[1] else ())
+        pair.launch_joined(gate_up + down, self.pdl, stream)
 
     def _call_without_kernels(
         self, x: Tensor, m: int, act: Tensor | None, out: Tensor | None

@@ -295,14 +295,17 @@ class _FakeKernel:
     symbol = "fake_fp8_gemv"
     key = "f" * 64
 
-    def __init__(self, request_params: dict, log: list) -> None:
+    def __init__(self, request_params: dict, log: list, kernel: str = "fp8_gemv") -> None:
         self.request = request_params
         self.log = log
+        if kernel == "fp8_stream":  # its fifth pointer: a workspace (never touched here)
+            self.params = (*_FakeKernel.params, KernelParam("workspace", "ptr"))
+            self.symbol = "fake_fp8_stream"
 
     def launch_unchecked(self, slots, pdl=None, stream=None) -> None:
         p = self.request
         rows, k, m = p["rows"], p["k"], p["tokens"]
-        out_ptr, x_ptr, w_ptr, ws_ptr = slots
+        out_ptr, x_ptr, w_ptr, ws_ptr = slots[:4]
         self.log.append((m, p["swiglu"], tuple(slots)))
         out = _tensor_at(out_ptr, (m, rows // 2 if p["swiglu"] else rows), torch.bfloat16)
         x = _tensor_at(x_ptr, (m, k), torch.bfloat16)
@@ -360,7 +363,9 @@ def fake_kernel_path(monkeypatch, kernel_weights):
     log: list = []
     fake = _FakeManager()
     monkeypatch.setattr(manager, "default_manager", lambda: fake)
-    monkeypatch.setattr(launcher, "load_kernel", lambda e, d: _FakeKernel(dict(e.params), log))
+    monkeypatch.setattr(
+        launcher, "load_kernel", lambda e, d: _FakeKernel(dict(e.params), log, e.kernel)
+    )
     monkeypatch.setattr(launcher, "kernel_pair", _FakePair)
     # CPU stand-ins for torch's current stream handle and the driver's capture query.
     # "asked": the handles the capture query was asked about, in order.
@@ -574,6 +579,62 @@ def test_kernel_path_refuses_a_kernel_with_another_signature(fake_kernel_path, m
     with pytest.raises(MlpjitError, match=r"fake_fp8_gemv .* expected"):
         mlp.prepare([1])
     assert mlp.path(1) == "kernel" and "prepared=[]" in repr(mlp)
+
+
+@pytest.fixture()
+def streamed_halves(monkeypatch):
+    """The layer planner sends gate_up and down to fp8_stream at 3 tokens, the down alone
+    at 2, neither elsewhere (the fake kernel path's small shape streams nothing)."""
+    from mlpjit.kernels.fp8_gemv import plan as fp8_plan
+
+    def halves(hidden, inter, tokens, sms=132):
+        return {3: (True, True), 2: (False, True)}.get(tokens, (False, False))
+
+    fp8_plan._shard_requests.cache_clear()
+    monkeypatch.setattr(fp8_plan, "stream_halves", halves)
+    yield
+    fp8_plan._shard_requests.cache_clear()
+
+
+def test_streamed_halves_take_their_output_as_the_workspace_pointer(
+    fake_kernel_path, kernel_weights, streamed_halves
+) -> None:
+    """fp8_stream's cluster form never touches its workspace: DenseMlp passes each streamed
+    kernel its own output's address there, and allocates nothing for it."""
+    mlp, fake, log = fake_kernel_path
+    mlp.prepare([1, 2, 3])
+    kinds = {(r.params["tokens"], r.params["swiglu"]): r.kernel for r in fake.warmed[0]}
+    assert kinds == {
+        (1, True): "fp8_gemv", (1, False): "fp8_gemv", (2, True): "fp8_gemv",
+        (2, False): "fp8_stream", (3, True): "fp8_stream", (3, False): "fp8_stream",
+    }  # fmt: skip
+    assert all(r.params["cluster"] >= 1 for r in fake.warmed[0] if r.kernel == "fp8_stream")
+    for m, lengths in ((3, (5, 5)), (2, (4, 5)), (1, (4, 4))):
+        log.clear()
+        x = _x(m)
+        act = torch.empty(m, KERNEL_INTER, dtype=torch.bfloat16)
+        out = mlp.forward_into(x, act, torch.empty(m, HIDDEN, dtype=torch.bfloat16))
+        (_, _, gate_up), (_, _, down) = log
+        assert (len(gate_up), len(down)) == lengths
+        assert gate_up[0] == act.data_ptr() and gate_up[4:] in ((), (act.data_ptr(),))
+        assert down[:2] == (out.data_ptr(), act.data_ptr()) and down[4:] in ((), (out.data_ptr(),))
+        want = ref.dense_mlp_reference(x, limit=2.0, ue8m0=True, **kernel_weights)
+        assert torch.equal(out, want) and torch.equal(mlp(x), want)
+
+
+def test_kernel_path_refuses_an_fp8_stream_kernel_that_reads_a_workspace(
+    fake_kernel_path, streamed_halves, monkeypatch
+) -> None:
+    """Only the cluster form may get a pointer it never uses: the grid-wide form (or a
+    trace build) reads and writes its workspace."""
+    from mlpjit.kernels.fp8_stream import plan as stream_plan
+
+    monkeypatch.setattr(stream_plan, "choose_cluster", lambda rows, k, sms=132: 0)
+    mlp, _fake, _log = fake_kernel_path
+    with pytest.raises(MlpjitError, match="grid-wide form or a trace build"):
+        mlp.prepare([2])
+    assert "prepared=[]" in repr(mlp)
+    mlp.prepare([1])  # fp8_gemv's pair: fine
 
 
 def test_kernel_path_prepares_lazily_and_refuses_during_capture(

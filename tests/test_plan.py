@@ -153,7 +153,6 @@ def test_gemv_request_params() -> None:
         "splits",
         "send_x",
         "sms",
-        "zero_bytes",
     }
 
 
@@ -656,9 +655,7 @@ def _reference_spread_ranked(rows: int, k: int, tokens: int, sms: int) -> list[t
                             )
                             persistent = gemv_params.is_persistent(rows, tiles, splits, ctas)
                             waves = -(-ctas // slots)
-                            if (persistent and tiles > 1) or (
-                                not persistent and waves > max_waves
-                            ):
+                            if (persistent and tiles > 1) or (not persistent and waves > max_waves):
                                 continue
                             cap = min(fit, tuning.HEURISTIC_MAX_IN_REGS)
                             for in_regs in (*range(cap, -1, -1), *range(cap + 1, fit + 1)):
@@ -673,8 +670,12 @@ def _reference_spread_ranked(rows: int, k: int, tokens: int, sms: int) -> list[t
                                     and needs <= regs
                                     and smem <= hopper.smem_budget(cps)
                                 ):
-                                    quant = tuning.X_COST * tokens * kc * 2 * max(
-                                        1.0, tuning.QUANT_WARPS / warps
+                                    quant = (
+                                        tuning.X_COST
+                                        * tokens
+                                        * kc
+                                        * 2
+                                        * max(1.0, tuning.QUANT_WARPS / warps)
                                     )
                                     split = (
                                         tuning.SPLIT_COST + tuning.SPLIT_STEP * (splits - 2)
@@ -774,81 +775,92 @@ def test_spread_search_equals_the_straightforward_search(rows, k, sms) -> None:
         ), tokens
 
 
-# ---- fp8_stream down projections ----------------------------------------------------------
+# ---- the halves on fp8_stream's cluster form -----------------------------------------------
 
 
-def test_down_projections_take_fp8_stream_where_fp8_gemv_needs_several_waves() -> None:
+def _halves_code(hidden: int, inter: int) -> str:
+    """stream_halves at 1-8 tokens: '-' fp8_gemv, 'g' / 'd' that half on fp8_stream."""
+    codes = []
+    for m in range(1, 9):
+        gate_up, down = fp8_plan.stream_halves(hidden, inter, m)
+        codes.append(("g" if gate_up else "-") + ("d" if down else "-"))
+    return " ".join(codes)
+
+
+def test_stream_halves_pins_the_shards_that_stream() -> None:
     from mlpjit.testing.layers import DENSE_SHAPES, GRID_SHAPES
 
-    taken = {
-        name
-        for name, (hidden, inter) in {**DENSE_SHAPES, **GRID_SHAPES}.items()
-        if any(fp8_plan.down_on_stream(hidden, inter, m) for m in range(1, 9))
-    }
+    shapes = {**DENSE_SHAPES, **GRID_SHAPES}
+    both = " ".join(["gd"] * 8)
+    down = " ".join(["-d"] * 8)
+    taken = {name: _halves_code(*shape) for name, shape in shapes.items()}
+    taken = {name: code for name, code in taken.items() if code != " ".join(["--"] * 8)}
     assert taken == {
-        "qwen3-8b-tp1", "qwen3-14b-tp1", "qwen3-14b-tp2",
-        "h6144-i4864", "h7168-i4864", "h8192-i4864",
+        **{name: down for name in ("qwen3-8b-tp1", "qwen3-14b-tp1", "qwen3-14b-tp2",
+                                   "h6144-i4864", "h7168-i4864", "h8192-i4864")},
+        **{name: both for name in (
+            "glm5-shared-tp2", "glm5-shared-tp1", "deepseek-v3-shared-tp2", "qwen3-8b-tp8",
+            "qwen3-8b-tp4", "qwen3-14b-tp4", "h2048-i2816", "h2048-i4864", "h3072-i1920",
+            "h3072-i2816", "h3072-i4864", "h4096-i1920", "h4096-i2816", "h4096-i4864",
+            "h6144-i1920", "h6144-i2816", "h7168-i1920", "h7168-i2816", "h8192-i1920",
+            "h8192-i2816")},
     }  # fmt: skip
+    # the benchmark's shapes keep fp8_gemv: their measured (table) picks beat the stream
+    for name in ("glm5-tp8", "glm4.5-tp8", "deepseek-v3-tp8", "qwen3-32b-tp8", "glm5-tp4",
+                 "glm5-tp1", "deepseek-v3-shared-tp8", "deepseek-v3-shared-tp1"):  # fmt: skip
+        assert name not in taken
+
+
+def test_stream_halves_follow_size_evenness_waves_and_the_table() -> None:
     from mlpjit.kernels.fp8_stream import plan as stream_plan
 
-    for name in taken:
-        hidden, inter = {**DENSE_SHAPES, **GRID_SHAPES}[name]
-        assert fp8_plan.down_on_stream(hidden, inter, 1)
-        for m in range(1, 9):
-            several = tuning.planned_waves(hidden, inter, m, False) > 1
-            fits = stream_plan.fits(hidden, inter, m)
-            assert fp8_plan.down_on_stream(hidden, inter, m) == (several and fits)
+    # several waves of fp8_gemv CTAs for the down projection: it streams, gate_up does not
+    assert tuning.planned_waves(6144, 4864, 1, False) > 1
+    assert fp8_plan.stream_halves(6144, 4864, 1) == (False, True)
+    # 12-70 MiB with tiles that deal evenly: both; 1152-wide shards (144 gate_up tiles) do not
+    assert fp8_plan.stream_halves(3072, 2816, 4) == (True, True)
+    assert stream_plan.imbalance(2 * 2816, 3072) <= fp8_plan.STREAM_MAX_IMBALANCE
+    assert stream_plan.imbalance(2 * 1152, 4096) > fp8_plan.STREAM_MAX_IMBALANCE
+    assert fp8_plan.stream_halves(4096, 1152, 4) == (False, False)
+    # size bounds: h2048 x 1920 is 11.8 MB; Qwen3-8B TP 2 (75.5 MB) past STREAM_MAX_BYTES
+    assert fp8_plan.STREAM_MIN_BYTES > 3 * 2048 * 1920
+    assert fp8_plan.stream_halves(2048, 1920, 1) == (False, False)
+    assert fp8_plan.STREAM_MAX_BYTES < 3 * 4096 * 6144
+    assert fp8_plan.stream_halves(4096, 6144, 1) == (False, False)
+    # a measured table pick for either half keeps fp8_gemv (Qwen3-32B TP 8: 49 MB)
+    assert tuning.tuned(6400, 5120, 1, True) is not None
+    assert fp8_plan.stream_halves(5120, 3200, 1) == (False, False)
+    # other GPUs have no table: the rule alone
+    assert fp8_plan.stream_halves(5120, 3200, 1, sms=114)[1] in (True, False)
     # x of 8 tokens at k 17408 leaves no room for stages of two blocks per warp: one block
     stream = stream_plan.stream_params(5120, 17408, 8, swiglu=False, limit=None, ue8m0=True)
     assert stream.blocks_per_warp == 1 and stream.stages >= stream_plan.MIN_STAGES
-    assert fp8_plan.down_on_stream(5120, 17408, 8)
+    assert stream.cluster == stream_plan.choose_cluster(5120, 17408) >= 1
+    assert fp8_plan.stream_halves(5120, 17408, 8) == (False, True)
     at_7 = stream_plan.stream_params(5120, 17408, 7, swiglu=False, limit=None, ue8m0=True)
     assert at_7.blocks_per_warp == stream_plan.DEFAULT_BLOCKS_PER_WARP
     # ... and nothing fits at a k whose x alone fills shared memory
     assert not stream_plan.fits(5120, 65536, 8)
     with pytest.raises(ValueError, match="cannot hold x"):
         stream_plan.stream_params(5120, 65536, 8, swiglu=False, limit=None, ue8m0=True)
-    # one wave (a persistent grid) keeps fp8_gemv, whatever the size or the K
+    # one wave (a persistent grid) keeps fp8_gemv's down, whatever the size or the K
     assert tuning.planned_waves(5120, 6400, 8, False) == 1
-    assert not fp8_plan.down_on_stream(5120, 6400, 8)  # Qwen3-32B TP 4, 33 MB
+    assert fp8_plan.stream_halves(5120, 6400, 8)[1] is (3 * 5120 * 6400 <= (70 << 20))
 
 
-def test_streamed_down_requests_pair_with_a_zeroing_gate_up() -> None:
-    from mlpjit.kernels.fp8_stream.params import StreamParams, counters_span
+def test_streamed_halves_request_the_cluster_form() -> None:
+    from mlpjit.kernels.fp8_stream.params import StreamParams
 
-    requests = fp8_plan.dense_mlp_requests(6144, 4864, 1, [1, 8], ARCH)
-    assert [(r.kernel, r.params["tokens"]) for r in requests] == [
-        ("fp8_gemv", 1), ("fp8_stream", 1), ("fp8_gemv", 8), ("fp8_stream", 8),
+    requests = fp8_plan.dense_mlp_requests(3072, 2816, 1, [1, 8], ARCH)
+    assert [(r.kernel, r.params["tokens"], r.params["swiglu"]) for r in requests] == [
+        ("fp8_stream", 1, True), ("fp8_stream", 1, False),
+        ("fp8_stream", 8, True), ("fp8_stream", 8, False),
     ]  # fmt: skip
-    offset, nbytes = counters_span(6144, 4864)
-    assert nbytes == 6144 // 16 * 4 and offset % 16 == 0
-    for gate_up, down in zip(requests[::2], requests[1::2], strict=True):
-        assert gate_up.params["zero_bytes"] == nbytes and gate_up.params["swiglu"]
-        stream = StreamParams(**down.params)
-        assert (stream.rows, stream.k, stream.swiglu) == (6144, 4864, False)
-        assert offset + nbytes >= stream.workspace_bytes  # the counters end the workspace
-    # every other layer: plain fp8_gemv kernels, no zeroing
+    for r in requests:
+        stream = StreamParams(**r.params)
+        assert stream.cluster >= 1 and not stream.trace  # no workspace read or written
+    down_only = fp8_plan.dense_mlp_requests(6144, 4864, 1, [1, 8], ARCH)
+    assert [r.kernel for r in down_only] == ["fp8_gemv", "fp8_stream"] * 2
+    # every other layer: fp8_gemv kernels
     for r in fp8_plan.dense_mlp_requests(6144, 1536, 1, range(1, 9), ARCH):
-        assert r.kernel == "fp8_gemv" and "zero_bytes" not in r.params
-
-
-@pytest.mark.parametrize(
-    "zero_bytes,match",
-    [(8, "multiple of 16"), (-16, "zero_bytes"), (1 << 30, "zero_bytes"), (True, "zero_bytes")],
-)
-def test_zero_bytes_checked(zero_bytes, match) -> None:
-    from mlpjit.kernels.fp8_gemv.params import GemvConfig, GemvParams
-
-    with pytest.raises(ValueError, match=match):
-        GemvParams.of(3072, 6144, 1, GemvConfig(1, 3, 2), swiglu=True, limit=None,
-                      ue8m0=True, zero_bytes=zero_bytes)  # fmt: skip
-
-
-def test_zeroing_kernel_takes_a_fifth_pointer() -> None:
-    from mlpjit.kernels.fp8_gemv.params import KERNEL_ARGS, ZERO_ARG, GemvConfig, GemvParams
-
-    base = dict(swiglu=True, limit=None, ue8m0=True)
-    plain = GemvParams.of(3072, 6144, 1, GemvConfig(1, 3, 2), **base)
-    zeroing = GemvParams.of(3072, 6144, 1, GemvConfig(1, 3, 2), **base, zero_bytes=1536)
-    assert plain.kernel_args == KERNEL_ARGS
-    assert zeroing.kernel_args == (*KERNEL_ARGS, ZERO_ARG)
+        assert r.kernel == "fp8_gemv"

@@ -76,9 +76,12 @@ FAMILY_SHAPES = {
     "qwen3-32b-tp8": (5120, 3200),
 }
 SHAPES.update(FAMILY_SHAPES)
-# A shard whose down projection runs on fp8_stream (fp8_gemv's plan for it takes 3 waves:
-# fp8_gemv.plan.down_on_stream); qwen3-8b-tp1 and qwen3-14b-tp1/tp2 above are others.
-STREAM_SHAPES = {"h6144-i4864": (6144, 4864)}
+# Shards on fp8_stream's cluster form (fp8_gemv.plan.stream_halves): h6144-i4864's down
+# projection alone (fp8_gemv's plan for it takes 3 waves; qwen3-8b-tp1 and qwen3-14b-tp1/tp2
+# above are others), h3072-i2816 both halves (352 gate_up tiles of 24 blocks, 192 down tiles
+# of 22; qwen3-8b-tp4/tp8 and qwen3-14b-tp4 above are others). (gate_up, down) streamed:
+STREAM_SHAPES = {"h6144-i4864": (6144, 4864), "h3072-i2816": (3072, 2816)}
+STREAMED = {"h6144-i4864": (False, True), "h3072-i2816": (True, True)}
 SHAPES.update(STREAM_SHAPES)
 # A shard the kernels decline at every token count (k 196608 would take more than 8 waves of
 # CTAs): it runs the stock path (test_fallback_shape_the_kernels_decline).
@@ -104,7 +107,8 @@ CASES += [
 ]
 
 CASES += [
-    ("h6144-i4864", m, u, lim)
+    (shape, m, u, lim)
+    for shape in STREAM_SHAPES
     for m, u, lim in ((1, True, None), (3, True, LIMIT), (8, True, None), (1, False, LIMIT),
                       (8, False, None), (5, False, None))
 ]  # fmt: skip
@@ -124,7 +128,8 @@ def kernel_requests(arch: str = "sm_90a") -> list:
     # K-split repeat and graph tests: their shapes, ue8m0, no clamp, tokens 1..8
     for shape in (GRAPH_SHAPE, *SPLIT_SHAPES):
         wanted.setdefault((*SHAPES[shape], True, None), set()).update(TOKENS)
-    wanted.setdefault((*SHAPES["h6144-i4864"], True, None), set()).update(STREAM_TOKENS)
+    for shape in STREAM_SHAPES:
+        wanted.setdefault((*SHAPES[shape], True, None), set()).update(STREAM_TOKENS)
     requests = []
     for (hidden, inter, ue8m0, limit), tokens in wanted.items():
         requests += layer_requests(hidden, inter, sorted(tokens), arch, limit=limit, ue8m0=ue8m0)
@@ -490,44 +495,36 @@ def assert_chain_replays_like_eager(layers: list[DenseMlp], tokens: int, seed: i
     assert not torch.equal(static_out, eager)
 
 
-def _fill_kept_workspaces(value: int) -> int:
-    """Fill every workspace DenseMlp keeps with ``value`` (bytes); how many there are."""
-    for ws in dense_mlp._KEPT_WORKSPACES.values():
-        ws.fill_(value)
-    return len(dense_mlp._KEPT_WORKSPACES)
-
-
-def test_streamed_down_with_garbage_workspaces_repeats_bit_for_bit_on_two_streams() -> None:
-    """An fp8_stream down projection's workspace is never reset by the host: the layer's
-    gate_up zeroes its counters on every call. Kept workspaces filled with 0xFF bytes first
-    (and the side streams' fresh, uninitialized ones) still give the reference's result,
-    the same bits on every call, also on two streams at once."""
-    shape = "h6144-i4864"
+@pytest.mark.parametrize("shape", list(STREAM_SHAPES))
+def test_streamed_layers_repeat_bit_for_bit_on_two_streams(shape: str) -> None:
+    """fp8_stream's cluster form has no workspace: its split tiles meet in the cluster's
+    shared memory, so the layer gives the reference's result and the same bits on every
+    call, also on two streams at once, with nothing kept or reset between calls."""
     hidden, inter = SHAPES[shape]
     mlp = DenseMlp(**layer(shape), ue8m0=True)
     mlp.prepare(STREAM_TOKENS)
-    assert sorted(mlp._workspaces) == list(STREAM_TOKENS), "the down is not fp8_stream's"
+    assert mlp._streamed == {m: STREAMED[shape] for m in STREAM_TOKENS}
     want_act, want_out = reference_for(shape, True, None)
     for m in STREAM_TOKENS:
-        assert _fill_kept_workspaces(0xFF) >= 1
         x = _inputs[shape][:m]
         first = mlp(x)
         torch.cuda.synchronize()
         err = rel_l2(first, want_out[:m])
         assert torch.isfinite(first).all() and err < TOL, f"m={m}: rel L2 {err:.2e}"
         assert_repeats_on_two_streams(mlp, [x, make_x(m, hidden, seed=650 + m)], first, 10)
-        print(f"[stream-down] {shape} m={m} out_rel_l2={err:.2e}")
+        print(f"[stream] {shape} m={m} {STREAMED[shape]} out_rel_l2={err:.2e}")
 
 
+@pytest.mark.parametrize("shape", list(STREAM_SHAPES))
 @pytest.mark.parametrize("tokens", STREAM_TOKENS)
-def test_graph_of_streamed_down_layers_replays_like_eager(tokens: int) -> None:
-    """Captured layers with an fp8_stream down (their workspaces fresh from the graph's
-    pool, uninitialized) replay like eager calls, with nothing reset between replays."""
-    hidden, inter = SHAPES["h6144-i4864"]
+def test_graph_of_streamed_layers_replays_like_eager(shape: str, tokens: int) -> None:
+    """Captured layers with fp8_stream kernels replay like eager calls, with nothing reset
+    between replays."""
+    hidden, inter = SHAPES[shape]
     layers = [DenseMlp(**make_layer(hidden, inter, seed=900 + i), ue8m0=True) for i in range(2)]
     for mlp in layers:
         mlp.prepare([tokens])
-    assert tokens in layers[0]._workspaces
+    assert layers[0]._streamed[tokens] == STREAMED[shape]
     assert_chain_replays_like_eager(layers, tokens, seed=950)
 
 

@@ -36,10 +36,11 @@ from cutlass import Float32, Int32, Int64
 
 from mlpjit.kernels import ptx
 from mlpjit.kernels.cubin import compile_to_cubin
-from mlpjit.kernels.fp8_gemv.params import GROUP, STEP, GemvParams, split_slots
+from mlpjit.kernels.fp8_gemv.params import GROUP, KERNEL_ARGS, STEP, GemvParams, split_slots
 from mlpjit.kernels.numerics import quantize16, swiglu
 
 __all__ = ["Fp8Gemv", "compile_cubin"]
+
 
 class Fp8Gemv:
     """One specialization of the kernel: every shape and tuning fact is a Python constant,
@@ -69,21 +70,6 @@ class Fp8Gemv:
     ):
         self.kernel(m_out, m_x, m_w, m_ws).launch(stream=stream, **self.launch_options())
 
-    @cute.jit
-    def call_zeroing(
-        self,
-        m_out: cute.Tensor,
-        m_x: cute.Tensor,
-        m_w: cute.Tensor,
-        m_ws: cute.Tensor,
-        m_zero: cute.Tensor,
-        stream: Any,
-    ):
-        """``__call__`` of a kernel that also zeroes zero_bytes at m_zero (params.zero_bytes)."""
-        self.kernel_zeroing(m_out, m_x, m_w, m_ws, m_zero).launch(
-            stream=stream, **self.launch_options()
-        )
-
     def launch_options(self) -> dict:
         """The launch's grid, block, shared memory, PDL, launch bound and cluster."""
         options = dict(
@@ -104,38 +90,11 @@ class Fp8Gemv:
 
     @cute.kernel
     def kernel(self, m_out: cute.Tensor, m_x: cute.Tensor, m_w: cute.Tensor, m_ws: cute.Tensor):
-        self.body(m_out, m_x, m_w, m_ws, None)
-
-    @cute.kernel
-    def kernel_zeroing(
-        self,
-        m_out: cute.Tensor,
-        m_x: cute.Tensor,
-        m_w: cute.Tensor,
-        m_ws: cute.Tensor,
-        m_zero: cute.Tensor,
-    ):
-        self.body(m_out, m_x, m_w, m_ws, m_zero)
+        self.body(m_out, m_x, m_w, m_ws)
 
     @cute.jit
-    def zero_next(self, m_zero: cute.Tensor):
-        """CTA 0 zeroes zero_bytes at m_zero for the next kernel (after this one's PDL wait,
-        so whatever ran before is done with them; the next kernel reads them after its own
-        wait, when this grid's stores are visible)."""
-        if ptx.fresh_ctaid_x() == 0:
-            g_zero = Int64(m_zero.iterator.toint())
-            tid = ptx.fresh_tid_x()
-            zero = Float32(0.0)
-            for p in cutlass.range_constexpr(-(-self.zero_bytes // (self.threads * 16))):
-                offset = (p * self.threads + tid) * 16
-                if offset < self.zero_bytes:
-                    ptx.st_global_v4_f32(g_zero + Int64(offset), zero, zero, zero, zero)
-
-    @cute.jit
-    def body(
-        self, m_out: cute.Tensor, m_x: cute.Tensor, m_w: cute.Tensor, m_ws: cute.Tensor, m_zero
-    ):
-        """The kernel (m_zero: None, or the bytes to zero for the next kernel)."""
+    def body(self, m_out: cute.Tensor, m_x: cute.Tensor, m_w: cute.Tensor, m_ws: cute.Tensor):
+        """The kernel."""
         T = self.tokens
         K = self.k
         CG = self.cta_groups
@@ -226,8 +185,6 @@ class Fp8Gemv:
         cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(not self.early_launch):
             cute.arch.griddepcontrol_launch_dependents()
-        if cutlass.const_expr(m_zero is not None):
-            self.zero_next(m_zero)
 
         if cutlass.const_expr(self.cluster > 1):
             self.quantize_across_cluster(g_x, s_act, s_xsc, s_bar, warp, lane)
@@ -764,7 +721,7 @@ def compile_cubin(params: GemvParams, arch: str):
     """Compile one specialization for ``arch`` (e.g. "sm_90a") on any machine, GPU or not.
 
     Returns a KernelBinary: cubin bytes, kernel symbol, grid/block/dynamic smem, PDL on, and
-    the pointer parameters (out, x, w, w_scale, and zero where params.zero_bytes) in order.
+    the pointer parameters (out, x, w, w_scale) in order.
     """
     from mlpjit.jit.binary import KernelBinary, KernelParam
 
@@ -781,12 +738,7 @@ def compile_cubin(params: GemvParams, arch: str):
         assumed_align=16,
     )
     stream = cute.runtime.make_fake_stream()
-    if params.zero_bytes:
-        m_zero = fake(cutlass.Uint8, (params.zero_bytes,), stride_order=(0,), assumed_align=16)
-        program = gemv.call_zeroing
-        cubin, symbol = compile_to_cubin(program, m_out, m_x, m_w, m_ws, m_zero, stream, arch=arch)
-    else:
-        cubin, symbol = compile_to_cubin(gemv, m_out, m_x, m_w, m_ws, stream, arch=arch)
+    cubin, symbol = compile_to_cubin(gemv, m_out, m_x, m_w, m_ws, stream, arch=arch)
     return KernelBinary(
         cubin=cubin,
         symbol=symbol,
@@ -794,7 +746,7 @@ def compile_cubin(params: GemvParams, arch: str):
         block=gemv.block,
         smem_bytes=gemv.smem_bytes,
         pdl=True,
-        params=tuple(KernelParam(name, "ptr") for name in params.kernel_args),
+        params=tuple(KernelParam(name, "ptr") for name in KERNEL_ARGS),
         cluster=(gemv.cluster_ctas, 1, 1),
     )
 

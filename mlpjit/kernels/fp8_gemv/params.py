@@ -21,7 +21,6 @@ __all__ = [
     "CLUSTER_SIZES",
     "GROUP",
     "KERNEL_ARGS",
-    "MAX_ZERO_BYTES",
     "MAX_HIDDEN",
     "MAX_INTERMEDIATE",
     "MAX_K",
@@ -38,7 +37,6 @@ __all__ = [
     "STEPS",
     "GemvConfig",
     "GemvParams",
-    "ZERO_ARG",
     "check_limit",
     "cta_threads",
     "grid_ctas",
@@ -83,13 +81,8 @@ CLUSTER_SIZES = (1, 2, 4, 8)
 # spilled, at 168 (384 threads per SM) no GLM-5 config did (ptxas 13.0); at exactly 128
 # (512 threads, e.g. k 8192 with 3 register steps) it spilled 16-48 B.
 PERSISTENT_MIN_REGS = 136
-# The kernel's parameters, in order (all device pointers): output, input, weight, scales;
-# with zero_bytes > 0 also ZERO_ARG, the bytes it zeroes (kernel_args).
+# The kernel's parameters, in order (all device pointers): output, input, weight, scales.
 KERNEL_ARGS = ("out", "x", "w", "w_scale")
-ZERO_ARG = "zero"
-# Most bytes a launch zeroes for the next kernel (zero_bytes): a DenseMlp down projection's
-# arrival counters are 4 bytes per 16 rows (MAX_ROWS of them fit).
-MAX_ZERO_BYTES = MAX_ROWS // 4
 
 
 def cta_threads(
@@ -248,10 +241,6 @@ class GemvParams:
     splits: int = 1
     send_x: bool = False
     sms: int = hopper.SMS  # the target GPU's SM count: sizes a persistent grid
-    # Bytes the kernel zeroes after its PDL wait at a fifth pointer parameter (ZERO_ARG): the
-    # next kernel's arrival counters (DenseMlp: an fp8_stream down projection's), so that
-    # kernel's workspace may be fresh, uninitialized memory on every call. A multiple of 16.
-    zero_bytes: int = 0
 
     def __post_init__(self) -> None:
         check_int("rows", self.rows, 16, MAX_ROWS)
@@ -294,9 +283,6 @@ class GemvParams:
                 "ptxas encodes): raise in_regs or lower slices_per_warp"
             )
         hopper.check_sms(self.sms)
-        check_int("zero_bytes", self.zero_bytes, 0, MAX_ZERO_BYTES)
-        if self.zero_bytes % 16:
-            raise ValueError(f"zero_bytes must be a multiple of 16, got {self.zero_bytes}")
         check_choice("cluster", self.cluster, CLUSTER_SIZES)
         if self.cluster > 1 and self.slice_k != SLICE:
             raise ValueError(
@@ -305,8 +291,7 @@ class GemvParams:
             )
         if self.send_x and self.cluster == 1:
             raise ValueError(
-                "send_x needs cluster > 1 (it is how the CTAs of a cluster share x), "
-                "got cluster=1"
+                "send_x needs cluster > 1 (it is how the CTAs of a cluster share x), got cluster=1"
             )
         if self.splits > 1 and self.cluster > 1:
             raise ValueError(
@@ -343,7 +328,6 @@ class GemvParams:
         limit: float | None,
         ue8m0: bool,
         sms: int = hopper.SMS,
-        zero_bytes: int = 0,
     ) -> GemvParams:
         """The params of a shape tuned by ``config``. The clamp only shapes the SwiGLU
         epilogue, so the plain kernel drops it (one compile for every limit)."""
@@ -355,15 +339,8 @@ class GemvParams:
             limit=limit if swiglu else None,
             ue8m0=ue8m0,
             sms=sms,
-            zero_bytes=zero_bytes,
             **{name: getattr(config, name) for name in _CONFIG_FIELDS},
         )
-
-    @property
-    def kernel_args(self) -> tuple[str, ...]:
-        """The kernel's pointer parameters, in order: KERNEL_ARGS, then ZERO_ARG where it
-        zeroes bytes for the next kernel."""
-        return KERNEL_ARGS + ((ZERO_ARG,) if self.zero_bytes else ())
 
     @property
     def config(self) -> GemvConfig:

@@ -1,5 +1,6 @@
 """Compile requests of fp8_gemv: one launch (gemv_request) or both kernels of a dense-MLP
-shard for a list of token counts (dense_mlp_requests), planned by tuning.choose_config.
+shard for a list of token counts (dense_mlp_requests), planned by tuning.choose_config, with
+the halves that stream_halves gives to fp8_stream's cluster form instead.
 
 Every size is checked against its documented maximum (params.MAX_HIDDEN,
 MAX_INTERMEDIATE, MAX_ROWS, MAX_K) and the SM count against hopper's range before any
@@ -25,15 +26,17 @@ from mlpjit.kernels.fp8_gemv.params import (
     check_limit,
 )
 from mlpjit.kernels.fp8_gemv.spec import SPEC
-from mlpjit.kernels.fp8_gemv.tuning import choose_config, kernel_supports, planned_waves
+from mlpjit.kernels.fp8_gemv.tuning import choose_config, kernel_supports, planned_waves, tuned
 from mlpjit.kernels.fp8_stream import plan as stream_plan
-from mlpjit.kernels.fp8_stream.params import counters_span
 
 __all__ = [
     "MAX_TOKEN_COUNTS",
+    "STREAM_MAX_BYTES",
+    "STREAM_MAX_IMBALANCE",
+    "STREAM_MIN_BYTES",
     "dense_mlp_requests",
-    "down_on_stream",
     "gemv_request",
+    "stream_halves",
     "token_counts",
 ]
 
@@ -68,15 +71,44 @@ def token_counts(tokens: Iterable[int]) -> list[int]:
     return counts
 
 
-def down_on_stream(hidden: int, inter: int, tokens: int, sms: int = hopper.SMS) -> bool:
-    """Whether a layer's down projection (rows hidden, k the intermediate shard) runs on
-    fp8_stream instead of fp8_gemv: where fp8_gemv's plan for it takes more than one wave of
-    CTAs (no one-wave decomposition fits its K: each wave pays its own ramp and tail),
-    fp8_stream's one wave of equal stream-K ranges was up to 16% faster per layer on the
-    H200 (docs/KERNEL_NOTES.md, variant 38), and it must take the shape."""
-    return planned_waves(hidden, inter, tokens, False, sms) > 1 and stream_plan.fits(
-        hidden, inter, tokens, sms
+# Layers of STREAM_MIN_BYTES to STREAM_MAX_BYTES of weights stream both halves (fp8_stream's
+# cluster form) where its whole tiles deal evenly enough (STREAM_MAX_IMBALANCE: the busiest
+# CTA's blocks over the mean per SM; the tiles of 1920- to 4864-wide shards deal within
+# 1.125, 1152-wide ones at 1.15 and more lost): in the H200 sweep of the off-table grid such
+# layers ran at 0.72-1.02x the time of fp8_gemv's planned pair, smaller or less even ones up
+# to 1.8x slower. Past 70 MiB (measured up to 69 MB) fp8_gemv's persistent whole-K grids
+# run near the floor and the streamed gate_up lost (docs/KERNEL_NOTES.md, variant 39).
+STREAM_MIN_BYTES = 12 << 20
+STREAM_MAX_BYTES = 70 << 20
+STREAM_MAX_IMBALANCE = 1.13
+
+
+def stream_halves(hidden: int, inter: int, tokens: int, sms: int = hopper.SMS) -> tuple[bool, bool]:
+    """Which of a layer's (gate_up, down) run fp8_stream's cluster form instead of
+    fp8_gemv (docs/KERNEL_NOTES.md, variants 38 and 39):
+
+    - the down projection alone where fp8_gemv's plan for it takes more than one wave of
+      CTAs (no one-wave decomposition fits its K: each wave pays its own ramp and tail);
+    - fp8_gemv for both where the table has a measured pick for either half at this token
+      count (those beat the stream on the H200);
+    - both halves for layers of STREAM_MIN_BYTES to STREAM_MAX_BYTES whose tiles deal
+      evenly (stream_plan.imbalance within STREAM_MAX_IMBALANCE for both).
+
+    A half goes to fp8_stream only where it takes the shape (stream_plan.fits)."""
+    gate_up, down = (2 * inter, hidden), (hidden, inter)
+    down_fits = stream_plan.fits(*down, tokens, sms)
+    if planned_waves(*down, tokens, False, sms) > 1 and down_fits:
+        return False, True
+    if tuned(*gate_up, tokens, True, sms) or tuned(*down, tokens, False, sms):
+        return False, False
+    both = (
+        STREAM_MIN_BYTES <= 3 * hidden * inter <= STREAM_MAX_BYTES
+        and down_fits
+        and stream_plan.fits(*gate_up, tokens, sms)
+        and max(stream_plan.imbalance(*gate_up, sms), stream_plan.imbalance(*down, sms))
+        <= STREAM_MAX_IMBALANCE
     )
+    return both, both
 
 
 def gemv_request(
@@ -90,20 +122,17 @@ def gemv_request(
     arch: str,
     config: GemvConfig | None = None,
     sms: int = hopper.SMS,
-    zero_bytes: int = 0,
 ) -> KernelRequest:
     """The compile request of one fp8_gemv launch (config defaults to choose_config) for a
-    GPU of ``sms`` SMs; ``zero_bytes``: see GemvParams. ValueError (from GemvParams) for
-    anything the kernel cannot take."""
+    GPU of ``sms`` SMs. ValueError (from GemvParams) for anything the kernel cannot take."""
     hopper.check_sms(sms)
     if config is None:
         config = choose_config(rows, k, tokens, swiglu, sms)
     elif not isinstance(config, GemvConfig):
         raise ValueError(f"config must be a GemvConfig or None, got {config!r}")
     params = GemvParams.of(
-        rows, k, tokens, config, swiglu=swiglu, limit=limit, ue8m0=ue8m0, sms=sms,
-        zero_bytes=zero_bytes,
-    )  # fmt: skip
+        rows, k, tokens, config, swiglu=swiglu, limit=limit, ue8m0=ue8m0, sms=sms
+    )
     # Defaults left out, as the key does: requests stay short (and record files readable).
     return KernelRequest(kernel=SPEC.name, params=SPEC.key_params(params), arch=arch)
 
@@ -122,9 +151,9 @@ def dense_mlp_requests(
     GPU of ``sms`` SMs.
 
     gate_up: rows 2*intermediate/tp, k hidden (SwiGLU fused); down: rows hidden,
-    k intermediate/tp, on fp8_stream where ``down_on_stream`` (gate_up
-    then zeroes its workspace's counters: GemvParams.zero_bytes). Token counts or shapes
-    the kernel cannot take are skipped (they run the stock path and need no compile).
+    k intermediate/tp; each on fp8_stream's cluster form where ``stream_halves`` says so.
+    Token counts or shapes the kernel cannot take are skipped (they run the stock path and
+    need no compile).
     """
     hopper.check_sms(sms)
     check_int("hidden", hidden, 1, MAX_HIDDEN)
@@ -157,13 +186,12 @@ def _shard_requests(
         ):
             continue
         options = dict(limit=limit, ue8m0=ue8m0, arch=arch, sms=sms)
-        if down_on_stream(hidden, inter, m, sms):
-            _, zero_bytes = counters_span(hidden, inter, sms)
-            requests.append(
-                gemv_request(2 * inter, hidden, m, swiglu=True, zero_bytes=zero_bytes, **options)
-            )
-            requests.append(stream_plan.stream_request(hidden, inter, m, swiglu=False, **options))
-            continue
-        for rows, k, swiglu in ((2 * inter, hidden, True), (hidden, inter, False)):
-            requests.append(gemv_request(rows, k, m, swiglu=swiglu, **options))
+        halves = ((2 * inter, hidden, True), (hidden, inter, False))
+        for (rows, k, swiglu), streamed in zip(
+            halves, stream_halves(hidden, inter, m, sms), strict=True
+        ):
+            if streamed:
+                requests.append(stream_plan.stream_request(rows, k, m, swiglu=swiglu, **options))
+            else:
+                requests.append(gemv_request(rows, k, m, swiglu=swiglu, **options))
     return tuple(requests)

@@ -41,6 +41,7 @@ __all__ = [
     "max_in_regs",
     "spread_config",
     "spread_configs",
+    "tuned",
 ]
 
 # Registers the kernel needs besides the in-register weights (8 per in_regs step), measured
@@ -277,7 +278,9 @@ def config_fits(rows: int, k: int, tokens: int, config: GemvConfig, sms: int = h
     return fit is not None and p.in_regs <= fit
 
 
-def _tuned(rows: int, k: int, tokens: int, swiglu: bool, sms: int) -> GemvConfig | None:
+def tuned(rows: int, k: int, tokens: int, swiglu: bool, sms: int = hopper.SMS) -> GemvConfig | None:
+    """TUNED_H200's measured pick for this kernel and token count, where it has one that
+    fits; None elsewhere (the heuristics plan it)."""
     if sms != hopper.SMS:
         return None  # measured on 132 SMs: grids and pairings need not carry over
     for bound, config in TUNED_H200.get((rows, k, swiglu), ()):
@@ -524,9 +527,7 @@ def _spread_ranked(
 _TABLE_COUNTS = tuple(range(1, MAX_TOKENS + 1))
 
 
-def _spread_search_at(
-    rows: int, k: int, tokens: int, sms: int
-) -> tuple[_SpreadSearch, int] | None:
+def _spread_search_at(rows: int, k: int, tokens: int, sms: int) -> tuple[_SpreadSearch, int] | None:
     """The search _spread reads for ``tokens`` and where ``tokens`` is in its counts: the
     one-wave search, or where nothing of it fits, the one of several waves; None if neither
     has a decomposition that fits. A layer plans 1-8 tokens, and all but shared memory and
@@ -939,9 +940,9 @@ def choose_config(
             f"rows % 16 == 0 and 1 <= tokens <= {MAX_TOKENS}, within the shared-memory and "
             "register limits"
         )
-    tuned = _tuned(rows, k, tokens, swiglu, sms)
-    if tuned is not None:
-        return tuned
+    measured = tuned(rows, k, tokens, swiglu, sms)
+    if measured is not None:
+        return measured
     pick = _whole_k_pick(rows, k, tokens, sms)
     if pick is None:
         if _spread_search_at(rows, k, tokens, sms) is None:

@@ -31,9 +31,9 @@ work split and a memory pipeline whose speed follows from the bytes:
   arrive, and it adds them in rank order after its own. No workspace is read or written
   (trace builds aside), so nothing needs zeroing, ever.
 
-DenseMlp runs it for down projections that fp8_gemv would spread over several waves
-(mlpjit.kernels.fp8_gemv.plan.down_on_stream); scripts/tune_fp8_stream.py times it beside
-fp8_gemv (docs/KERNEL_NOTES.md, the streaming kernel).
+DenseMlp runs the cluster form for the layer halves mlpjit.kernels.fp8_gemv.plan.stream_halves
+gives it; scripts/tune_fp8_stream.py times both forms beside fp8_gemv (docs/KERNEL_NOTES.md,
+the streaming kernel).
 
 Nothing here is imported by ``import mlpjit``; the compile manager imports this module on
 a cache miss and calls :func:`compile_cubin`.

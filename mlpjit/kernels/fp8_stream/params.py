@@ -25,7 +25,6 @@ __all__ = [
     "MAX_TOKENS",
     "ROW_PAD",
     "StreamParams",
-    "counters_span",
     "workspace_bytes",
 ]
 
@@ -61,16 +60,6 @@ def workspace_bytes(rows: int, k: int, sms: int = hopper.SMS, trace: bool = Fals
     if trace:
         nbytes = _align(nbytes, 8) + ctas * TRACE_POINTS * 8
     return nbytes
-
-
-def counters_span(rows: int, k: int, sms: int = hopper.SMS) -> tuple[int, int]:
-    """(offset, bytes) of the arrival counters in a launch's workspace, the bytes rounded up
-    to 16: the only part that must be zero when a launch starts (every partial-sum slot is
-    written before it is read, and each launch leaves its counters at zero). A workspace of
-    offset + bytes holds the whole (trace builds need workspace_bytes)."""
-    blocks = rows // TILE_ROWS * (k // BLOCK)
-    offset = min(sms, blocks) * 2 * SLOT_BYTES
-    return offset, _align(rows // TILE_ROWS * 4, 16)
 
 
 @dataclass(frozen=True)

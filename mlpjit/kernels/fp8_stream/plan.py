@@ -1,9 +1,10 @@
 """fp8_stream's compile requests: the knobs follow from the shape and the shared-memory
 budget (no table): eight consumer warps of two blocks each per stage (32 KB stages, 2 KB
 bulk copies per weight row: 1 KB copies streamed at 2.9 TB/s on the H200, 2 KB ones at
-4.2; one block each where x leaves no room for two such stages), and as many ring stages as
-fit in the SM's shared memory beside x
-(docs/KERNEL_NOTES.md, the streaming kernel)."""
+4.2; one block each where x leaves no room for two such stages), as many ring stages as
+fit in the SM's shared memory beside x, and the cluster form with the cluster size whose
+busiest CTA takes the fewest blocks (docs/KERNEL_NOTES.md, the streaming kernel).
+"""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ __all__ = [
     "stream_params",
     "stream_request",
     "fits",
+    "imbalance",
 ]
 
 DEFAULT_WARPS = 8
@@ -72,10 +74,13 @@ def stream_params(
     trace: bool = False,
     blocks_per_warp: int | None = None,
     ctas_per_sm: int = 1,
-    cluster: int = 0,
+    cluster: int | None = None,
 ) -> StreamParams:
-    """The params of one launch; knobs left None follow from the shape."""
+    """The params of one launch; knobs left None follow from the shape (``cluster`` None:
+    the cluster form at choose_cluster's size; 0: the grid-wide form)."""
     hopper.check_sms(sms)
+    if cluster is None:
+        cluster = choose_cluster(rows, k, sms)
     warps = DEFAULT_WARPS if warps is None else warps
     if blocks_per_warp is None and stages is None:
         # Two blocks per warp, or one where x leaves no room for MIN_STAGES stages of two
@@ -120,9 +125,20 @@ def choose_cluster(rows: int, k: int, sms: int = hopper.SMS) -> int:
     return best[1]
 
 
+def imbalance(rows: int, k: int, sms: int = hopper.SMS) -> float:
+    """The busiest CTA's blocks over the mean per SM, in the cluster form choose_cluster
+    picks: near 1 where the whole tiles deal evenly to clusters that fill the SMs, more
+    where a few large tiles do not, or clusters of 4 or 8 leave SMs idle."""
+    params = StreamParams(
+        rows=rows, k=k, tokens=1, swiglu=False, limit=None, ue8m0=True, stages=MIN_STAGES,
+        sms=sms, cluster=choose_cluster(rows, k, sms),
+    )  # fmt: skip
+    return params.max_blocks_per_cta * sms / params.blocks
+
+
 def fits(rows: int, k: int, tokens: int, sms: int = hopper.SMS) -> bool:
-    """Whether fp8_stream takes the shape with its default knobs (x and MIN_STAGES stages
-    in shared memory)."""
+    """Whether fp8_stream takes the shape with its default knobs (the cluster form; x and
+    MIN_STAGES stages in shared memory)."""
     try:
         stream_params(rows, k, tokens, swiglu=False, limit=None, ue8m0=True, sms=sms)
     except ValueError:
