@@ -1,7 +1,8 @@
 """CPU checks of the fp8_stream kernel: it compiles for sm_90a without a GPU, and its SASS
 has the shape kernel.py's docstring promises (bulk copies counted on mbarriers, FP8 mma, one
-PDL wait per waiting role, release/acquire atomics for split tiles, no spills) and its
-parameters match the launcher's list."""
+PDL wait per waiting role, split tiles met through release/acquire atomics in the grid-wide
+form and through st.async in a cluster's shared memory in the cluster form, with no global
+fence or atomic there, no spills) and its parameters match the launcher's list."""
 
 from __future__ import annotations
 
@@ -19,12 +20,16 @@ from mlpjit.testing.cubin_info import cubin_kernel_params, sass_facts  # noqa: E
 
 ARCH = "sm_90a"
 
-# (rows, k, tokens, swiglu, ue8m0): GLM-5 TP 8 gate_up at 1 and 8 tokens, the DeepSeek-V3
-# TP-8 shared expert's down (2 blocks per tile: stages span several tiles), a clamp.
+# (rows, k, tokens, swiglu, ue8m0, limit, cluster): GLM-5 TP 8 gate_up at 1 and 8 tokens,
+# the DeepSeek-V3 TP-8 shared expert's down (2 blocks per tile: stages span several tiles),
+# a clamp; the grid-wide form (cluster 0), the planner's cluster form (None: clusters of 2
+# here) and clusters of 8 (the shared expert's gate_up, 32 tiles).
 CASES = [
-    (3072, 6144, 1, True, True, None),
-    (3072, 6144, 8, True, False, 3.0),
-    (7168, 256, 4, False, True, None),
+    (3072, 6144, 1, True, True, None, 0),
+    (3072, 6144, 8, True, False, 3.0, None),
+    (7168, 256, 4, False, True, None, 0),
+    (7168, 256, 4, False, True, None, None),
+    (512, 7168, 1, True, True, None, 8),
 ]
 
 
@@ -32,8 +37,10 @@ CASES = [
 def _facts(case: tuple) -> dict:
     from mlpjit.kernels.fp8_stream.kernel import compile_cubin
 
-    rows, k, tokens, swiglu, ue8m0, limit = case
-    params = plan.stream_params(rows, k, tokens, swiglu=swiglu, limit=limit, ue8m0=ue8m0)
+    rows, k, tokens, swiglu, ue8m0, limit, cluster = case
+    params = plan.stream_params(
+        rows, k, tokens, swiglu=swiglu, limit=limit, ue8m0=ue8m0, cluster=cluster
+    )
     binary = compile_cubin(params, ARCH)
     f = sass_facts(binary.cubin)
     return dict(
@@ -42,7 +49,7 @@ def _facts(case: tuple) -> dict:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}x{c[1]}-t{c[2]}" for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}x{c[1]}-t{c[2]}-k{c[6]}" for c in CASES])
 def test_stream_kernel_sass(case) -> None:
     f = _facts(case)
     params, binary, count = f["params"], f["binary"], f["count"]
@@ -63,8 +70,15 @@ def test_stream_kernel_sass(case) -> None:
     assert any(op.startswith("F2FP.SATFINITE.E4M3") for op in count)
     # PDL: the consumers and the epilogue warp wait (the producer never does); one trigger.
     assert count["ACQBULK"] == 2 and count["PREEXIT"] == 1
-    # Split tiles: arrival counters with release/acquire atomics at gpu scope.
-    assert count["ATOMG.E.ADD.STRONG.GPU"] >= 1
+    if params.cluster == 0:
+        # Split tiles: arrival counters with release/acquire atomics at gpu scope.
+        assert count["ATOMG.E.ADD.STRONG.GPU"] >= 1 and binary.cluster == (1, 1, 1)
+    else:
+        # Split tiles meet in the owner's shared memory: st.async after the cluster's entry
+        # barrier; no global atomic or fence, nothing read or written in the workspace.
+        assert binary.cluster == (params.cluster, 1, 1) and params.cluster > 1
+        assert count["STAS.128"] >= 1 and count["UCGABAR_ARV"] == count["UCGABAR_WAIT"] == 1
+        assert not any(op.startswith(("ATOMG", "RED.", "MEMBAR.ALL.GPU")) for op in count)
     # The launcher passes five raw pointers, in KERNEL_ARGS order.
     assert [p.name for p in binary.params] == list(KERNEL_ARGS)
     assert [p.size for p in f["cubin_params"]] == [8] * len(KERNEL_ARGS)
