@@ -74,11 +74,13 @@ def token_counts(tokens: Iterable[int]) -> list[int]:
 # Layers of STREAM_MIN_BYTES to STREAM_MAX_BYTES of weights stream both halves (fp8_stream's
 # cluster form) where its whole tiles deal evenly enough (STREAM_MAX_IMBALANCE: the busiest
 # CTA's blocks over the mean per SM; the tiles of 1920- to 4864-wide shards deal within
-# 1.125, 1152-wide ones at 1.15 and more lost): in the H200 sweep of the off-table grid such
-# layers ran at 0.72-1.02x the time of fp8_gemv's planned pair, smaller or less even ones up
-# to 1.8x slower. Past 70 MiB (measured up to 69 MB) fp8_gemv's persistent whole-K grids
-# run near the floor and the streamed gate_up lost (docs/KERNEL_NOTES.md, variant 39).
-STREAM_MIN_BYTES = 12 << 20
+# 1.125, 1152-wide ones at 1.15 and more lost). On the H200 such layers of 25-69 MB ran at
+# 0.74-1.0x the time of fp8_gemv's planned pair; at 17-24 MB the stream won on some shapes
+# and lost up to 24% on others (the TP-2 shared experts of GLM-5 and DeepSeek-V3, whose
+# fp8_gemv pairs run near 1.6x the floor), so those keep fp8_gemv. Past 70 MiB fp8_gemv's
+# persistent whole-K grids run near the floor and the streamed gate_up lost
+# (docs/KERNEL_NOTES.md, variant 39).
+STREAM_MIN_BYTES = 24 << 20
 STREAM_MAX_BYTES = 70 << 20
 STREAM_MAX_IMBALANCE = 1.13
 
