@@ -37,6 +37,9 @@ BASE = dict(rows=3072, k=6144, tokens=8, swiglu=True, limit=None, ue8m0=True)
         (dict(cluster=3), "cluster must be one of 0, 1, 2, 4, 8"),
         (dict(cluster=True), "cluster must be one of"),
         (dict(k=384, cluster=4), r"cluster must be at most k / 128 = 3"),
+        (dict(share_x=True), "share_x needs the cluster form with clusters of 2 or more"),
+        (dict(share_x=True, cluster=1), "share_x needs .* got cluster=1"),
+        (dict(share_x=1, cluster=2), "share_x must be a bool"),
     ],
 )
 def test_params_refuse_what_the_kernel_cannot_take(change, message) -> None:
@@ -136,6 +139,24 @@ def test_cluster_form_needs_no_workspace_and_holds_the_partials_it_receives() ->
     assert StreamParams(**BASE, stages=4, cluster=2).ctas == 132
     traced = StreamParams(**BASE, stages=4, cluster=2, trace=True)
     assert traced.trace_offset == 0 and traced.workspace_bytes == 132 * 8 * 8
+
+
+@pytest.mark.parametrize(("tokens", "cluster"), [(1, 2), (6, 4), (7, 2), (8, 8)])
+def test_shared_x_is_quantized_once_per_cluster(tokens, cluster) -> None:
+    # The shared expert's gate_up (512 x 7168): ranges of 8 clusters of 8 cover under a
+    # tile, so without share_x a CTA holds part of x; with it every CTA holds all of x and
+    # quantizes every cluster-th chunk of it.
+    base = dict(BASE, rows=512, k=7168, tokens=tokens, stages=3, cluster=cluster)
+    alone = StreamParams(**base)
+    shared = StreamParams(**base, share_x=True)
+    assert shared.x_blocks_max == 56 >= alone.x_blocks_max
+    assert shared.x_chunks == -(-tokens * 56 // cluster)
+    assert alone.x_chunks == tokens * alone.x_blocks_max
+    assert shared.x_passes == -(-shared.x_chunks // (4 * shared.warps))
+    # the x mbarrier shares the 16 bytes of mbarriers after the received partials
+    assert shared.smem_x_bar == shared.smem_split_bar + 8 < shared.smem_bytes
+    assert shared.smem_bytes - alone.smem_bytes >= tokens * (56 - alone.x_blocks_max) * BLOCK
+    assert "share_x" not in SPEC.key_params(alone) and SPEC.key_params(shared)["share_x"]
 
 
 def test_choose_cluster_takes_the_busiest_cta_with_fewest_blocks() -> None:

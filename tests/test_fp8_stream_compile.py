@@ -20,16 +20,19 @@ from mlpjit.testing.cubin_info import cubin_kernel_params, sass_facts  # noqa: E
 
 ARCH = "sm_90a"
 
-# (rows, k, tokens, swiglu, ue8m0, limit, cluster): GLM-5 TP 8 gate_up at 1 and 8 tokens,
-# the DeepSeek-V3 TP-8 shared expert's down (2 blocks per tile: stages span several tiles),
-# a clamp; the grid-wide form (cluster 0), the planner's cluster form (None: clusters of 2
-# here) and clusters of 8 (the shared expert's gate_up, 32 tiles).
+# (rows, k, tokens, swiglu, ue8m0, limit, cluster, share_x): GLM-5 TP 8 gate_up at 1 and
+# 8 tokens, the DeepSeek-V3 TP-8 shared expert's down (2 blocks per tile: stages span several
+# tiles), a clamp; the grid-wide form (cluster 0), the planner's cluster form (None: clusters
+# of 2 here) and clusters of 8 (the shared expert's gate_up, 32 tiles); x quantized once per
+# cluster of 2 and of 4.
 CASES = [
-    (3072, 6144, 1, True, True, None, 0),
-    (3072, 6144, 8, True, False, 3.0, None),
-    (7168, 256, 4, False, True, None, 0),
-    (7168, 256, 4, False, True, None, None),
-    (512, 7168, 1, True, True, None, 8),
+    (3072, 6144, 1, True, True, None, 0, False),
+    (3072, 6144, 8, True, False, 3.0, None, False),
+    (7168, 256, 4, False, True, None, 0, False),
+    (7168, 256, 4, False, True, None, None, False),
+    (512, 7168, 1, True, True, None, 8, False),
+    (3072, 6144, 8, True, True, None, 2, True),
+    (6144, 2816, 6, False, False, None, 4, True),
 ]
 
 
@@ -37,10 +40,11 @@ CASES = [
 def _facts(case: tuple) -> dict:
     from mlpjit.kernels.fp8_stream.kernel import compile_cubin
 
-    rows, k, tokens, swiglu, ue8m0, limit, cluster = case
+    rows, k, tokens, swiglu, ue8m0, limit, cluster, share_x = case
     params = plan.stream_params(
-        rows, k, tokens, swiglu=swiglu, limit=limit, ue8m0=ue8m0, cluster=cluster
-    )
+        rows, k, tokens, swiglu=swiglu, limit=limit, ue8m0=ue8m0, cluster=cluster,
+        share_x=share_x,
+    )  # fmt: skip
     binary = compile_cubin(params, ARCH)
     f = sass_facts(binary.cubin)
     return dict(
@@ -49,7 +53,9 @@ def _facts(case: tuple) -> dict:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}x{c[1]}-t{c[2]}-k{c[6]}" for c in CASES])
+@pytest.mark.parametrize(
+    "case", CASES, ids=[f"{c[0]}x{c[1]}-t{c[2]}-k{c[6]}{'-share' * c[7]}" for c in CASES]
+)
 def test_stream_kernel_sass(case) -> None:
     f = _facts(case)
     params, binary, count = f["params"], f["binary"], f["count"]
@@ -77,8 +83,17 @@ def test_stream_kernel_sass(case) -> None:
         # Split tiles meet in the owner's shared memory: st.async after the cluster's entry
         # barrier; no global atomic or fence, nothing read or written in the workspace.
         assert binary.cluster == (params.cluster, 1, 1) and params.cluster > 1
-        assert count["STAS.128"] >= 1 and count["UCGABAR_ARV"] == count["UCGABAR_WAIT"] == 1
         assert not any(op.startswith(("ATOMG", "RED.", "MEMBAR.ALL.GPU")) for op in count)
+        assert count["UCGABAR_ARV"] == 1
+        if not params.share_x:
+            assert count["STAS.128"] == 1 and count["UCGABAR_WAIT"] == 1
+        else:
+            # x too: every quantized chunk and its scale go to the cluster's other CTAs by
+            # st.async (one pass of stores per chunk batch; the consumers wait at the
+            # cluster barrier once, before their first remote store).
+            sends = params.x_passes * (params.cluster - 1)
+            assert count["STAS.128"] == 1 + sends and count["STAS"] == sends
+            assert count["UCGABAR_WAIT"] == 2
     # The launcher passes five raw pointers, in KERNEL_ARGS order.
     assert [p.name for p in binary.params] == list(KERNEL_ARGS)
     assert [p.size for p in f["cubin_params"]] == [8] * len(KERNEL_ARGS)

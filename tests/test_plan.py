@@ -799,13 +799,14 @@ def test_stream_halves_pins_the_shards_that_stream() -> None:
         **{name: down for name in ("qwen3-8b-tp1", "qwen3-14b-tp1", "qwen3-14b-tp2",
                                    "h6144-i4864", "h7168-i4864", "h8192-i4864")},
         **{name: both for name in (
-            "glm5-shared-tp1", "qwen3-8b-tp4", "qwen3-14b-tp4", "h2048-i4864", "h3072-i2816",
+            "glm5-shared-tp1", "qwen3-8b-tp4", "qwen3-14b-tp4", "qwen3-32b-tp8",
+            "deepseek-v3-shared-tp1", "h2048-i4864", "h3072-i2816",
             "h3072-i4864", "h4096-i2816", "h4096-i4864", "h6144-i1920", "h6144-i2816",
             "h7168-i1920", "h7168-i2816", "h8192-i1920", "h8192-i2816")},
     }  # fmt: skip
-    # the benchmark's shapes keep fp8_gemv: their measured (table) picks beat the stream
-    for name in ("glm5-tp8", "glm4.5-tp8", "deepseek-v3-tp8", "qwen3-32b-tp8", "glm5-tp4",
-                 "glm5-tp1", "deepseek-v3-shared-tp8", "deepseek-v3-shared-tp1"):  # fmt: skip
+    # the benchmark's other shapes keep fp8_gemv: their measured (table) picks beat the stream
+    for name in ("glm5-tp8", "glm4.5-tp8", "deepseek-v3-tp8", "glm5-tp4", "glm5-tp1",
+                 "deepseek-v3-shared-tp8"):  # fmt: skip
         assert name not in taken
 
 
@@ -825,11 +826,12 @@ def test_stream_halves_follow_size_evenness_waves_and_the_table() -> None:
     assert fp8_plan.stream_halves(6144, 1024, 1) == (False, False)
     assert fp8_plan.STREAM_MAX_BYTES < 3 * 4096 * 6144
     assert fp8_plan.stream_halves(4096, 6144, 1) == (False, False)
-    # a measured table pick for either half keeps fp8_gemv (Qwen3-32B TP 8: 49 MB)
-    assert tuning.tuned(6400, 5120, 1, True) is not None
-    assert fp8_plan.stream_halves(5120, 3200, 1) == (False, False)
+    # a measured table pick for either half keeps fp8_gemv (GLM-5 TP 4: 57 MB)
+    assert tuning.tuned(6144, 6144, 1, True) is not None
+    assert fp8_plan.STREAM_MIN_BYTES <= 3 * 6144 * 3072 <= fp8_plan.STREAM_MAX_BYTES
+    assert fp8_plan.stream_halves(6144, 3072, 1) == (False, False)
     # other GPUs have no table: the rule alone
-    assert fp8_plan.stream_halves(5120, 3200, 1, sms=114)[1] in (True, False)
+    assert fp8_plan.stream_halves(6144, 3072, 1, sms=114)[1] in (True, False)
     # x of 8 tokens at k 17408 leaves no room for stages of two blocks per warp: one block
     stream = stream_plan.stream_params(5120, 17408, 8, swiglu=False, limit=None, ue8m0=True)
     assert stream.blocks_per_warp == 1 and stream.stages >= stream_plan.MIN_STAGES
@@ -859,6 +861,33 @@ def test_streamed_halves_request_the_cluster_form() -> None:
         assert stream.cluster >= 1 and not stream.trace  # no workspace read or written
     down_only = fp8_plan.dense_mlp_requests(6144, 4864, 1, [1, 8], ARCH)
     assert [r.kernel for r in down_only] == ["fp8_gemv", "fp8_stream"] * 2
+    assert not any(r.params.get("share_x") for r in down_only)
     # every other layer: fp8_gemv kernels
     for r in fp8_plan.dense_mlp_requests(6144, 1536, 1, range(1, 9), ARCH):
         assert r.kernel == "fp8_gemv"
+
+
+def test_streamed_layers_share_x_from_six_tokens() -> None:
+    from mlpjit.kernels.fp8_stream import plan as stream_plan
+    from mlpjit.kernels.fp8_stream.params import StreamParams
+
+    counts = range(1, 9)
+    for hidden, inter in ((3072, 2816), (6144, 2816), (7168, 2048)):
+        requests = fp8_plan.dense_mlp_requests(hidden, inter, 1, counts, ARCH)
+        assert len(requests) == 2 * len(counts)
+        for r in requests:
+            stream = StreamParams(**r.params)
+            shared = stream.tokens >= stream_plan.SHARE_X_MIN_TOKENS
+            assert stream.share_x is shared
+            if shared:
+                assert stream.cluster >= 2 and stream.stages <= stream_plan.SHARE_X_MAX_STAGES
+                assert stream.x_blocks_max == stream.kblocks
+            else:  # the planner's cluster size (1 for this gate_up) and deepest ring
+                assert stream.cluster == stream_plan.choose_cluster(stream.rows, stream.k)
+    # a half streamed alone, or a size that does not fit, keeps the planner's defaults
+    assert stream_plan.layer_stream_options(6144, 4864, 8, False) == {}
+    assert stream_plan.layer_stream_options(5632, 6144, 5, True) == {}
+    assert stream_plan.layer_stream_options(5120, 65536, 8, True) == {}
+    assert stream_plan.layer_stream_options(5632, 6144, 6, True) == {
+        "cluster": 2, "share_x": True, "stages": 3,
+    }  # fmt: skip

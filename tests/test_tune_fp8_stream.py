@@ -16,12 +16,14 @@ def tune():
 
 def test_variants_parse(tune) -> None:
     assert tune.parse_variant("gemv") is None
-    assert tune.parse_variant("16x0") == (16, 0, 1, 1, "", 0)
-    assert tune.parse_variant("8x3b2c2") == (8, 3, 2, 2, "", 0)
-    assert tune.parse_variant("8x0b2g") == (8, 0, 2, 1, "g", 0)
-    assert tune.parse_variant("8x0b2c1d") == (8, 0, 2, 1, "d", 0)
-    assert tune.parse_variant("8x0b2k2") == (8, 0, 2, 1, "", 2)
-    assert tune.parse_variant("8x0b2kad") == (8, 0, 2, 1, "d", tune.CLUSTER_AUTO)
+    assert tune.parse_variant("16x0") == (16, 0, 1, 1, "", 0, False)
+    assert tune.parse_variant("8x3b2c2") == (8, 3, 2, 2, "", 0, False)
+    assert tune.parse_variant("8x0b2g") == (8, 0, 2, 1, "g", 0, False)
+    assert tune.parse_variant("8x0b2c1d") == (8, 0, 2, 1, "d", 0, False)
+    assert tune.parse_variant("8x0b2k2") == (8, 0, 2, 1, "", 2, False)
+    assert tune.parse_variant("8x0b2kad") == (8, 0, 2, 1, "d", tune.CLUSTER_AUTO, False)
+    assert tune.parse_variant("8x3b2k2s") == (8, 3, 2, 1, "", 2, True)
+    assert tune.parse_variant("8x0b2kasg") == (8, 0, 2, 1, "g", tune.CLUSTER_AUTO, True)
     assert tune.parse_variant("g0") == ("g", 0)
     assert tune.parse_variant("d12") == ("d", 12)
     assert tune.parse_variant("L") == ("L", 0, 0, 0, 0)
@@ -36,13 +38,16 @@ def test_variants_parse(tune) -> None:
         "16x0b1c1",
         "8x0b2c1k4",
         "8x0b2c1kag",
+        "8x3b2c1k2s",
     ):
         assert tune.variant_label(tune.parse_variant(text)) == text
     bad_layers = ("L8", "L8b", "Lb1", "L8x1", "L8b1s3", "Ls3x4", "Lt")
-    bad_streams = ("8x0gd", "8x0b2e", "8x0b2k", "8x0b2kb", "8x0b2dk2")
+    bad_streams = ("8x0gd", "8x0b2e", "8x0b2k", "8x0b2kb", "8x0b2dk2", "8x0b2s", "8x0b2k2sd2")
     for bad in ("", "16", "x4", "8x0b", "8x0c2b2", "gemv2", "g", "x1", *bad_streams, *bad_layers):
         with pytest.raises(ValueError, match="variant must be"):
             tune.parse_variant(bad)
+    with pytest.raises(ValueError, match="share_x"):
+        tune.parse_variant("8x0b2k1s")
 
 
 def test_emit_writes_both_kernels_of_every_layer(tune, tmp_path) -> None:
@@ -95,6 +100,11 @@ def test_grid_adds_the_off_table_shapes(tune) -> None:
     assert shapes["h3072-i1152"] == (3072, 1152)
 
 
+def test_grid_shapes_by_name(tune) -> None:
+    args = tune.argparse.Namespace(shapes="h6144-i2816,glm5-tp8", grid=False)
+    assert tune.shapes_of(args) == {"h6144-i2816": (6144, 2816), "glm5-tp8": (6144, 1536)}
+
+
 def test_unknown_shape_is_one_line(tune) -> None:
     with pytest.raises(SystemExit, match="--shapes: unknown"):
         tune.main(["--shapes", "nope", "--emit", "/dev/null"])
@@ -133,6 +143,11 @@ def test_cluster_variants_request_the_cluster_form(tune) -> None:
     assert auto[1].params["cluster"] == plan.choose_cluster(7168, 256)
     grid_wide = tune.layer_requests(6144, 1536, 4, tune.parse_variant("8x0b2"))
     assert "cluster" not in grid_wide[0].params
+    assert "share_x" not in auto[0].params and "share_x" not in grid_wide[0].params
+    # share_x: clusters of at least 2, also where the planner's size is 1 (h6144-i2816 gate_up)
+    assert plan.choose_cluster(5632, 6144) == 1
+    shared = tune.layer_requests(6144, 2816, 8, tune.parse_variant("8x0b2kas"))
+    assert [(r.params["cluster"], r.params["share_x"]) for r in shared] == [(2, True), (2, True)]
 
 
 def test_plot_rows_read_every_stored_form(tune) -> None:

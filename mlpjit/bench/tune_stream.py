@@ -26,7 +26,7 @@ DEFAULT_SHAPES = (
 )  # fmt: skip
 
 
-_VARIANT = re.compile(r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?(?:k(\d|a))?([gd])?$")
+_VARIANT = re.compile(r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?(?:k(\d|a)(s)?)?([gd])?$")
 CLUSTER_AUTO = -1  # a WxR variant's 'ka': fp8_stream's planner chooses the cluster size
 _ALTERNATIVE = re.compile(r"^([gd])(\d+)$")
 _LAYER = re.compile(r"^L(?:(\d+)b(\d)(?:s(\d+)x(\d+))?)?$")
@@ -44,8 +44,9 @@ def parse_variant(text: str) -> tuple | None:
     ``gemv_alternatives`` and the other half as planned. A trailing g or d on a WxR variant
     ('8x0b2g', '8x0b2d') takes fp8_stream for that half only (gate_up or down) and
     fp8_gemv's planned kernel for the other; 'kN' before it takes fp8_stream's cluster form
-    with clusters of N CTAs ('ka': the size choose_cluster picks): (warps, stages,
-    blocks_per_warp, ctas_per_sm, half, cluster), half '' for both, cluster 0 for the
+    with clusters of N CTAs ('ka': the size choose_cluster picks), and 'kNs' / 'kas' with x
+    quantized once per cluster (share_x; 'kas': clusters of at least 2): (warps, stages,
+    blocks_per_warp, ctas_per_sm, half, cluster, share), half '' for both, cluster 0 for the
     grid-wide form and CLUSTER_AUTO for 'ka'."""
     if text == "gemv":
         return None
@@ -58,17 +59,19 @@ def parse_variant(text: str) -> tuple | None:
     match = _VARIANT.match(text)
     if match is None:
         raise ValueError(
-            f"variant must be 'gemv', gN, dN, L[WbB[sGxD]] or WxR[bB][cC][kN|ka][g|d] (g0, L, "
-            f"L8b1s3x4, 16x0, 8x0b2c2, 8x0b2k2, 8x0b2kad), got {text!r}"
+            f"variant must be 'gemv', gN, dN, L[WbB[sGxD]] or WxR[bB][cC][kN[s]|ka[s]][g|d] "
+            f"(g0, L, L8b1s3x4, 16x0, 8x0b2c2, 8x0b2k2, 8x0b2kad, 8x3b2k2s), got {text!r}"
         )
-    warps, stages, bpw, cps, cluster, half = match.groups()
+    warps, stages, bpw, cps, cluster, share, half = match.groups()
+    if share and cluster == "1":
+        raise ValueError(f"variant {text!r}: share_x ('s') needs clusters of 2 or more")
     if cluster is None:
         cluster = 0
     elif cluster == "a":
         cluster = CLUSTER_AUTO
     else:
         cluster = int(cluster)
-    return int(warps), int(stages), int(bpw or 1), int(cps or 1), half or "", cluster
+    return int(warps), int(stages), int(bpw or 1), int(cps or 1), half or "", cluster, bool(share)
 
 
 def variant_label(variant: tuple | None) -> str:
@@ -79,8 +82,8 @@ def variant_label(variant: tuple | None) -> str:
         return "L" + (f"{warps}b{bpw}" if warps else "") + (f"s{sg}x{sd}" if sg else "")
     if isinstance(variant[0], str):
         return f"{variant[0]}{variant[1]}"
-    warps, stages, bpw, cps, half, cluster = variant
-    kind = {0: "", CLUSTER_AUTO: "ka"}.get(cluster, f"k{cluster}")
+    warps, stages, bpw, cps, half, cluster, share = variant
+    kind = {0: "", CLUSTER_AUTO: "ka"}.get(cluster, f"k{cluster}") + ("s" if share else "")
     return f"{warps}x{stages}b{bpw}c{cps}{kind}{half}"
 
 
@@ -102,10 +105,14 @@ def shapes_of(args: argparse.Namespace) -> dict[str, tuple[int, int]]:
     names = args.shapes.split(",") if args.shapes else list(DEFAULT_SHAPES)
     if names == ["grid"]:
         return dict(GRID_SHAPES)
-    unknown = [n for n in names if n not in DENSE_SHAPES]
+    known = {**DENSE_SHAPES, **GRID_SHAPES}
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise SystemExit(f"--shapes: unknown {unknown}; known: {', '.join(DENSE_SHAPES)}")
-    shapes = {n: DENSE_SHAPES[n] for n in names}
+        raise SystemExit(
+            f"--shapes: unknown {unknown}; known: {', '.join(DENSE_SHAPES)}, or a grid shape "
+            f"such as {next(iter(GRID_SHAPES))}"
+        )
+    shapes = {n: known[n] for n in names}
     if args.grid:
         shapes.update(GRID_SHAPES)
     return shapes
@@ -145,7 +152,7 @@ def layer_requests(
             gemv_plan.gemv_request(hidden, inter, tokens, swiglu=False, limit=None, ue8m0=True,
                                    arch=arch, config=configs[1]),
         ]  # fmt: skip
-    warps, stages, bpw, cps, half, cluster = variant
+    warps, stages, bpw, cps, half, cluster, share = variant
     options = dict(
         limit=None,
         ue8m0=True,
@@ -160,8 +167,12 @@ def layer_requests(
     for name, rows, k, swiglu in (("g", 2 * inter, hidden, True), ("d", hidden, inter, False)):
         if half in ("", name):
             size = stream_plan.choose_cluster(rows, k) if cluster == CLUSTER_AUTO else cluster
+            if share:
+                size = max(size, 2)
             requests.append(
-                stream_plan.stream_request(rows, k, tokens, swiglu=swiglu, cluster=size, **options)
+                stream_plan.stream_request(
+                    rows, k, tokens, swiglu=swiglu, cluster=size, share_x=share, **options
+                )
             )
         else:  # the other half: fp8_gemv as planned
             requests.append(gemv_plan.gemv_request(rows, k, tokens, swiglu=swiglu, limit=None,
@@ -442,7 +453,10 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
     ``description``: the --help text (the script's docstring, first line shown)."""
     parser = argparse.ArgumentParser(description=(description or "").split("\n")[0] or None)
     parser.add_argument(
-        "--shapes", default="", help="DENSE_SHAPES names, comma-separated; 'grid': the grid alone"
+        "--shapes",
+        default="",
+        help="DENSE_SHAPES or grid shape names (h6144-i2816), comma-separated; 'grid': the "
+        "grid alone",
     )
     parser.add_argument("--grid", action="store_true", help="add the off-table grid")
     parser.add_argument("--tokens", default="1,8", help="token counts, e.g. 1,8")

@@ -79,7 +79,8 @@ SHAPES.update(FAMILY_SHAPES)
 # Shards on fp8_stream's cluster form (fp8_gemv.plan.stream_halves): h6144-i4864's down
 # projection alone (fp8_gemv's plan for it takes 3 waves; qwen3-8b-tp1 and qwen3-14b-tp1/tp2
 # above are others), h3072-i2816 both halves (352 gate_up tiles of 24 blocks, 192 down tiles
-# of 22; qwen3-8b-tp4 and qwen3-14b-tp4 above are others). (gate_up, down) streamed:
+# of 22; x quantized once per cluster from 6 tokens on; qwen3-8b-tp4, qwen3-14b-tp4,
+# qwen3-32b-tp8 and deepseek-v3-shared-tp1 above are others). (gate_up, down) streamed:
 STREAM_SHAPES = {"h6144-i4864": (6144, 4864), "h3072-i2816": (3072, 2816)}
 STREAMED = {"h6144-i4864": (False, True), "h3072-i2816": (True, True)}
 SHAPES.update(STREAM_SHAPES)
@@ -110,7 +111,7 @@ CASES += [
     (shape, m, u, lim)
     for shape in STREAM_SHAPES
     for m, u, lim in ((1, True, None), (3, True, LIMIT), (8, True, None), (1, False, LIMIT),
-                      (8, False, None), (5, False, None))
+                      (8, False, None), (5, False, None), (6, True, LIMIT))
 ]  # fmt: skip
 
 GRAPH_SHAPE, GRAPH_LAYERS, GRAPH_TOKENS = "glm5-tp8", 4, 4

@@ -6,7 +6,7 @@ every element was written. Shapes include block counts that are odd or prime and
 where every tile is split between CTAs, so the workspace reduction runs everywhere; the
 cluster form (whole tiles per thread block cluster, split tiles reduced in distributed
 shared memory) runs on the same shapes with clusters of 1, 2, 4 and 8, up to seven CTAs
-sending their partials of one tile.
+sending their partials of one tile, and with x quantized once per cluster (share_x).
 """
 
 from __future__ import annotations
@@ -50,9 +50,10 @@ CASES = (
 )  # fmt: skip
 
 
-# (shape, cluster): the grid-wide form and the cluster form
+# (shape, cluster): the grid-wide form and the cluster form (negative: with share_x)
 GRAPH_CASES = (("odd-24x13", 0), ("dsv3-shared-tp8-gate_up", 0), ("odd-24x13", 4),
-               ("dsv3-shared-tp8-gate_up", 8))  # fmt: skip
+               ("dsv3-shared-tp8-gate_up", 8), ("odd-24x13", -2),
+               ("dsv3-shared-tp8-gate_up", -8))  # fmt: skip
 # Two blocks per consumer warp and stage, and two CTAs per SM (knobs beside the default).
 KNOB_CASES = [
     (s, m, True, None, dict(warps=8, blocks_per_warp=2, ctas_per_sm=c))
@@ -74,6 +75,22 @@ CLUSTER_CASES = [
         ("dsv3-shared-tp8-down", 4, True, None, 2), ("dsv3-tp8-down", 8, False, None, 2),
     )
 ]  # fmt: skip
+# x quantized once per cluster: every CTA of a cluster holds all of x, quantizes every
+# cluster-th (token, block) chunk and gets the rest by st.async. Chunk counts the cluster
+# does not divide (13 blocks x 3 tokens over 2 or 4 CTAs; 7 x 7 over 4), ranges under one
+# tile (the shared expert's gate_up in clusters of 8), both scale rules, the clamp, the
+# planner's 3 stages.
+SHARE_X_CASES = [
+    (s, m, u, lim, dict(warps=8, blocks_per_warp=2, stages=3, cluster=c, share_x=True))
+    for s, m, u, lim, c in (
+        ("odd-24x13", 3, True, None, 2), ("odd-24x13", 8, False, None, 4),
+        ("prime-72x7", 7, True, None, 4), ("dsv3-shared-tp8-gate_up", 8, True, LIMIT, 8),
+        ("dsv3-shared-tp8-gate_up", 6, False, None, 2),
+        ("odd-swiglu-8x13", 3, False, LIMIT, 4), ("glm5-tp8-gate_up", 8, True, None, 2),
+        ("glm5-tp8-gate_up", 6, False, LIMIT, 2), ("glm5-tp8-down", 8, True, None, 2),
+        ("dsv3-tp8-down", 1, True, None, 2),
+    )
+]  # fmt: skip
 
 
 def _request(shape: str, m: int, ue8m0: bool, limit: float | None, knobs=None, arch: str = ARCH):
@@ -87,7 +104,7 @@ def kernel_requests(arch: str = ARCH) -> list:
     """Every compile request of these tests (for warming a cache on a machine without GPU)."""
     seen = []
     graph_cases = [_graph_case(s, c) for s, c in GRAPH_CASES]
-    for case in CASES + graph_cases + KNOB_CASES + CLUSTER_CASES:
+    for case in CASES + graph_cases + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES:
         r = _request(*case, arch=arch)
         if r not in seen:
             seen.append(r)
@@ -95,7 +112,12 @@ def kernel_requests(arch: str = ARCH) -> list:
 
 
 def _graph_case(shape: str, cluster: int):
-    return (shape, 4, True, None, dict(cluster=cluster) if cluster else {})
+    """cluster 0: the grid-wide form; > 0: the cluster form; < 0: clusters of -cluster with
+    x quantized once per cluster."""
+    knobs = dict(cluster=abs(cluster)) if cluster else {}
+    if cluster < 0:
+        knobs.update(share_x=True, stages=3)
+    return (shape, 4, True, None, knobs)
 
 
 def _inputs(shape: str, m: int):
@@ -125,7 +147,7 @@ def _case_id(case) -> str:
     return f"{s}-t{m}-{'ue8m0' if u else 'f32'}-lim{lim}{extra}"
 
 
-ALL_CASES = CASES + KNOB_CASES + CLUSTER_CASES
+ALL_CASES = CASES + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=[_case_id(c) for c in ALL_CASES])

@@ -96,7 +96,9 @@ def stream_halves(hidden: int, inter: int, tokens: int, sms: int = hopper.SMS) -
     - both halves for layers of STREAM_MIN_BYTES to STREAM_MAX_BYTES whose tiles deal
       evenly (stream_plan.imbalance within STREAM_MAX_IMBALANCE for both).
 
-    A half goes to fp8_stream only where it takes the shape (stream_plan.fits)."""
+    A half goes to fp8_stream only where it takes the shape (stream_plan.fits); where both
+    do, x is quantized once per cluster from stream_plan.SHARE_X_MIN_TOKENS tokens on
+    (stream_plan.layer_stream_options)."""
     gate_up, down = (2 * inter, hidden), (hidden, inter)
     down_fits = stream_plan.fits(*down, tokens, sms)
     if planned_waves(*down, tokens, False, sms) > 1 and down_fits:
@@ -189,11 +191,13 @@ def _shard_requests(
             continue
         options = dict(limit=limit, ue8m0=ue8m0, arch=arch, sms=sms)
         halves = ((2 * inter, hidden, True), (hidden, inter, False))
-        for (rows, k, swiglu), streamed in zip(
-            halves, stream_halves(hidden, inter, m, sms), strict=True
-        ):
+        streams = stream_halves(hidden, inter, m, sms)
+        for (rows, k, swiglu), streamed in zip(halves, streams, strict=True):
             if streamed:
-                requests.append(stream_plan.stream_request(rows, k, m, swiglu=swiglu, **options))
+                extra = stream_plan.layer_stream_options(rows, k, m, all(streams), sms)
+                requests.append(
+                    stream_plan.stream_request(rows, k, m, swiglu=swiglu, **options, **extra)
+                )
             else:
                 requests.append(gemv_request(rows, k, m, swiglu=swiglu, **options))
     return tuple(requests)

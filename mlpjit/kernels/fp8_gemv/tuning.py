@@ -119,7 +119,10 @@ def _config(
 # of a layer sweep once K splits no longer met at a fenced cluster barrier
 # (docs/KERNEL_NOTES.md). send_x ("variant 37": x sent by st.async instead of the fenced
 # cluster barrier) on GLM-5's TP-8 and TP-4 gate_up at 6-8 tokens, where it won 1.5-3.2%
-# per layer in two device runs; on other clustered kernels it was level or slower.
+# per layer in two device runs; on other clustered kernels it was level or slower. The
+# entries of Qwen3-32B TP 8 and of DeepSeek-V3's shared expert at TP 1 are gone: both layers
+# now stream (fp8_gemv.plan.stream_halves), 1-9% faster than their measured pairs at 1, 4, 6
+# and 8 tokens and level at 2 (docs/KERNEL_NOTES.md, variant 40).
 TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...]] = {
     # GLM-5 (hidden 6144, intermediate 12288) TP 8
     (3072, 6144, True): (
@@ -217,21 +220,6 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
         (1, _config(4, 1, 2, slice_k=128)),
         (8, None),
     ),
-    # DeepSeek-V3 shared expert TP 1.
-    (7168, 2048, False): (
-        (7, _config(7, 3, 1, splits=2)),
-        (8, _config(7, 2, 1, spw=2, slice_k=256, splits=2)),  # variant 33
-    ),
-    (4096, 7168, True): (
-        (1, None),
-        (2, _config(2, 3, 1, early=True, spw=2)),  # variant 33
-        (3, _config(2, 1, 1)),
-        (4, _config(2, 2, 1, early=True, spw=7, slice_k=256)),  # variant 33
-        (5, _config(4, 2, 1, spw=7, slice_k=256, splits=2)),
-        (6, _config(2, 3, 1, early=True, spw=2)),  # variant 33
-        (7, _config(4, 2, 1, spw=7, slice_k=256, splits=2)),
-        (8, _config(2, 2, 1, early=True, spw=7, slice_k=256)),  # variant 33
-    ),
     # Where the old whole-K cost model's pick beat modeled_us's by more than 3% in the
     # validation of variant 29 (same run, side by side): Qwen3-14B TP 8 down (17 K blocks)
     # 15.91 vs 17.03 us per layer at 1 token, GLM-4.5 TP 1 down 58.00 vs 60.16 at 8.
@@ -239,16 +227,6 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
     (5120, 12288, False): (
         (4, None),
         (8, _config(1, 1, 1, spw=3, slice_k=256, splits=2)),
-    ),
-    # Qwen3-32B (hidden 5120) TP 8.
-    (6400, 5120, True): (
-        (1, _config(1, 3, 1)),
-        (4, None),
-        (8, _config(1, 3, 1)),
-    ),
-    (5120, 3200, False): (
-        (1, _config(1, 1, 3, spw=5, slice_k=128)),
-        (8, _config(8, 0, 2, spw=5, slice_k=128, splits=5)),
     ),
 }
 # Heuristic picks keep at most this many steps in registers: 2-3 beat more in the sweeps
@@ -917,7 +895,7 @@ def choose_config(
     rows: int, k: int, tokens: int, swiglu: bool, sms: int = hopper.SMS
 ) -> GemvConfig:
     """Default config for a shape: the H200-measured best where TUNED_H200 has one (GLM,
-    DeepSeek-V3 TP 8 and its shared expert, Qwen3-32B TP 8); elsewhere the whole-K
+    DeepSeek-V3 TP 8 and its TP-8 shared expert, Qwen3-14B TP 8's down); elsewhere the whole-K
     heuristics (for k a multiple of 512: a persistent grid with several slices per warp for
     many rows and large k, _wide_persistent, else about one wave of resident CTAs over all
     SMs; at most HEURISTIC_MAX_IN_REGS steps in registers, in clusters of 2 from

@@ -30,6 +30,11 @@ work split and a memory pipeline whose speed follows from the bytes:
   shared memory with st.async, counted on an mbarrier it made before the cluster's entry
   arrive, and it adds them in rank order after its own. No workspace is read or written
   (trace builds aside), so nothing needs zeroing, ever.
+- ``share_x`` (cluster form, clusters of 2 or more): x is quantized once per cluster. Every
+  CTA holds all of x; rank r quantizes the (token, K block) chunks r, r + C, ... and sends
+  each to the other CTAs with st.async, counted on an x mbarrier each made before the entry
+  arrive. Every CTA reading and quantizing all of x (up to 98 KB of L2 reads per CTA at 8
+  tokens, competing with the weight stream) is what made 8 tokens slower than 1.
 
 DenseMlp runs the cluster form for the layer halves mlpjit.kernels.fp8_gemv.plan.stream_halves
 gives it; scripts/tune_fp8_stream.py times both forms beside fp8_gemv (docs/KERNEL_NOTES.md,
@@ -146,6 +151,8 @@ class Fp8Stream:
             self.init_barriers(s_base)
             if cutlass.const_expr(self.cluster > 1):
                 self.expect_split_partials(s_base, cta, b0, b1)
+            if cutlass.const_expr(self.share_x):
+                self.expect_shared_x(s_base, cta)
             ptx.fence_mbarrier_init()
         cute.arch.sync_threads()
         if cutlass.const_expr(self.cluster > 1):
@@ -186,6 +193,17 @@ class Fp8Stream:
         senders = self.split_senders(cta, b0, b1)
         if senders > 0:
             ptx.mbarrier_arrive_expect_tx(bar, senders * SLOT_BYTES)
+
+    @cute.jit
+    def expect_shared_x(self, s_base: Int32, cta: Int32):
+        """One thread, share_x: the mbarrier that counts the x chunks (values and scale) the
+        cluster's other CTAs quantize for us: every chunk but ours (rank r: r, r + C, ...)."""
+        C = self.cluster
+        chunks = self.tokens * self.kblocks
+        ours = (chunks - cta % C + C - 1) // C
+        bar = s_base + self.smem_x_bar
+        ptx.mbarrier_init(bar, 1)
+        ptx.mbarrier_arrive_expect_tx(bar, (chunks - ours) * (BLOCK + 4))
 
     @cute.jit
     def stamp(self, g_work: Int64, cta: Int32, point: int):
@@ -436,7 +454,10 @@ class Fp8Stream:
         if warp * 32 + lane == 0:
             self.stamp(g_work, cta, 1)
 
-        self.quantize_x(g_x, s_x, s_xsc, b0, b1, warp, lane)
+        if cutlass.const_expr(self.share_x):
+            self.quantize_x_across_cluster(g_x, s_base, cta, warp, lane)
+        else:
+            self.quantize_x(g_x, s_x, s_xsc, b0, b1, warp, lane)
         cute.arch.cp_async_wait_group(0)
         ptx.bar_sync(_CONSUMERS, 32 * W)
         if warp * 32 + lane == 0:
@@ -450,6 +471,8 @@ class Fp8Stream:
         s_xs0 = s_xsc + cutlass.min(q * 2, T - 1) * (XB * 4)
         s_xs1 = s_xsc + cutlass.min(q * 2 + 1, T - 1) * (XB * 4)
         kb_first = b0 % KB  # x holds the range's K blocks from here on (mod KB)
+        if cutlass.const_expr(self.share_x):
+            kb_first = Int32(0)  # x holds every K block, in order
 
         t0 = Float32(0.0)
         t1 = Float32(0.0)
@@ -619,6 +642,58 @@ class Fp8Stream:
                     ptx.st_shared_v4(s_dst, packed[0], packed[1], packed[2], packed[3])
                     if cl == 0:
                         ptx.st_shared_f32(s_xsc + (t * self.x_blocks_max + xb) * 4, scale)
+
+    @cute.jit
+    def quantize_x_across_cluster(self, g_x: Int64, s_base: Int32, cta: Int32, warp, lane):
+        """share_x: quantize x once per cluster. Chunk c ((token c % T, K block c // T)) is
+        rank c % C's: it stores it in its own shared memory and sends it to the other CTAs of
+        the cluster with st.async, counted on their x mbarriers; every CTA then waits on its
+        own for the others' chunks. x is laid out by K block (kb_first 0) in every CTA."""
+        T = self.tokens
+        C = self.cluster
+        W = self.warps
+        chunks = T * self.kblocks
+        s_x = s_base + self.smem_x
+        s_xsc = s_base + self.smem_xscales
+        bar = s_base + self.smem_x_bar
+        rank = cta % C
+        sub = lane >> 3
+        cl = lane & 7
+        # Every CTA of the cluster has made its x mbarrier (its entry arrive) before any
+        # remote store; waited for before the loads, which then stay in flight together.
+        ptx.trap_unless_cluster_size(C)
+        ptx.cluster_wait()
+        passes = self.x_passes
+        for first in cutlass.range_constexpr(0, passes, X_PASSES_MAX):
+            todo = []
+            for j in cutlass.range_constexpr(first, min(passes, first + X_PASSES_MAX)):
+                c = ((j * W + warp) * 4 + sub) * C + rank
+                cc = cutlass.min(c, chunks - 1)  # past the end: a valid re-read, not stored
+                t = cc % T
+                kb = cc // T
+                g_src = g_x + Int64((t * self.k + kb * BLOCK + cl * 16) * 2)
+                words = list(ptx.ld_global_v4(g_src)) + list(ptx.ld_global_v4(g_src + 16))
+                todo.append((c, t, kb, words))
+            for c, t, kb, words in todo:
+                packed, scale = quantize16(words, self.ue8m0)
+                if c < chunks:
+                    s_dst = s_x + t * self.x_row + kb * BLOCK + cl * 16
+                    s_scale = s_xsc + (t * self.kblocks + kb) * 4
+                    ptx.st_shared_v4(s_dst, packed[0], packed[1], packed[2], packed[3])
+                    for d in cutlass.range_constexpr(1, C):
+                        r = (rank + d) % C
+                        ptx.st_async_v4(
+                            ptx.mapa_shared(s_dst, r), packed[0], packed[1], packed[2],
+                            packed[3], ptx.mapa_shared(bar, r),
+                        )  # fmt: skip
+                    if cl == 0:
+                        ptx.st_shared_f32(s_scale, scale)
+                        for d in cutlass.range_constexpr(1, C):
+                            r = (rank + d) % C
+                            ptx.st_async_f32(
+                                ptx.mapa_shared(s_scale, r), scale, ptx.mapa_shared(bar, r)
+                            )
+        ptx.mbarrier_wait(bar, Int32(0))  # the others' chunks (our own: the CTA barrier)
 
     # ------------------------------------------------------------------ epilogue warp
 

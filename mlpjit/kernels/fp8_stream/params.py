@@ -47,7 +47,8 @@ KERNEL_ARGS = ("out", "x", "w", "w_scale", "workspace")
 # or 8 deal whole tiles to clusters of that many CTAs and split them only inside a cluster
 # (1: no split tile at all), so the workspace holds nothing but a trace build's stamps.
 CLUSTER_SIZES = (0, 1, 2, 4, 8)
-MBARRIER_BYTES = 16  # the mbarrier that counts a split tile's partials from the cluster
+# The mbarriers that count a split tile's partials and (share_x) x's chunks from the cluster
+MBARRIER_BYTES = 16
 
 
 def workspace_bytes(rows: int, k: int, sms: int = hopper.SMS, trace: bool = False) -> int:
@@ -89,6 +90,10 @@ class StreamParams:
     # 0: stream-K over the whole grid, split tiles reduced through the workspace; C >= 1:
     # whole tiles per cluster of C CTAs, split tiles reduced in distributed shared memory
     cluster: int = 0
+    # Cluster form, clusters of 2 or more: x quantized once per cluster (each CTA quantizes
+    # every cluster-th (token, block) chunk and sends it to the others with st.async), so
+    # every CTA holds all of x but reads only its share from L2
+    share_x: bool = False
 
     def __post_init__(self) -> None:
         check_int("rows", self.rows, TILE_ROWS, MAX_ROWS)
@@ -103,7 +108,7 @@ class StreamParams:
                 f"cluster must be one of {', '.join(map(str, CLUSTER_SIZES))}, got {self.cluster!r}"
             )
         hopper.check_sms(self.sms)
-        for name in ("swiglu", "ue8m0", "trace"):
+        for name in ("swiglu", "ue8m0", "trace", "share_x"):
             check_bool(name, getattr(self, name))
         object.__setattr__(self, "limit", check_limit(self.limit))
         if self.k % BLOCK:
@@ -114,6 +119,11 @@ class StreamParams:
             raise ValueError(
                 f"cluster must be at most k / {BLOCK} = {self.kblocks} (every CTA of a cluster "
                 f"takes a block of its tiles), got {self.cluster}"
+            )
+        if self.share_x and self.cluster < 2:
+            raise ValueError(
+                f"share_x needs the cluster form with clusters of 2 or more, got cluster="
+                f"{self.cluster}"
             )
         budget = hopper.smem_budget(self.ctas_per_sm)
         if self.smem_bytes > budget:
@@ -214,13 +224,25 @@ class StreamParams:
 
     @property
     def x_blocks_max(self) -> int:
-        """K blocks of x one CTA needs at most (its range covers at most that many)."""
+        """K blocks of x one CTA holds at most (its range covers at most that many; all of
+        them with share_x)."""
+        if self.share_x:
+            return self.kblocks
         return min(self.kblocks, self.max_blocks_per_cta)
+
+    @property
+    def x_chunks(self) -> int:
+        """(token, K block) chunks of x one CTA quantizes at most (with share_x, chunk c
+        goes to cluster rank c % cluster)."""
+        chunks = self.tokens * self.x_blocks_max
+        if self.share_x:
+            return -(-chunks // self.cluster)
+        return chunks
 
     @property
     def x_passes(self) -> int:
         """Passes of 4 (token, block) chunks per consumer warp to quantize x."""
-        return -(-self.tokens * self.x_blocks_max // (4 * self.warps))
+        return -(-self.x_chunks // (4 * self.warps))
 
     # Shared-memory layout: mbarriers (stages full, stages empty, partials full, partials
     # empty) | warp partials | weight scales | x scales | x | ring | (cluster form) the
@@ -253,6 +275,11 @@ class StreamParams:
     @property
     def smem_split_bar(self) -> int:
         return self.smem_received + (self.cluster_ctas - 1) * SLOT_BYTES
+
+    @property
+    def smem_x_bar(self) -> int:
+        """share_x: the mbarrier that counts the x chunks the cluster's other CTAs send."""
+        return self.smem_split_bar + 8
 
     @property
     def smem_bytes(self) -> int:
