@@ -47,6 +47,7 @@ def test_grid_adds_the_off_table_shapes(capsys) -> None:
     assert "h3072-i1152" in args.shape_list
     assert bench.parse_args(["--shapes", "h2048-i256"]).shape_list == ["h2048-i256"]
     assert bench.main(["--dry-run", "--shapes", "h2048-i256", "--tokens", "1,8"]) == 0
+    assert bench.parse_args(["--shapes", "h2560-i2304"]).shape_list == ["h2560-i2304"]
     assert "h2048-i256: hidden 2048, intermediate 256," in capsys.readouterr().out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import types
 
+import pytest
 import torch
 
 from mlpjit.kernels.blocks import BLOCK
@@ -31,3 +32,20 @@ def test_random_weights_have_one_scale_per_block() -> None:
     w, s = layers.random_fp8_weight(256, 384, gen, scale=1.0)
     assert w.shape == (256, 384) and w.dtype == torch.float8_e4m3fn
     assert s.shape == (2, 3) and s.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        ("glm5-tp8", (6144, 1536)),
+        ("h3072-i1152", (3072, 1152)),  # a grid shape
+        ("h2560-i2304", (2560, 2304)),  # any multiples of 128
+        ("h2560-i2300", None),  # 2300 is not a multiple of 128
+        ("h0-i256", None),
+        ("h02048-i256", None),
+        ("h2048-i256 ", None),
+        ("glm6-tp8", None),
+    ],
+)
+def test_shape_by_name(name: str, shape: tuple[int, int] | None) -> None:
+    assert layers.shape_by_name(name) == shape

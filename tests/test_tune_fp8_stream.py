@@ -105,6 +105,13 @@ def test_grid_shapes_by_name(tune) -> None:
     assert tune.shapes_of(args) == {"h6144-i2816": (6144, 2816), "glm5-tp8": (6144, 1536)}
 
 
+def test_any_hidden_and_intermediate_by_name(tune) -> None:
+    args = tune.argparse.Namespace(shapes="h2560-i2304", grid=False)
+    assert tune.shapes_of(args) == {"h2560-i2304": (2560, 2304)}
+    with pytest.raises(SystemExit, match="multiples of 128"):
+        tune.main(["--shapes", "h2560-i2300", "--emit", "/dev/null"])
+
+
 def test_unknown_shape_is_one_line(tune) -> None:
     with pytest.raises(SystemExit, match="--shapes: unknown"):
         tune.main(["--shapes", "nope", "--emit", "/dev/null"])

@@ -27,6 +27,7 @@ from mlpjit.testing.layers import (
     layer_bytes,
     layers_needed,
     random_fp8_layer,
+    shape_by_name,
 )
 
 # The checkout (the scripts run from one: pip install -e .): --out-dir's default is in it.
@@ -46,14 +47,19 @@ SHAPES = {
         "qwen3-32b-tp8",
     )
 }
-# Every shape --shapes takes: the presets' shards and the off-table grid (--grid adds all
-# of the latter).
-ALL_SHAPES = {**DENSE_SHAPES, **GRID_SHAPES}
 DEFAULT_TOKENS = (1, 2, 4, 8)
 # --l2-resident: calls of one layer in a chain (weights of the largest benchmark shape below
 # 60 MB stay in the H200's L2).
 L2_RESIDENT_CALLS = 40
 METHODS = ("mlpjit", "mlpjit_nopdl", "stock", "scaled_mm", "bf16")
+
+
+def _shape(name: str) -> tuple[int, int]:
+    """(hidden, intermediate shard) of a --shapes name (checked when the arguments are)."""
+    shape = shape_by_name(name)
+    if shape is None:
+        raise ValueError(f"unknown shape {name!r}")
+    return shape
 
 
 def kernel_requests(arch: str = "sm_90a", shapes: Sequence[str] = tuple(SHAPES)) -> list:
@@ -62,7 +68,7 @@ def kernel_requests(arch: str = "sm_90a", shapes: Sequence[str] = tuple(SHAPES))
 
     requests = []
     for name in shapes:
-        hidden, inter = ALL_SHAPES[name]
+        hidden, inter = _shape(name)
         requests += layer_requests(hidden, inter, DEFAULT_TOKENS, arch, limit=None, ue8m0=True)
     return requests
 
@@ -81,8 +87,8 @@ def parse_args(
     p.add_argument(
         "--shapes",
         default=",".join(SHAPES),
-        help=f"comma list of {', '.join(DENSE_SHAPES)}, or of the grid's hNNNN-iNNNN names "
-        f"(default: {', '.join(SHAPES)})",
+        help=f"comma list of {', '.join(DENSE_SHAPES)}, or of h<hidden>-i<intermediate> names "
+        f"(multiples of 128, e.g. the grid's h6144-i2816; default: {', '.join(SHAPES)})",
     )
     p.add_argument(
         "--grid",
@@ -114,7 +120,13 @@ def parse_args(
     if args.quick:
         args.shapes, args.tokens, args.replays, args.warmup = "glm5-tp8", "1,8", 30, 3
         args.host_calls = 50
-    args.shape_list = _choices(args.shapes, ALL_SHAPES, "--shapes", p)
+    args.shape_list = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    unknown = [name for name in args.shape_list if shape_by_name(name) is None]
+    if unknown or not args.shape_list:
+        p.error(
+            f"--shapes: unknown {unknown or args.shapes!r}; allowed: {', '.join(DENSE_SHAPES)}, "
+            "or h<hidden>-i<intermediate> with both multiples of 128 (e.g. h2048-i256)"
+        )
     if args.grid:
         args.shape_list += [name for name in GRID_SHAPES if name not in args.shape_list]
     args.method_list = _choices(args.methods, METHODS, "--methods", p)
@@ -172,7 +184,7 @@ def host_overhead_us(call: Callable[[], object], calls: int, batches: int = 20) 
 def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -> list[dict]:
     from mlpjit import DenseMlp, stock
 
-    hidden, inter = ALL_SHAPES[name]
+    hidden, inter = _shape(name)
     n_layers = layers_needed(hidden, inter, l2_bytes, args.l2_multiple)
     distinct = n_layers  # weight sets; --l2-resident: one, called n_layers times
     if args.l2_resident:
@@ -371,7 +383,7 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
 
         print("dry run: nothing measured")
         for name in args.shape_list:
-            hidden, inter = ALL_SHAPES[name]
+            hidden, inter = _shape(name)
             n = layers_needed(hidden, inter, L2_BYTES_H200, args.l2_multiple)
             paths = {
                 m: "kernel" if kernel_supported(hidden, inter, m) else "stock"

@@ -17,7 +17,13 @@ from mlpjit.kernels.fp8_gemv import plan as gemv_plan
 from mlpjit.kernels.fp8_gemv import tuning
 from mlpjit.kernels.fp8_layer import plan as layer_plan
 from mlpjit.kernels.fp8_stream import plan as stream_plan
-from mlpjit.testing.layers import DENSE_SHAPES, GRID_SHAPES, device_l2_bytes, layer_bytes
+from mlpjit.testing.layers import (
+    DENSE_SHAPES,
+    GRID_SHAPES,
+    device_l2_bytes,
+    layer_bytes,
+    shape_by_name,
+)
 
 ARCH = "sm_90a"
 DEFAULT_SHAPES = (
@@ -105,14 +111,13 @@ def shapes_of(args: argparse.Namespace) -> dict[str, tuple[int, int]]:
     names = args.shapes.split(",") if args.shapes else list(DEFAULT_SHAPES)
     if names == ["grid"]:
         return dict(GRID_SHAPES)
-    known = {**DENSE_SHAPES, **GRID_SHAPES}
-    unknown = [n for n in names if n not in known]
+    shapes = {n: shape_by_name(n) for n in names}
+    unknown = [n for n, shape in shapes.items() if shape is None]
     if unknown:
         raise SystemExit(
-            f"--shapes: unknown {unknown}; known: {', '.join(DENSE_SHAPES)}, or a grid shape "
-            f"such as {next(iter(GRID_SHAPES))}"
+            f"--shapes: unknown {unknown}; known: {', '.join(DENSE_SHAPES)}, or "
+            "h<hidden>-i<intermediate> with both multiples of 128 (e.g. h2048-i256)"
         )
-    shapes = {n: known[n] for n in names}
     if args.grid:
         shapes.update(GRID_SHAPES)
     return shapes
@@ -455,8 +460,8 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
     parser.add_argument(
         "--shapes",
         default="",
-        help="DENSE_SHAPES or grid shape names (h6144-i2816), comma-separated; 'grid': the "
-        "grid alone",
+        help="DENSE_SHAPES or h<hidden>-i<intermediate> names (multiples of 128, e.g. the "
+        "grid's h6144-i2816), comma-separated; 'grid': the grid alone",
     )
     parser.add_argument("--grid", action="store_true", help="add the off-table grid")
     parser.add_argument("--tokens", default="1,8", help="token counts, e.g. 1,8")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import statistics
 import sys
 import time
@@ -56,6 +57,7 @@ __all__ = [
     "random_fp8_weight",
     "rel_l2",
     "replay_times",
+    "shape_by_name",
     "startup_stats",
     "startup_table",
     "startup_totals",
@@ -119,6 +121,24 @@ GRID_INTER = (256, 640, 1152, 1920, 2816, 4864)
 GRID_SHAPES: dict[str, tuple[int, int]] = {
     f"h{hidden}-i{inter}": (hidden, inter) for hidden in GRID_HIDDEN for inter in GRID_INTER
 }
+_FREE_SHAPE = re.compile(r"h([1-9][0-9]*)-i([1-9][0-9]*)")
+
+
+def shape_by_name(name: str) -> tuple[int, int] | None:
+    """(hidden, intermediate shard) of a benchmark shape name: a preset shard
+    ("glm5-tp8"), a grid shape, or any "h<hidden>-i<intermediate>" whose sizes are
+    multiples of 128 ("h2560-i2304": a layer no model preset has); None otherwise."""
+    if name in DENSE_SHAPES:
+        return DENSE_SHAPES[name]
+    found = _FREE_SHAPE.fullmatch(name)
+    if found is None:
+        return None
+    hidden, inter = int(found[1]), int(found[2])
+    if hidden % BLOCK or inter % BLOCK:
+        return None
+    return hidden, inter
+
+
 # "glm5-tp8-gate_up" -> GemvShape, both launches of every shard above.
 GEMV_SHAPES: dict[str, GemvShape] = {
     f"{name}-{kind}": shape
