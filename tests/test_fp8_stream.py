@@ -11,6 +11,7 @@ from mlpjit.kernels.fp8_stream import SPEC, plan
 from mlpjit.kernels.fp8_stream.params import (
     BLOCK,
     TILE_ROWS,
+    TRACE_POINTS,
     StreamParams,
     workspace_bytes,
 )
@@ -138,7 +139,7 @@ def test_cluster_form_needs_no_workspace_and_holds_the_partials_it_receives() ->
     assert clustered.ctas == 120  # 30 clusters of 4 are resident on 132 SMs
     assert StreamParams(**BASE, stages=4, cluster=2).ctas == 132
     traced = StreamParams(**BASE, stages=4, cluster=2, trace=True)
-    assert traced.trace_offset == 0 and traced.workspace_bytes == 132 * 8 * 8
+    assert traced.trace_offset == 0 and traced.workspace_bytes == 132 * TRACE_POINTS * 8
 
 
 @pytest.mark.parametrize(("tokens", "cluster"), [(1, 2), (6, 4), (7, 2), (8, 8)])

@@ -184,3 +184,26 @@ def test_plot_draws_a_png(tune, tmp_path) -> None:
     png = tmp_path / "grid.png"
     assert tune.main(["--plot", str(png), "--from-json", str(src)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_spread_line_names_the_slow_sms_and_whether_they_repeat(tune) -> None:
+    import torch
+
+    from mlpjit.kernels.fp8_stream.params import TRACE_POINTS
+
+    def launch(busy_ns: list[int], sms: list[int]) -> torch.Tensor:
+        t = torch.zeros(len(sms), TRACE_POINTS, dtype=torch.int64)
+        t[:, 0] = 1000
+        t[:, 4] = 1000 + torch.tensor(busy_ns)
+        t[:, -1] = torch.tensor(sms)
+        return t
+
+    blocks = torch.tensor([10.0, 10.0, 10.0, 10.0])
+    sms = [3, 0, 2, 1]
+    busy = [2000, 1000, 1500, 1200]  # SM 3 is the slowest, then SM 2
+    line = tune._spread_line([launch(busy, sms), launch(busy, sms)], blocks)
+    assert "max 2.00" not in line and line.endswith("slowest SMs [3, 2, 1, 0]")
+    assert "busy us p10/p50/p90/max" in line and "/2.00 " in line
+    assert "launch 1 vs 2..) 1.00" in line
+    flipped = tune._spread_line([launch(busy, sms), launch(busy[::-1], sms)], blocks)
+    assert "launch 1 vs 2..) -" in flipped  # the slow SMs moved: negative correlation

@@ -328,9 +328,16 @@ def _pair_launcher(kernels, streamed, hidden, inter, x, act, out):  # pragma: no
     return launch
 
 
+TRACE_LAUNCHES = 3  # trace launches of a pair, each after an idle GPU
+
+
 def print_trace(name, tokens, label, manager, device, reqs, gate_up_args, down_args):
-    """One gate_up + down pair of trace builds after an idle GPU: per kernel and stamp, the
-    median and the latest CTA in microseconds from gate_up's first CTA start."""
+    """TRACE_LAUNCHES launches of a gate_up + down pair of trace builds, each after an idle
+    GPU. For the first: per kernel and stamp, the median and the latest CTA in microseconds
+    from gate_up's first CTA start. Then where the spread between CTAs comes from: per
+    kernel, each CTA's time from its start to its last consumer warp's end (p10 / median /
+    p90 / max over CTAs, first launch), how that time follows the CTA's blocks, and whether
+    the same SMs are slow in every launch (correlation of per-SM rates between launches)."""
     import torch
     from torch.cuda import _sleep  # torch's private helper: a GPU spin of N cycles
 
@@ -338,29 +345,73 @@ def print_trace(name, tokens, label, manager, device, reqs, gate_up_args, down_a
     from mlpjit.kernels.fp8_stream.params import TRACE_POINTS, StreamParams
 
     names = _TRACE_NAMES
-    stamps = []
-    works = []
+    kernels = []
     for r, args in zip(reqs, (gate_up_args, down_args), strict=True):
         params = StreamParams(**r.params)
         work = torch.zeros(params.workspace_bytes, dtype=torch.uint8, device=device)
-        works.append((params, work))
-        stamps.append((load_kernel(manager.get(r), device), [*args, work]))
-    torch.cuda.synchronize()
-    _sleep(1_000_000)  # the launches queue behind this, as in a busy stream
-    for kernel, args in stamps:
-        kernel.launch(args)
-    torch.cuda.synchronize()
-    times = []
-    for params, work in works:
-        raw = work[params.trace_offset :].view(torch.int64)[: params.ctas * TRACE_POINTS]
-        times.append(raw.view(params.ctas, TRACE_POINTS).double())
-    origin = times[0][:, 0].min()
-    for half, t in zip(("gate_up", "down"), times, strict=True):
-        rel = (t - origin) / 1e3
+        kernels.append((params, work, load_kernel(manager.get(r), device), [*args, work]))
+    launches = []  # per launch: per kernel, a (ctas, TRACE_POINTS) int64 tensor
+    for _ in range(TRACE_LAUNCHES):
+        torch.cuda.synchronize()
+        _sleep(1_000_000)  # the launches queue behind this, as in a busy stream
+        for _, _, kernel, args in kernels:
+            kernel.launch(args)
+        torch.cuda.synchronize()
+        launches.append(
+            [
+                work[params.trace_offset :]
+                .view(torch.int64)[: params.ctas * TRACE_POINTS]
+                .view(params.ctas, TRACE_POINTS)
+                .cpu()
+                for params, work, _, _ in kernels
+            ]
+        )
+    first = launches[0]
+    origin = first[0][:, 0].min()
+    for half, t in zip(("gate_up", "down"), first, strict=True):
+        rel = (t[:, : len(names)] - origin).double() / 1e3
         cells = "  ".join(
             f"{n} {rel[:, i].median():.2f}/{rel[:, i].max():.2f}" for i, n in enumerate(names)
         )
         print(f"trace {name} t{tokens} {label} {half}: {cells}", flush=True)
+    for k, half in enumerate(("gate_up", "down")):
+        params = kernels[k][0]
+        blocks = torch.tensor([b1 - b0 for b0, b1 in params.cta_ranges()], dtype=torch.float64)
+        print(f"spread {name} t{tokens} {label} {half}: " + _spread_line(
+            [launch[k] for launch in launches], blocks), flush=True)  # fmt: skip
+
+
+def _spread_line(stamps: list, blocks) -> str:
+    """One kernel's CTA spread over launches (see print_trace): ``stamps`` per launch, a
+    (ctas, TRACE_POINTS) int64 tensor (point 0: start, 4: last consumer warp done, last:
+    the SM id); ``blocks``: each CTA's blocks."""
+    import torch
+
+    def quantiles(v):
+        q = torch.quantile(v, torch.tensor([0.1, 0.5, 0.9], dtype=v.dtype))
+        return "/".join(f"{x:.2f}" for x in [*q.tolist(), v.max().item()])
+
+    busy = [(t[:, 4] - t[:, 0]).double() / 1e3 for t in stamps]  # us per CTA
+    has = blocks > 0
+    rates = []
+    for t, us in zip(stamps, busy, strict=True):
+        per_sm = torch.full((int(t[:, -1].max()) + 1,), float("nan"), dtype=torch.float64)
+        per_sm[t[has, -1].long()] = (blocks[has] / us[has]).double()
+        rates.append(per_sm)
+    n = min(len(r) for r in rates)
+    both = torch.stack([r[:n] for r in rates])
+    ok = ~torch.isnan(both).any(0)
+    corr = [
+        torch.corrcoef(torch.stack([both[0, ok], both[i, ok]]))[0, 1].item()
+        for i in range(1, len(rates))
+    ]
+    with_blocks = torch.corrcoef(torch.stack([busy[0][has], blocks[has]]))[0, 1].item()
+    slow = torch.argsort(both[0].nan_to_num(float("inf")))[:6].tolist()
+    return (
+        f"busy us p10/p50/p90/max {quantiles(busy[0][has])}  blocks min/max "
+        f"{int(blocks[has].min())}/{int(blocks.max())}  corr(busy, blocks) {with_blocks:.2f}  "
+        f"corr(SM rate, launch 1 vs 2..) {' '.join(f'{c:.2f}' for c in corr)}  slowest SMs {slow}"
+    )
 
 
 def print_layer_trace(name, tokens, label, manager, device, req, args):  # pragma: no cover

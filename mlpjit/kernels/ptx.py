@@ -1093,6 +1093,12 @@ def globaltimer(*, loc=None, ip=None) -> Int64:
 
 
 @dsl_user_op
+def smid(*, loc=None, ip=None) -> Int32:
+    """mov.u32 id, %smid; (the SM this thread runs on)"""
+    return _asm([_I32], [], "mov.u32 $0, %smid;", "=r", side_effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
 def st_global_u64(addr: Int64, value: Int64, *, loc=None, ip=None) -> None:
     """st.global.u64 [addr], value;"""
     _asm(

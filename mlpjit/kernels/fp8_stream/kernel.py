@@ -207,10 +207,16 @@ class Fp8Stream:
 
     @cute.jit
     def stamp(self, g_work: Int64, cta: Int32, point: int):
-        """A trace build's %globaltimer stamp ``point`` of this CTA (nothing otherwise)."""
+        """A trace build's %globaltimer stamp ``point`` of this CTA (nothing otherwise); with
+        the start stamp (point 0), the CTA's SM id in its last slot."""
         if cutlass.const_expr(self.trace):
             addr = g_work + Int64(self.trace_offset + (cta * TRACE_POINTS + point) * 8)
             ptx.st_global_u64(addr, ptx.globaltimer())
+            if cutlass.const_expr(point == 0):
+                sm_slot = (cta + 1) * TRACE_POINTS - 1
+                ptx.st_global_u64(
+                    g_work + Int64(self.trace_offset + sm_slot * 8), Int64(ptx.smid())
+                )
 
     # ------------------------------------------------------------------ shared memory
 

@@ -38,8 +38,9 @@ SLOT_BYTES = 32 * 16  # one tile's fp32 partial sums: 32 lanes x 4 floats
 PARTIAL_BUFFERS = 4
 # x loads one thread keeps in flight before quantizing (8 registers each).
 X_PASSES_MAX = 12
-# Timestamps per CTA of a ``trace`` build (a developer aid: where a launch spends its time).
-TRACE_POINTS = 8
+# Timestamps per CTA of a ``trace`` build (a developer aid: where a launch spends its time),
+# and last, the SM the CTA ran on.
+TRACE_POINTS = 9
 # The kernel's parameters, in order (device pointers): output, input, weight, scales, and
 # the layer's workspace (split partials and arrival counters, zero at first use).
 KERNEL_ARGS = ("out", "x", "w", "w_scale", "workspace")
@@ -295,7 +296,8 @@ class StreamParams:
 
     @property
     def trace_offset(self) -> int:
-        """Where the trace stamps start in the workspace (CTA c, point i: + (c * 8 + i) * 8)."""
+        """Where the trace stamps start in the workspace (CTA c, point i: + (c * TRACE_POINTS +
+        i) * 8)."""
         if self.cluster:
             return 0
         return _align(self.ctas * 2 * SLOT_BYTES + self.tiles * 4, 8)
