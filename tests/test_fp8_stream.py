@@ -11,6 +11,7 @@ from mlpjit.kernels.fp8_stream import SPEC, plan
 from mlpjit.kernels.fp8_stream.params import (
     BLOCK,
     TILE_ROWS,
+    MAX_WARPS,
     TRACE_POINTS,
     StreamParams,
     workspace_bytes,
@@ -167,3 +168,30 @@ def test_choose_cluster_takes_the_busiest_cta_with_fewest_blocks() -> None:
     # DeepSeek-V3's shared expert gate_up: 32 tiles, 15 resident clusters of 8
     assert plan.choose_cluster(512, 7168) == 8
     assert plan.choose_cluster(128, 128) == 1  # one block per tile: no split possible
+
+
+def test_stage_shape_takes_whole_tiles_where_16_blocks_would_span_two() -> None:
+    shape = {blocks: plan.stage_shape(blocks * BLOCK) for blocks in range(1, 200)}
+    assert shape[12] == (6, 2) and shape[15] == (15, 1) and shape[21] == (7, 3)
+    assert shape[9] == (9, 2) and shape[5] == (10, 2)  # 18 = two tiles, 20 = four
+    default = (plan.DEFAULT_WARPS, plan.DEFAULT_BLOCKS_PER_WARP)
+    for blocks in (1, 2, 4, 8, 16, 17, 19, 22, 24, 32, 48, 199):
+        assert shape[blocks] == default, blocks
+    for blocks, (warps, per_warp) in shape.items():
+        stage = warps * per_warp
+        assert 1 <= warps <= MAX_WARPS and 1 <= per_warp <= 4
+        assert (warps, per_warp) == default or (
+            stage % blocks == 0 and stage <= plan.WHOLE_TILE_STAGE_MAX
+        ), blocks
+
+
+def test_stream_params_take_the_stage_shape_unless_told() -> None:
+    p = plan.stream_params(3072, 1920, 8, swiglu=False, limit=None, ue8m0=True)
+    assert (p.warps, p.blocks_per_warp) == (15, 1)
+    p = plan.stream_params(3072, 1920, 8, swiglu=False, limit=None, ue8m0=True, stages=3)
+    assert (p.warps, p.blocks_per_warp, p.stages) == (15, 1, 3)
+    p = plan.stream_params(3072, 1920, 8, swiglu=False, limit=None, ue8m0=True, warps=8)
+    assert (p.warps, p.blocks_per_warp) == (8, 2)
+    # Where x leaves no room for stages of two blocks per warp, one (variant 38's fallback).
+    p = plan.stream_params(5120, 17408, 8, swiglu=False, limit=None, ue8m0=True)
+    assert (p.warps, p.blocks_per_warp) == (8, 1)

@@ -24,7 +24,8 @@ ARCH = "sm_90a"
 # 8 tokens, the DeepSeek-V3 TP-8 shared expert's down (2 blocks per tile: stages span several
 # tiles), a clamp; the grid-wide form (cluster 0), the planner's cluster form (None: clusters
 # of 2 here) and clusters of 8 (the shared expert's gate_up, 32 tiles); x quantized once per
-# cluster of 2 and of 4.
+# cluster of 2 and of 4; whole-tile stages (stage_shape): 6 warps x 2 blocks for 12-block
+# K, 15 x 1 for 15, 7 x 3 for 21 (with shared x).
 CASES = [
     (3072, 6144, 1, True, True, None, 0, False),
     (3072, 6144, 8, True, False, 3.0, None, False),
@@ -33,6 +34,9 @@ CASES = [
     (512, 7168, 1, True, True, None, 8, False),
     (3072, 6144, 8, True, True, None, 2, True),
     (6144, 2816, 6, False, False, None, 4, True),
+    (6144, 1536, 1, False, True, None, None, False),
+    (3072, 1920, 8, False, True, None, None, False),
+    (5376, 2688, 8, True, True, None, 2, True),
 ]
 
 
@@ -79,6 +83,11 @@ def test_stream_kernel_sass(case) -> None:
     if params.cluster == 0:
         # Split tiles: arrival counters with release/acquire atomics at gpu scope.
         assert count["ATOMG.E.ADD.STRONG.GPU"] >= 1 and binary.cluster == (1, 1, 1)
+    elif params.cluster == 1:
+        # Clusters of one CTA: whole tiles each, nothing split, sent or waited for.
+        assert binary.cluster == (1, 1, 1)
+        banned = ("ATOMG", "RED.", "MEMBAR.ALL.GPU", "STAS", "UCGABAR")
+        assert not any(op.startswith(banned) for op in count)
     else:
         # Split tiles meet in the owner's shared memory: st.async after the cluster's entry
         # barrier; no global atomic or fence, nothing read or written in the workspace.

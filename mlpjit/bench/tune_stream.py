@@ -45,7 +45,8 @@ def parse_variant(text: str) -> tuple | None:
     """'gemv' -> None; 'L[WbB[sGxD]]' -> ('L', warps, blocks_per_warp, gate_up stages,
     down stages) (0: the planner's); 'WxR[bB][cC]' -> (warps, stages,
     blocks_per_warp, ctas_per_sm)
-    (R 0: the planner's; B and C default to 1): '16x0', '8x0b2c2'; 'gN' / 'dN' -> ('g', N) /
+    (R 0: the planner's; B and C default to 1; W 0, without B: the planner's stage shape,
+    fp8_stream.plan.stage_shape): '16x0', '8x0b2c2', '0x0ka'; 'gN' / 'dN' -> ('g', N) /
     ('d', N): fp8_gemv with gate_up (g) or down (d) on the N-th of
     ``gemv_alternatives`` and the other half as planned. A trailing g or d on a WxR variant
     ('8x0b2g', '8x0b2d') takes fp8_stream for that half only (gate_up or down) and
@@ -69,6 +70,8 @@ def parse_variant(text: str) -> tuple | None:
             f"(g0, L, L8b1s3x4, 16x0, 8x0b2c2, 8x0b2k2, 8x0b2kad, 8x3b2k2s), got {text!r}"
         )
     warps, stages, bpw, cps, cluster, share, half = match.groups()
+    if warps == "0" and bpw:
+        raise ValueError(f"variant {text!r}: 0 warps takes the planner's stage shape; drop b{bpw}")
     if share and cluster == "1":
         raise ValueError(f"variant {text!r}: share_x ('s') needs clusters of 2 or more")
     if cluster is None:
@@ -77,7 +80,8 @@ def parse_variant(text: str) -> tuple | None:
         cluster = CLUSTER_AUTO
     else:
         cluster = int(cluster)
-    return int(warps), int(stages), int(bpw or 1), int(cps or 1), half or "", cluster, bool(share)
+    bpw = int(bpw or (0 if warps == "0" else 1))
+    return int(warps), int(stages), bpw, int(cps or 1), half or "", cluster, bool(share)
 
 
 def variant_label(variant: tuple | None) -> str:
@@ -90,7 +94,8 @@ def variant_label(variant: tuple | None) -> str:
         return f"{variant[0]}{variant[1]}"
     warps, stages, bpw, cps, half, cluster, share = variant
     kind = {0: "", CLUSTER_AUTO: "ka"}.get(cluster, f"k{cluster}") + ("s" if share else "")
-    return f"{warps}x{stages}b{bpw}c{cps}{kind}{half}"
+    shape = f"b{bpw}" if warps else ""
+    return f"{warps}x{stages}{shape}c{cps}{kind}{half}"
 
 
 def gemv_alternatives(rows: int, k: int, tokens: int, swiglu: bool) -> list:
@@ -162,10 +167,10 @@ def layer_requests(
         limit=None,
         ue8m0=True,
         arch=arch,
-        warps=warps,
+        warps=warps or None,
         stages=stages or None,
         trace=trace,
-        blocks_per_warp=bpw,
+        blocks_per_warp=bpw or None,
         ctas_per_sm=cps,
     )
     requests = []

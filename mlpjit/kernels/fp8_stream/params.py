@@ -22,6 +22,7 @@ __all__ = [
     "BLOCK",
     "CLUSTER_SIZES",
     "KERNEL_ARGS",
+    "MAX_WARPS",
     "MAX_TOKENS",
     "ROW_PAD",
     "StreamParams",
@@ -38,6 +39,8 @@ SLOT_BYTES = 32 * 16  # one tile's fp32 partial sums: 32 lanes x 4 floats
 PARTIAL_BUFFERS = 4
 # x loads one thread keeps in flight before quantizing (8 registers each).
 X_PASSES_MAX = 12
+# Consumer warps per CTA (with the producer and epilogue warps, 18 of the 32 a CTA may have).
+MAX_WARPS = 16
 # Timestamps per CTA of a ``trace`` build (a developer aid: where a launch spends its time),
 # and last, the SM the CTA ran on.
 TRACE_POINTS = 9
@@ -100,7 +103,7 @@ class StreamParams:
         check_int("rows", self.rows, TILE_ROWS, MAX_ROWS)
         check_int("k", self.k, BLOCK, MAX_K)
         check_int("tokens", self.tokens, 1, MAX_TOKENS)
-        check_int("warps", self.warps, 1, 16)
+        check_int("warps", self.warps, 1, MAX_WARPS)
         check_int("stages", self.stages, 2, 16)
         check_int("blocks_per_warp", self.blocks_per_warp, 1, 4)
         check_int("ctas_per_sm", self.ctas_per_sm, 1, 2)

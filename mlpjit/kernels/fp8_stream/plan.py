@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.kernels import hopper
-from mlpjit.kernels.fp8_stream.params import CLUSTER_SIZES, StreamParams
+from mlpjit.kernels.fp8_stream.params import BLOCK, CLUSTER_SIZES, MAX_WARPS, StreamParams
 from mlpjit.kernels.fp8_stream.spec import SPEC
 
 __all__ = [
@@ -20,8 +20,10 @@ __all__ = [
     "DEFAULT_WARPS",
     "MAX_STAGES",
     "MIN_STAGES",
+    "WHOLE_TILE_STAGE_MAX",
     "choose_cluster",
     "choose_stages",
+    "stage_shape",
     "stream_params",
     "stream_request",
     "fits",
@@ -33,6 +35,12 @@ __all__ = [
 
 DEFAULT_WARPS = 8
 DEFAULT_BLOCKS_PER_WARP = 2
+# A K of at most WHOLE_TILE_STAGE_MAX blocks that is no divisor or multiple of 16 gets
+# stages of whole tiles' K (stage_shape): a 16-block stage would span two tiles in most
+# rounds. On the H200 that took 4-13% off the layers whose down projection has 12 to 21
+# blocks; at 22 and 24 blocks a whole-tile stage leaves 3 stages in the ring and lost up to
+# 9% (docs/KERNEL_NOTES.md, variant 42).
+WHOLE_TILE_STAGE_MAX = 21
 MAX_STAGES = 16
 MIN_STAGES = 2
 # A layer whose halves both stream shares x's quantization over clusters of at least 2 from
@@ -43,6 +51,25 @@ MIN_STAGES = 2
 # (docs/KERNEL_NOTES.md, variant 40).
 SHARE_X_MIN_TOKENS = 6
 SHARE_X_MAX_STAGES = 3
+
+
+def stage_shape(k: int) -> tuple[int, int]:
+    """(consumer warps, blocks per warp) of a stage for a K of ``k``: DEFAULT_WARPS x
+    DEFAULT_BLOCKS_PER_WARP (16 blocks), or where K's blocks are at most
+    WHOLE_TILE_STAGE_MAX and neither divide 16 nor are divided by it, as many whole tiles' K
+    as fit in WHOLE_TILE_STAGE_MAX blocks: two blocks per warp where that count is even, else
+    one (at most MAX_WARPS warps), else three (12 blocks: 6 x 2; 15: 15 x 1; 9: 18 = 9 x 2;
+    7: 21 = 7 x 3; 17 and 19 keep 16-block stages)."""
+    blocks = k // BLOCK
+    default = (DEFAULT_WARPS, DEFAULT_BLOCKS_PER_WARP)
+    stage = DEFAULT_WARPS * DEFAULT_BLOCKS_PER_WARP
+    if blocks > WHOLE_TILE_STAGE_MAX or stage % blocks == 0 or blocks % stage == 0:
+        return default
+    tiles = WHOLE_TILE_STAGE_MAX // blocks * blocks
+    for per_warp in (2, 1, 3):
+        if tiles % per_warp == 0 and tiles // per_warp <= MAX_WARPS:
+            return tiles // per_warp, per_warp
+    return default
 
 
 def choose_stages(
@@ -91,16 +118,21 @@ def stream_params(
     cluster: int | None = None,
     share_x: bool = False,
 ) -> StreamParams:
-    """The params of one launch; knobs left None follow from the shape (``cluster`` None:
-    the cluster form at choose_cluster's size; 0: the grid-wide form)."""
+    """The params of one launch; knobs left None follow from the shape (``warps`` and
+    ``blocks_per_warp`` both None: stage_shape's; ``cluster`` None: the cluster form at
+    choose_cluster's size; 0: the grid-wide form)."""
     hopper.check_sms(sms)
     if cluster is None:
         cluster = choose_cluster(rows, k, sms)
-    warps = DEFAULT_WARPS if warps is None else warps
+    if warps is None and blocks_per_warp is None:
+        warps, preferred = stage_shape(k)
+    else:
+        warps = DEFAULT_WARPS if warps is None else warps
+        preferred = DEFAULT_BLOCKS_PER_WARP
     if blocks_per_warp is None and stages is None:
-        # Two blocks per warp, or one where x leaves no room for MIN_STAGES stages of two
-        # (k 17408 at 8 tokens: docs/KERNEL_NOTES.md, variant 38).
-        for blocks_per_warp in (DEFAULT_BLOCKS_PER_WARP, 1):
+        # One block per warp where x leaves no room for MIN_STAGES stages of the preferred
+        # shape (k 17408 at 8 tokens: docs/KERNEL_NOTES.md, variant 38).
+        for blocks_per_warp in (preferred, 1):
             try:
                 stages = choose_stages(
                     rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm, cluster, share_x
@@ -110,7 +142,7 @@ def stream_params(
                 if blocks_per_warp == 1:
                     raise
     if blocks_per_warp is None:
-        blocks_per_warp = DEFAULT_BLOCKS_PER_WARP
+        blocks_per_warp = preferred
     if stages is None:
         stages = choose_stages(
             rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm, cluster, share_x
