@@ -76,7 +76,7 @@ FAMILY_SHAPES = {
     "qwen3-32b-tp8": (5120, 3200),
 }
 SHAPES.update(FAMILY_SHAPES)
-# Shards on fp8_stream's cluster form (fp8_gemv.plan.stream_halves): h6144-i4864's down
+# Shards on fp8_stream's cluster form (layer_plan.stream_halves): h6144-i4864's down
 # projection alone (fp8_gemv's plan for it takes 3 waves; qwen3-8b-tp1 and qwen3-14b-tp1/tp2
 # above are others), h3072-i2816 both halves (352 gate_up tiles of 24 blocks, 192 down tiles
 # of 22; x quantized once per cluster from 6 tokens on; qwen3-8b-tp4, qwen3-14b-tp4,
