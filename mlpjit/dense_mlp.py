@@ -7,7 +7,7 @@
 Path per token count m (``path(m)``):
 - "kernel": CUDA weights on sm_90a, 1 <= m <= 8 and both shapes supported by the fp8_gemv
   kernel (fp8_gemv.tuning.kernel_supports): the gate_up kernel (SwiGLU fused) writes act, the
-  down kernel writes out, each fp8_gemv's or, where fp8_gemv.plan.stream_halves says so,
+  down kernel writes out, each fp8_gemv's or, where layer_plan.stream_halves says so,
   fp8_stream's cluster form (no workspace). Kernels come from the compile cache and are
   loaded by prepare();
 - "stock": other shapes/token counts on a Hopper GPU: torch's block-scaled _scaled_mm
@@ -55,9 +55,9 @@ from mlpjit.errors import CaptureError, MlpjitError
 from mlpjit.jit import capture
 from mlpjit.kernels.blocks import BLOCK
 from mlpjit.kernels.fp8_gemv.params import KERNEL_ARGS, MAX_TOKENS, check_limit
-from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests, token_counts
 from mlpjit.kernels.fp8_gemv.tuning import kernel_supports
 from mlpjit.kernels.hopper import SMS
+from mlpjit.layer_plan import dense_mlp_requests, token_counts
 from mlpjit.scale_rule import DEFAULT_UE8M0, resolve_ue8m0
 from mlpjit.scales import ScaleCheck, convert_scale, queue_scale_checks, resolve_scale_checks
 from mlpjit.stock import StockLayer
@@ -101,7 +101,7 @@ def kernel_requests(
     """The compile requests (gate_up then down per supported token count) of one layer, for
     a GPU of ``sms`` SMs.
 
-    The same requests as ``mlpjit warm`` for that shard (fp8_gemv.plan.dense_mlp_requests with
+    The same requests as ``mlpjit warm`` for that shard (layer_plan.dense_mlp_requests with
     tp=1), so a cache warmed by the CLI serves prepare() without compiling. No GPU needed:
     e.g. ``kernel_requests(6144, 1536, range(1, 9), "sm_90a", limit=None, ue8m0=True)``
     (``ue8m0``: the layer's rule, ``DenseMlp.ue8m0``).
@@ -238,7 +238,7 @@ def _check_layer_weights(w13: object, w2: object) -> tuple[Tensor, Tensor, int, 
 
 def _token_counts(tokens: Iterable[int]) -> list[int]:
     """The distinct token counts, as ints in first-seen order; ValueError for anything else,
-    an endless iterable included (fp8_gemv.plan.token_counts reads at most MAX_TOKEN_COUNTS
+    an endless iterable included (layer_plan.token_counts reads at most MAX_TOKEN_COUNTS
     of them). Linear: duplicates are found with a set (a list membership test made
     prepare(range(1, 30000)) take seconds)."""
     return token_counts(tokens)

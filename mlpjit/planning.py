@@ -6,7 +6,7 @@ checkpoint, a kernel's parameter grid or a request file, and why a layer has non
     plan.notes      # one line per layer kind that runs the stock path, saying why
 
 Whether the kernel takes a shape is fp8_gemv's own question (``tuning.kernel_supports``,
-asked through ``plan.dense_mlp_requests``); this module only asks it, per half of the
+asked through ``layer_plan.dense_mlp_requests``); this module only asks it, per half of the
 shard and per token count, and words the answer. Nothing here prints: the CLI prints the
 notes. User errors are UsageError (a ValueError) naming the argument. No cutlass or torch
 import: the kernel's planner is pure Python.
@@ -190,8 +190,8 @@ def shard_plan(
     saying why for each. ``sms`` defaults to hopper.SMS (the H200's).
     """
     from mlpjit.kernels.fp8_gemv.params import MAX_TOKENS
-    from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
     from mlpjit.kernels.hopper import SMS
+    from mlpjit.layer_plan import dense_mlp_requests
 
     sms = SMS if sms is None else sms
     plan = Plan()

@@ -12,7 +12,7 @@ W worker processes (torch.multiprocessing, spawn; like tensor-parallel ranks) ea
      replay decode steps                                             -> step us (m=1, m=8)
 
 Without a GPU, ``--arch sm_90a`` (or MLPJIT_ARCH) runs the compile side only: each worker
-warms the model's kernel list (fp8_gemv.plan.dense_mlp_requests, once per layer, the way each
+warms the model's kernel list (layer_plan.dense_mlp_requests, once per layer, the way each
 layer's prepare() asks for it) through the process's compile manager, and reports the same
 breakdown without capture and decode. The measured numbers: docs/SERVER.md.
 

@@ -35,8 +35,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
+from mlpjit import layer_plan
 from mlpjit.checkpoint import checkpoint_mlp_shapes
-from mlpjit.kernels.fp8_gemv import plan as fp8_plan
 from mlpjit.kernels.fp8_gemv.params import MAX_HIDDEN, MAX_INTERMEDIATE
 from mlpjit.kernels.hopper import MAX_SMS, MIN_SMS
 
@@ -519,14 +519,14 @@ def test_every_sms_count_plans(sms: int) -> None:
     """--sms 1 to 8 were a ZeroDivisionError deep in the planner (no cluster of the K splits
     resident): every count of the allowed range plans, at worst with the stock path."""
     for hidden, inter, tp in ((7168, 18432, 8), (7168, 2048, 8), (1024, 1024, 1)):
-        requests = fp8_plan.dense_mlp_requests(hidden, inter, tp, range(1, 9), "sm_90a", sms=sms)
+        requests = layer_plan.dense_mlp_requests(hidden, inter, tp, range(1, 9), "sm_90a", sms=sms)
         assert requests or sms < 78, (hidden, inter, tp, sms)  # an H20 (78 SMs) plans them
 
 
 @pytest.mark.parametrize("sms", [-1, 0, 1, MIN_SMS - 1, MAX_SMS + 1, 10**50, True, 8.0])
 def test_sms_out_of_range_is_refused_by_name(sms: object) -> None:
     with pytest.raises(ValueError, match=rf"^sms must be an int in \[{MIN_SMS}, {MAX_SMS}\]"):
-        fp8_plan.dense_mlp_requests(1024, 1024, 1, [1], "sm_90a", sms=sms)
+        layer_plan.dense_mlp_requests(1024, 1024, 1, [1], "sm_90a", sms=sms)
 
 
 _SIZES = st.one_of(
@@ -541,7 +541,7 @@ def test_generated_sizes_plan_fast_or_are_refused(hidden: int, inter: int, sms: 
     """Any sizes and SM count: a plan (quickly: sizes are bounded before any search) or a
     one-line ValueError naming the argument."""
     try:
-        fp8_plan.dense_mlp_requests(hidden, inter, 1, [1, 8], "sm_90a", sms=sms)
+        layer_plan.dense_mlp_requests(hidden, inter, 1, [1, 8], "sm_90a", sms=sms)
     except ValueError as err:
         message = str(err)
         assert "\n" not in message

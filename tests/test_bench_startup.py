@@ -10,7 +10,7 @@ import torch
 from test_bench_plots import PNG_MAGIC, startup_report
 
 from mlpjit.bench import startup as bench
-from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
+from mlpjit.layer_plan import dense_mlp_requests
 from mlpjit.models import PRESETS
 
 

@@ -140,7 +140,7 @@ def test_kernel_requests_are_the_tp8_shard_kernels() -> None:
     assert shapes == {(3072, 6144, True), (6144, 1536, False)}
     assert {r.params["tokens"] for r in reqs} == set(range(1, 9))
     assert all(r.params["ue8m0"] is True and r.arch == "sm_90a" for r in reqs)
-    from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
+    from mlpjit.layer_plan import dense_mlp_requests
 
     assert reqs == dense_mlp_requests(6144, 12288, 8, range(1, 9), "sm_90a", ue8m0=True)
 

@@ -19,11 +19,11 @@ import pytest
 from entries import child_env
 from redis_server import PASSWORD, RedisServer, free_port, start_redis, write_key_file
 
+from mlpjit import layer_plan
 from mlpjit.cli import MAX_WARM_TOKENS, parse_age, parse_size, parse_tokens
 from mlpjit.cli import warm as warm_command
 from mlpjit.cli.parser import build_parser
 from mlpjit.jit import config
-from mlpjit.kernels.fp8_gemv import plan as fp8_plan
 from mlpjit.models import PRESETS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -292,7 +292,7 @@ def _planner_calls(monkeypatch, *args: str) -> list[tuple[int, int, int]]:
         calls.append((hidden, intermediate, tp))
         return [planned(hidden, intermediate // tp, m) for m in tokens]
 
-    monkeypatch.setattr(fp8_plan, "dense_mlp_requests", fake)
+    monkeypatch.setattr(layer_plan, "dense_mlp_requests", fake)
     parsed = build_parser().parse_args(["warm", *args, "--sms", "132"])
     parsed.check(parsed)
     requests = warm_command.warm_requests(parsed, "sm_90a")
@@ -906,7 +906,7 @@ def _fp8_cache(tmp_path: Path) -> tuple[Path, dict[tuple[str, int], str]]:
     cache = tmp_path / "fp8"
     store = CacheStore(root=cache, read_only=())
     keys = {}
-    for i, r in enumerate(fp8_plan.dense_mlp_requests(6144, 12288, 8, [1, 8], "sm_90a")):
+    for i, r in enumerate(layer_plan.dense_mlp_requests(6144, 12288, 8, [1, 8], "sm_90a")):
         components = key_components(r.spec, dict(r.params), r.arch)
         key = cache_key(components)
         assert store.publish(key, components, made(i)[2], 0.1).persisted
@@ -924,7 +924,7 @@ def test_ls_names_the_layers_of_streamed_down_projections(tmp_path: Path) -> Non
 
     cache = tmp_path / "stream"
     store = CacheStore(root=cache, read_only=())
-    for i, r in enumerate(fp8_plan.dense_mlp_requests(5120, 17408, 2, [1], "sm_90a")):
+    for i, r in enumerate(layer_plan.dense_mlp_requests(5120, 17408, 2, [1], "sm_90a")):
         components = key_components(r.spec, dict(r.params), r.arch)
         assert store.publish(cache_key(components), components, made(i)[2], 0.1).persisted
     lines = [line.split() for line in mlpjit(cache, "cache", "ls").stdout.splitlines()[1:3]]

@@ -585,15 +585,15 @@ def test_kernel_path_refuses_a_kernel_with_another_signature(fake_kernel_path, m
 def streamed_halves(monkeypatch):
     """The layer planner sends gate_up and down to fp8_stream at 3 tokens, the down alone
     at 2, neither elsewhere (the fake kernel path's small shape streams nothing)."""
-    from mlpjit.kernels.fp8_gemv import plan as fp8_plan
+    from mlpjit import layer_plan
 
     def halves(hidden, inter, tokens, sms=132):
         return {3: (True, True), 2: (False, True)}.get(tokens, (False, False))
 
-    fp8_plan._shard_requests.cache_clear()
-    monkeypatch.setattr(fp8_plan, "stream_halves", halves)
+    layer_plan._shard_requests.cache_clear()
+    monkeypatch.setattr(layer_plan, "stream_halves", halves)
     yield
-    fp8_plan._shard_requests.cache_clear()
+    layer_plan._shard_requests.cache_clear()
 
 
 def test_streamed_halves_take_their_output_as_the_workspace_pointer(
@@ -655,7 +655,7 @@ def test_kernel_path_prepares_lazily_and_refuses_during_capture(
 
 def test_kernel_requests_match_the_cli_plan() -> None:
     from mlpjit.dense_mlp import kernel_requests, kernel_supported
-    from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
+    from mlpjit.layer_plan import dense_mlp_requests
 
     mine = kernel_requests(6144, 1536, range(1, 9), "sm_90a", limit=None, ue8m0=True)
     cli = dense_mlp_requests(6144, 12288, 8, range(1, 9), "sm_90a", ue8m0=True)

@@ -24,7 +24,7 @@ import pytest
 
 pytest.importorskip("cutlass")
 
-from mlpjit import models  # noqa: E402
+from mlpjit import layer_plan, models  # noqa: E402
 from mlpjit.kernels import hopper  # noqa: E402
 from mlpjit.kernels.fp8_gemv import SPEC, tuning  # noqa: E402
 from mlpjit.kernels.fp8_gemv import params as gemv_params  # noqa: E402
@@ -43,7 +43,7 @@ def _glm5_requests() -> list:
     tokens = (1, 8) if fast else range(1, 9)
     requests = []
     for tp in tps:
-        requests += fp8_plan.dense_mlp_requests(hidden, inter, tp, list(tokens), ARCH, ue8m0=True)
+        requests += layer_plan.dense_mlp_requests(hidden, inter, tp, list(tokens), ARCH, ue8m0=True)
     return requests
 
 
@@ -60,7 +60,7 @@ def _preset_requests() -> list:
             for tp in (1, 8) if fast else (1, 2, 4, 8):
                 if inter % (128 * tp):
                     continue
-                for r in fp8_plan.dense_mlp_requests(preset.hidden, inter, tp, tokens, ARCH):
+                for r in layer_plan.dense_mlp_requests(preset.hidden, inter, tp, tokens, ARCH):
                     if r.kernel == SPEC.name and _freeze(r.params) not in seen:
                         seen.add(_freeze(r.params))
                         requests.append(r)

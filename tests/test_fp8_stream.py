@@ -10,8 +10,8 @@ from mlpjit.kernels import hopper
 from mlpjit.kernels.fp8_stream import SPEC, plan
 from mlpjit.kernels.fp8_stream.params import (
     BLOCK,
-    TILE_ROWS,
     MAX_WARPS,
+    TILE_ROWS,
     TRACE_POINTS,
     StreamParams,
     workspace_bytes,

@@ -40,12 +40,23 @@ def test_kernel_packages_register_and_plan_without_a_compiler():
     loaded = _imported_after(
         "import mlpjit.kernels\n"
         "from mlpjit.jit.spec import registered_names\n"
-        "from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests\n"
+        "from mlpjit.layer_plan import dense_mlp_requests\n"
         "assert 'fp8_gemv' in registered_names()\n"
         "dense_mlp_requests(6144, 12288, 8, range(1, 9), 'sm_90a')"
     )
     assert "cutlass" not in loaded and "torch" not in loaded
     assert "mlpjit.kernels.fp8_gemv.kernel" not in loaded  # the CuTe DSL module: a miss only
+
+
+def test_kernel_packages_know_no_layer_planner():
+    """The layer planner asks the kernel packages, never the other way round: its rules stay
+    out of every kernel's package source, so out of every kernel's cache key."""
+    planners = ("fp8_gemv.plan", "fp8_stream.plan", "fp8_layer.plan")
+    loaded = _imported_after("\n".join(f"import mlpjit.kernels.{name}" for name in planners))
+    assert "mlpjit.layer_plan" not in loaded
+    kernels = REPO / "mlpjit" / "kernels"
+    assert [p for p in kernels.rglob("*.py") if "import layer_plan" in p.read_text()] == []
+    assert [p for p in kernels.rglob("*.py") if "from mlpjit.layer_plan" in p.read_text()] == []
 
 
 def test_import_mlpjit_is_cheap():

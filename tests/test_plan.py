@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from mlpjit import models
+from mlpjit import layer_plan, models
 from mlpjit.kernels import hopper
 from mlpjit.kernels.fp8_gemv import params as gemv_params
 from mlpjit.kernels.fp8_gemv import plan as fp8_plan
@@ -200,42 +200,6 @@ def test_gemv_request_errors(kwargs, match) -> None:
         fp8_plan.gemv_request(3072, 6144, 1, **{**base, **kwargs})
 
 
-def test_dense_mlp_requests_glm5_tp8() -> None:
-    hidden, inter = models.MODELS["glm5"]
-    reqs = fp8_plan.dense_mlp_requests(hidden, inter, 8, range(1, 9), ARCH)
-    assert len(reqs) == 16
-    gate_up, down = reqs[0].params, reqs[1].params
-    assert (gate_up["rows"], gate_up["k"], gate_up["swiglu"]) == (3072, 6144, True)
-    assert (down["rows"], down["k"], down["swiglu"]) == (6144, 1536, False)
-    assert [r.params["tokens"] for r in reqs] == [m for m in range(1, 9) for _ in (0, 1)]
-    assert all(r.params["ue8m0"] is True and r.params["limit"] is None for r in reqs)
-
-
-def test_dense_mlp_requests_skips_unsupported() -> None:
-    # Token counts above 8 and a shard of more than SPREAD_MAX_WAVES waves take the stock
-    # path; DeepSeek-V3's TP-8 shard (k = 2304) takes the kernels.
-    assert fp8_plan.dense_mlp_requests(6144, 12288, 8, [9, 16], ARCH) == []
-    assert fp8_plan.dense_mlp_requests(1024, 196608, 1, [1, 8], ARCH) == []
-    assert len(fp8_plan.dense_mlp_requests(7168, 18432, 8, [1], ARCH)) == 2
-    reqs = fp8_plan.dense_mlp_requests(5120, 12288, 8, 3, ARCH, ue8m0=False, limit=5.0)
-    assert [r.params["limit"] for r in reqs] == [5.0, None]
-    assert all(r.params["ue8m0"] is False for r in reqs)
-
-
-@pytest.mark.parametrize(
-    ("args", "match"),
-    [
-        ((6144, 12288, 5, [1]), "tp must divide"),
-        ((6144, 12288, 0, [1]), "tp must be"),
-        ((6144, 12288, 8, [0]), "tokens must be"),
-        ((-1, 12288, 8, [1]), "hidden must be"),
-    ],
-)
-def test_dense_mlp_requests_errors(args, match) -> None:
-    with pytest.raises(ValueError, match=match):
-        fp8_plan.dense_mlp_requests(*args, ARCH)
-
-
 def test_tuned_table_fits_every_token_count_it_covers():
     """Each measured entry is a valid config for every token count it is used for."""
     for (rows, k, swiglu), entries in tuning.TUNED_H200.items():
@@ -380,7 +344,7 @@ def test_sms_sizes_the_persistent_grids() -> None:
     kwargs = {"swiglu": True, "limit": None, "ue8m0": True, "arch": ARCH}
     assert "sms" not in fp8_plan.gemv_request(3072, 6144, 1, **kwargs).params
     assert fp8_plan.gemv_request(3072, 6144, 1, **kwargs, sms=h20).params["sms"] == h20
-    requests = fp8_plan.dense_mlp_requests(6144, 12288, 8, [1, 8], ARCH, sms=114)
+    requests = layer_plan.dense_mlp_requests(6144, 12288, 8, [1, 8], ARCH, sms=114)
     assert len(requests) == 4 and all(r.params["sms"] == 114 for r in requests)
 
 
@@ -389,7 +353,7 @@ def test_bad_sms(bad) -> None:
     with pytest.raises(ValueError, match="sms must be an int"):
         tuning.choose_config(3072, 6144, 1, True, sms=bad)
     with pytest.raises(ValueError, match="sms must be an int"):
-        fp8_plan.dense_mlp_requests(6144, 12288, 8, [1], ARCH, sms=bad)
+        layer_plan.dense_mlp_requests(6144, 12288, 8, [1], ARCH, sms=bad)
 
 
 def test_params_default_sms_is_the_tuned_tables() -> None:
@@ -486,72 +450,19 @@ def test_support_follows_the_sm_count() -> None:
 
     assert kernel_supported(5120, 17408, 1) and kernel_supported(5120, 17408, 1, sms=114)
     assert not kernel_supported(5120, 17408, 1, sms=78)
-    assert fp8_plan.dense_mlp_requests(5120, 17408, 1, [1, 8], ARCH, sms=78) == []
-    assert len(fp8_plan.dense_mlp_requests(5120, 17408, 1, [1, 8], ARCH, sms=114)) == 4
+    assert layer_plan.dense_mlp_requests(5120, 17408, 1, [1, 8], ARCH, sms=78) == []
+    assert len(layer_plan.dense_mlp_requests(5120, 17408, 1, [1, 8], ARCH, sms=114)) == 4
     with pytest.raises(ValueError, match="fp8_gemv cannot take"):
         tuning.choose_config(5120, 17408, 1, False, sms=78)
 
 
-@pytest.mark.parametrize(
-    ("args", "match"),
-    [
-        ((gemv_params.MAX_HIDDEN + 128, 1024, 1), r"^hidden must be in \[1, 65536\]"),
-        ((10**18, 128, 1), r"^hidden must be in \[1, 65536\], got 1000000000000000000$"),
-        ((1024, gemv_params.MAX_INTERMEDIATE + 128, 1), r"^intermediate must be in"),
-        ((1024, 1024, 10**40), r"^tp must be in \[1, 1024\]"),
-    ],
-)
-def test_sizes_are_bounded_before_any_planning(args, match) -> None:
-    """hidden 1e18 once searched divisors forever; every size has a documented maximum."""
-    with pytest.raises(ValueError, match=match):
-        fp8_plan.dense_mlp_requests(*args, [1], ARCH)
-
-
 def test_largest_sizes_plan_quickly() -> None:
     hidden, inter = gemv_params.MAX_HIDDEN, gemv_params.MAX_INTERMEDIATE
-    fp8_plan.dense_mlp_requests(hidden, inter, 1, range(1, 9), ARCH)  # stock path: none fit
+    layer_plan.dense_mlp_requests(hidden, inter, 1, range(1, 9), ARCH)  # stock path: none fit
     with pytest.raises(ValueError, match=r"^rows must be in \[1, 2097152\]"):
         tuning.kernel_supports(gemv_params.MAX_ROWS + 16, 1024, 1)
     with pytest.raises(ValueError, match=r"^k must be in \[128, 1048576\]"):
         gemv_params.GemvParams(16, gemv_params.MAX_K + 128, 1, 1, 0, 1, False, None, False)
-
-
-def test_endless_token_lists_are_refused() -> None:
-    import itertools
-
-    with pytest.raises(ValueError, match=r"^tokens must be a finite iterable of at most 65536"):
-        fp8_plan.dense_mlp_requests(1024, 1024, 1, itertools.count(1), ARCH)
-
-
-@pytest.mark.parametrize("sms", range(hopper.MIN_SMS, hopper.MIN_SMS + 8))
-def test_few_sms_plan_without_dividing_by_zero(sms: int) -> None:
-    """At 1-8 SMs no cluster of 4 or 8 K splits is resident: those configs are skipped
-    (they were a ZeroDivisionError), not planned."""
-    for r in fp8_plan.dense_mlp_requests(1024, 1024, 1, range(1, 9), ARCH, sms=sms):
-        assert r.params["sms"] == sms
-
-
-def test_shard_requests_are_planned_once_per_shape(monkeypatch) -> None:
-    """Many layers of one shape (a model's shared experts) plan once per process; each call
-    still gets its own list."""
-    calls = []
-    real = fp8_plan.kernel_supports
-
-    def counting(*args, **kwargs):
-        calls.append(args)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(fp8_plan, "kernel_supports", counting)
-    fp8_plan._shard_requests.cache_clear()
-    first = fp8_plan.dense_mlp_requests(6144, 2048, 8, range(1, 9), "sm_90a")
-    planned = len(calls)
-    second = fp8_plan.dense_mlp_requests(6144, 2048, 8, range(1, 9), "sm_90a")
-    assert planned > 0 and len(calls) == planned
-    assert first == second and first is not second
-    first.clear()
-    assert fp8_plan.dense_mlp_requests(6144, 2048, 8, range(1, 9), "sm_90a") == second
-    with pytest.raises(ValueError, match="ue8m0 must be a bool"):
-        fp8_plan.dense_mlp_requests(6144, 2048, 8, [1], "sm_90a", ue8m0=[True])
 
 
 def test_modeled_us_follows_the_terms_it_names() -> None:
@@ -773,121 +684,3 @@ def test_spread_search_equals_the_straightforward_search(rows, k, sms) -> None:
         assert tuning._spread_ranked(rows, k, tokens, sms) == tuple(
             _reference_spread_ranked(rows, k, tokens, sms)
         ), tokens
-
-
-# ---- the halves on fp8_stream's cluster form -----------------------------------------------
-
-
-def _halves_code(hidden: int, inter: int) -> str:
-    """stream_halves at 1-8 tokens: '-' fp8_gemv, 'g' / 'd' that half on fp8_stream."""
-    codes = []
-    for m in range(1, 9):
-        gate_up, down = fp8_plan.stream_halves(hidden, inter, m)
-        codes.append(("g" if gate_up else "-") + ("d" if down else "-"))
-    return " ".join(codes)
-
-
-def test_stream_halves_pins_the_shards_that_stream() -> None:
-    from mlpjit.testing.layers import DENSE_SHAPES, GRID_SHAPES
-
-    shapes = {**DENSE_SHAPES, **GRID_SHAPES}
-    both = " ".join(["gd"] * 8)
-    down = " ".join(["-d"] * 8)
-    taken = {name: _halves_code(*shape) for name, shape in shapes.items()}
-    taken = {name: code for name, code in taken.items() if code != " ".join(["--"] * 8)}
-    assert taken == {
-        **{name: down for name in ("qwen3-8b-tp1", "qwen3-14b-tp1", "qwen3-14b-tp2",
-                                   "h6144-i4864", "h7168-i4864", "h8192-i4864")},
-        **{name: both for name in (
-            "glm5-shared-tp1", "qwen3-8b-tp4", "qwen3-14b-tp4", "qwen3-32b-tp8",
-            "deepseek-v3-shared-tp1", "h2048-i4864", "h3072-i2816",
-            "h3072-i4864", "h4096-i2816", "h4096-i4864", "h6144-i1920", "h6144-i2816",
-            "h7168-i1920", "h7168-i2816", "h8192-i1920", "h8192-i2816")},
-    }  # fmt: skip
-    # the benchmark's other shapes keep fp8_gemv: their measured (table) picks beat the stream
-    for name in ("glm5-tp8", "glm4.5-tp8", "deepseek-v3-tp8", "glm5-tp4", "glm5-tp1",
-                 "deepseek-v3-shared-tp8"):  # fmt: skip
-        assert name not in taken
-
-
-def test_stream_halves_follow_size_evenness_waves_and_the_table() -> None:
-    from mlpjit.kernels.fp8_stream import plan as stream_plan
-
-    # several waves of fp8_gemv CTAs for the down projection: it streams, gate_up does not
-    assert tuning.planned_waves(6144, 4864, 1, False) > 1
-    assert fp8_plan.stream_halves(6144, 4864, 1) == (False, True)
-    # 24-70 MiB with tiles that deal evenly: both; 1152-wide shards (144 gate_up tiles) do not
-    assert fp8_plan.stream_halves(3072, 2816, 4) == (True, True)
-    assert stream_plan.imbalance(2 * 2816, 3072) <= fp8_plan.STREAM_MAX_IMBALANCE
-    assert stream_plan.imbalance(2 * 1152, 8192) > fp8_plan.STREAM_MAX_IMBALANCE
-    assert fp8_plan.stream_halves(8192, 1152, 4) == (False, False)
-    # size bounds: GLM-5's TP-2 shared expert is 18.9 MB; Qwen3-8B TP 2 (75.5 MB) past the max
-    assert fp8_plan.STREAM_MIN_BYTES > 3 * 6144 * 1024
-    assert fp8_plan.stream_halves(6144, 1024, 1) == (False, False)
-    assert fp8_plan.STREAM_MAX_BYTES < 3 * 4096 * 6144
-    assert fp8_plan.stream_halves(4096, 6144, 1) == (False, False)
-    # a measured table pick for either half keeps fp8_gemv (GLM-5 TP 4: 57 MB)
-    assert tuning.tuned(6144, 6144, 1, True) is not None
-    assert fp8_plan.STREAM_MIN_BYTES <= 3 * 6144 * 3072 <= fp8_plan.STREAM_MAX_BYTES
-    assert fp8_plan.stream_halves(6144, 3072, 1) == (False, False)
-    # other GPUs have no table: the rule alone
-    assert fp8_plan.stream_halves(6144, 3072, 1, sms=114)[1] in (True, False)
-    # x of 8 tokens at k 17408 leaves no room for stages of two blocks per warp: one block
-    stream = stream_plan.stream_params(5120, 17408, 8, swiglu=False, limit=None, ue8m0=True)
-    assert stream.blocks_per_warp == 1 and stream.stages >= stream_plan.MIN_STAGES
-    assert stream.cluster == stream_plan.choose_cluster(5120, 17408) >= 1
-    assert fp8_plan.stream_halves(5120, 17408, 8) == (False, True)
-    at_7 = stream_plan.stream_params(5120, 17408, 7, swiglu=False, limit=None, ue8m0=True)
-    assert at_7.blocks_per_warp == stream_plan.DEFAULT_BLOCKS_PER_WARP
-    # ... and nothing fits at a k whose x alone fills shared memory
-    assert not stream_plan.fits(5120, 65536, 8)
-    with pytest.raises(ValueError, match="cannot hold x"):
-        stream_plan.stream_params(5120, 65536, 8, swiglu=False, limit=None, ue8m0=True)
-    # one wave (a persistent grid) keeps fp8_gemv's down, whatever the size or the K
-    assert tuning.planned_waves(5120, 6400, 8, False) == 1
-    assert fp8_plan.stream_halves(5120, 6400, 8)[1] is (3 * 5120 * 6400 <= (70 << 20))
-
-
-def test_streamed_halves_request_the_cluster_form() -> None:
-    from mlpjit.kernels.fp8_stream.params import StreamParams
-
-    requests = fp8_plan.dense_mlp_requests(3072, 2816, 1, [1, 8], ARCH)
-    assert [(r.kernel, r.params["tokens"], r.params["swiglu"]) for r in requests] == [
-        ("fp8_stream", 1, True), ("fp8_stream", 1, False),
-        ("fp8_stream", 8, True), ("fp8_stream", 8, False),
-    ]  # fmt: skip
-    for r in requests:
-        stream = StreamParams(**r.params)
-        assert stream.cluster >= 1 and not stream.trace  # no workspace read or written
-    down_only = fp8_plan.dense_mlp_requests(6144, 4864, 1, [1, 8], ARCH)
-    assert [r.kernel for r in down_only] == ["fp8_gemv", "fp8_stream"] * 2
-    assert not any(r.params.get("share_x") for r in down_only)
-    # every other layer: fp8_gemv kernels
-    for r in fp8_plan.dense_mlp_requests(6144, 1536, 1, range(1, 9), ARCH):
-        assert r.kernel == "fp8_gemv"
-
-
-def test_streamed_layers_share_x_from_six_tokens() -> None:
-    from mlpjit.kernels.fp8_stream import plan as stream_plan
-    from mlpjit.kernels.fp8_stream.params import StreamParams
-
-    counts = range(1, 9)
-    for hidden, inter in ((3072, 2816), (6144, 2816), (7168, 2048)):
-        requests = fp8_plan.dense_mlp_requests(hidden, inter, 1, counts, ARCH)
-        assert len(requests) == 2 * len(counts)
-        for r in requests:
-            stream = StreamParams(**r.params)
-            shared = stream.tokens >= stream_plan.SHARE_X_MIN_TOKENS
-            assert stream.share_x is shared
-            if shared:
-                assert stream.cluster >= 2 and stream.stages <= stream_plan.SHARE_X_MAX_STAGES
-                assert stream.x_blocks_max == stream.kblocks
-            else:  # the planner's cluster size (1 for this gate_up) and deepest ring
-                assert stream.cluster == stream_plan.choose_cluster(stream.rows, stream.k)
-    # a half streamed alone, or a size that does not fit, keeps the planner's defaults
-    assert stream_plan.layer_stream_options(6144, 4864, 8, False) == {}
-    assert stream_plan.layer_stream_options(5632, 6144, 5, True) == {}
-    assert stream_plan.layer_stream_options(5120, 65536, 8, True) == {}
-    assert stream_plan.layer_stream_options(5632, 6144, 6, True) == {
-        "cluster": 2, "share_x": True, "stages": 3,
-    }  # fmt: skip

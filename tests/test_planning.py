@@ -12,8 +12,8 @@ import pytest
 from mlpjit import planning
 from mlpjit.errors import UsageError
 from mlpjit.jit.spec import KernelRequest
-from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
 from mlpjit.kernels.fp8_gemv.tuning import kernel_supports
+from mlpjit.layer_plan import dense_mlp_requests
 from mlpjit.models import PRESETS
 from mlpjit.planning import LayerShape, ShardRole
 

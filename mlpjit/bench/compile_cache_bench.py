@@ -38,7 +38,7 @@ def _requests(kernel: str, count: int) -> list:
         import mlpjit.testing.smoke  # noqa: F401  (registers the smoke kernel)
 
         return [KernelRequest("smoke", _params(i), ARCH) for i in range(count)]
-    from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
+    from mlpjit.layer_plan import dense_mlp_requests
     from mlpjit.models import MODELS
 
     hidden, inter = MODELS["glm5"]

@@ -118,7 +118,7 @@ def _worker_body(rank: int, opts: dict, barrier: Any, spawned_at: float) -> dict
         torch.cuda.synchronize(device)
         result.update(mode="gpu", device=f"{device} {torch.cuda.get_device_name(device)}")
     else:
-        from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
+        from mlpjit.layer_plan import dense_mlp_requests
 
         requests = dense_mlp_requests(
             hidden, opts["intermediate"], opts["tp"], tokens, opts["arch"], ue8m0=opts["ue8m0"]

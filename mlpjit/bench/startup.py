@@ -295,10 +295,10 @@ def _clear_planning_caches() -> None:
     """Forget every memoized plan of this process (fp8_gemv's searches, the shard requests,
     DenseMlp's paths), so the next planning is cold."""
     import mlpjit.dense_mlp
-    import mlpjit.kernels.fp8_gemv.plan
     import mlpjit.kernels.fp8_gemv.tuning
+    import mlpjit.layer_plan
 
-    modules = (mlpjit.kernels.fp8_gemv.tuning, mlpjit.kernels.fp8_gemv.plan, mlpjit.dense_mlp)
+    modules = (mlpjit.kernels.fp8_gemv.tuning, mlpjit.layer_plan, mlpjit.dense_mlp)
     for module in modules:
         for value in vars(module).values():
             if callable(getattr(value, "cache_clear", None)):

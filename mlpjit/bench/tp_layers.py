@@ -118,7 +118,7 @@ def kernel_requests(
 ) -> list:
     """The compile requests the GPU run needs: both kernels of a TP-``tp`` shard, ue8m0 on.
     The full TP=1 layer is only used by the reference (plain torch), so it needs no kernel."""
-    from mlpjit.kernels.fp8_gemv.plan import dense_mlp_requests
+    from mlpjit.layer_plan import dense_mlp_requests
 
     check_shapes(hidden, intermediate, tp)
     return dense_mlp_requests(hidden, intermediate, tp, list(tokens), arch, ue8m0=True)

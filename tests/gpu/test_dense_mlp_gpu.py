@@ -76,13 +76,23 @@ FAMILY_SHAPES = {
     "qwen3-32b-tp8": (5120, 3200),
 }
 SHAPES.update(FAMILY_SHAPES)
-# Shards on fp8_stream's cluster form (fp8_gemv.plan.stream_halves): h6144-i4864's down
+# Shards on fp8_stream's cluster form (layer_plan.stream_halves): h6144-i4864's down
 # projection alone (fp8_gemv's plan for it takes 3 waves; qwen3-8b-tp1 and qwen3-14b-tp1/tp2
 # above are others), h3072-i2816 both halves (352 gate_up tiles of 24 blocks, 192 down tiles
 # of 22; x quantized once per cluster from 6 tokens on; qwen3-8b-tp4, qwen3-14b-tp4,
 # qwen3-32b-tp8 and deepseek-v3-shared-tp1 above are others). (gate_up, down) streamed:
-STREAM_SHAPES = {"h6144-i4864": (6144, 4864), "h3072-i2816": (3072, 2816)}
-STREAMED = {"h6144-i4864": (False, True), "h3072-i2816": (True, True)}
+# h3072-i1920 (16.9 MB, 15-block down in whole-tile stages of 15 warps) both halves from 6
+# tokens only. (gate_up, down) streamed at 1 and at 8 tokens:
+STREAM_SHAPES = {
+    "h6144-i4864": (6144, 4864),
+    "h3072-i2816": (3072, 2816),
+    "h3072-i1920": (3072, 1920),
+}
+STREAMED = {
+    "h6144-i4864": {1: (False, True), 8: (False, True)},
+    "h3072-i2816": {1: (True, True), 8: (True, True)},
+    "h3072-i1920": {1: (False, False), 8: (True, True)},
+}
 SHAPES.update(STREAM_SHAPES)
 # A shard the kernels decline at every token count (k 196608 would take more than 8 waves of
 # CTAs): it runs the stock path (test_fallback_shape_the_kernels_decline).
@@ -504,7 +514,7 @@ def test_streamed_layers_repeat_bit_for_bit_on_two_streams(shape: str) -> None:
     hidden, inter = SHAPES[shape]
     mlp = DenseMlp(**layer(shape), ue8m0=True)
     mlp.prepare(STREAM_TOKENS)
-    assert mlp._streamed == {m: STREAMED[shape] for m in STREAM_TOKENS}
+    assert mlp._streamed == STREAMED[shape]
     want_act, want_out = reference_for(shape, True, None)
     for m in STREAM_TOKENS:
         x = _inputs[shape][:m]
@@ -513,7 +523,7 @@ def test_streamed_layers_repeat_bit_for_bit_on_two_streams(shape: str) -> None:
         err = rel_l2(first, want_out[:m])
         assert torch.isfinite(first).all() and err < TOL, f"m={m}: rel L2 {err:.2e}"
         assert_repeats_on_two_streams(mlp, [x, make_x(m, hidden, seed=650 + m)], first, 10)
-        print(f"[stream] {shape} m={m} {STREAMED[shape]} out_rel_l2={err:.2e}")
+        print(f"[stream] {shape} m={m} {STREAMED[shape][m]} out_rel_l2={err:.2e}")
 
 
 @pytest.mark.parametrize("shape", list(STREAM_SHAPES))
@@ -525,7 +535,7 @@ def test_graph_of_streamed_layers_replays_like_eager(shape: str, tokens: int) ->
     layers = [DenseMlp(**make_layer(hidden, inter, seed=900 + i), ue8m0=True) for i in range(2)]
     for mlp in layers:
         mlp.prepare([tokens])
-    assert layers[0]._streamed[tokens] == STREAMED[shape]
+    assert layers[0]._streamed[tokens] == STREAMED[shape][tokens]
     assert_chain_replays_like_eager(layers, tokens, seed=950)
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import pytest
 import torch
 
+from mlpjit import layer_plan
 from mlpjit import reference as ref
 from mlpjit.kernels import hopper
 from mlpjit.kernels.fp8_gemv import params as gemv_params
@@ -134,7 +135,7 @@ def kernel_requests(arch: str = ARCH) -> list:
 
 def chain_requests(arch: str = ARCH) -> list:
     """The PDL chain test: GLM-5 TP8 gate_up then down, 4 tokens."""
-    return fp8_plan.dense_mlp_requests(6144, 12288, 8, [4], arch, ue8m0=True)
+    return layer_plan.dense_mlp_requests(6144, 12288, 8, [4], arch, ue8m0=True)
 
 
 CHAIN_CLUSTERS = (C(1, 3, 1, cluster=4), C(4, 1, 2, slices_per_warp=3, cluster=2))

@@ -91,6 +91,13 @@ SHARE_X_CASES = [
         ("dsv3-tp8-down", 1, True, None, 2),
     )
 ]  # fmt: skip
+# ... and with the planner's whole-tile stages (stage_shape: 13 warps x 1 block for the
+# 13-block K, 7 x 3 for 7 blocks: 21 = three tiles per stage). CASES run them without a
+# cluster too: glm5-tp8-down 6 x 2, dsv3-tp8-down 9 x 2, tiny-8x5 10 x 2.
+SHARE_X_CASES += [
+    (s, m, u, lim, dict(stages=3, cluster=c, share_x=True))
+    for s, m, u, lim, c in (("odd-24x13", 8, True, None, 2), ("prime-72x7", 6, False, None, 4))
+]
 
 
 def _request(shape: str, m: int, ue8m0: bool, limit: float | None, knobs=None, arch: str = ARCH):

@@ -121,7 +121,7 @@ def _config(
 # cluster barrier) on GLM-5's TP-8 and TP-4 gate_up at 6-8 tokens, where it won 1.5-3.2%
 # per layer in two device runs; on other clustered kernels it was level or slower. The
 # entries of Qwen3-32B TP 8 and of DeepSeek-V3's shared expert at TP 1 are gone: both layers
-# now stream (fp8_gemv.plan.stream_halves), 1-9% faster than their measured pairs at 1, 4, 6
+# now stream (layer_plan.stream_halves), 1-9% faster than their measured pairs at 1, 4, 6
 # and 8 tokens and level at 2 (docs/KERNEL_NOTES.md, variant 40).
 TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...]] = {
     # GLM-5 (hidden 6144, intermediate 12288) TP 8

@@ -36,8 +36,8 @@ work split and a memory pipeline whose speed follows from the bytes:
   arrive. Every CTA reading and quantizing all of x (up to 98 KB of L2 reads per CTA at 8
   tokens, competing with the weight stream) is what made 8 tokens slower than 1.
 
-DenseMlp runs the cluster form for the layer halves mlpjit.kernels.fp8_gemv.plan.stream_halves
-gives it; scripts/tune_fp8_stream.py times both forms beside fp8_gemv (docs/KERNEL_NOTES.md,
+DenseMlp runs the cluster form for the layer halves mlpjit.layer_plan.stream_halves gives
+it; scripts/tune_fp8_stream.py times both forms beside fp8_gemv (docs/KERNEL_NOTES.md,
 the streaming kernel).
 
 Nothing here is imported by ``import mlpjit``; the compile manager imports this module on

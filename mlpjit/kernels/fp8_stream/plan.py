@@ -3,9 +3,10 @@ budget (no table): eight consumer warps of two blocks each per stage (32 KB stag
 bulk copies per weight row: 1 KB copies streamed at 2.9 TB/s on the H200, 2 KB ones at
 4.2; one block each where x leaves no room for two such stages), as many ring stages as
 fit in the SM's shared memory beside x, and the cluster form with the cluster size whose
-busiest CTA takes the fewest blocks (docs/KERNEL_NOTES.md, the streaming kernel). A layer
-whose halves both stream quantizes x once per cluster from SHARE_X_MIN_TOKENS tokens on
-(layer_stream_options).
+busiest CTA takes the fewest blocks (docs/KERNEL_NOTES.md, the streaming kernel). Which
+halves of a dense-MLP layer stream, and with which options (x quantized once per cluster,
+``share_x``), is the layer planner's question (mlpjit.layer_plan), outside this package: its
+rules are no part of fp8_stream's cache key.
 """
 
 from __future__ import annotations
@@ -28,9 +29,6 @@ __all__ = [
     "stream_request",
     "fits",
     "imbalance",
-    "layer_stream_options",
-    "SHARE_X_MAX_STAGES",
-    "SHARE_X_MIN_TOKENS",
 ]
 
 DEFAULT_WARPS = 8
@@ -43,14 +41,6 @@ DEFAULT_BLOCKS_PER_WARP = 2
 WHOLE_TILE_STAGE_MAX = 21
 MAX_STAGES = 16
 MIN_STAGES = 2
-# A layer whose halves both stream shares x's quantization over clusters of at least 2 from
-# this many tokens on, with at most SHARE_X_MAX_STAGES ring stages. On the H200 (14 such
-# layers, 1-8 tokens) that took 3-9% off the layer at 8 tokens and 0-6% at 6, and cost
-# 1-6% at 1-2 tokens, where x is small; with the planner's deeper rings it won about half
-# as much at 8 tokens. Down projections streamed alone gained nothing from it
-# (docs/KERNEL_NOTES.md, variant 40).
-SHARE_X_MIN_TOKENS = 6
-SHARE_X_MAX_STAGES = 3
 
 
 def stage_shape(k: int) -> tuple[int, int]:
@@ -153,26 +143,6 @@ def stream_params(
         blocks_per_warp=blocks_per_warp, ctas_per_sm=ctas_per_sm, cluster=cluster,
         share_x=share_x,
     )  # fmt: skip
-
-
-def layer_stream_options(
-    rows: int, k: int, tokens: int, both_halves: bool, sms: int = hopper.SMS
-) -> dict:
-    """stream_request options for one half of a dense layer on fp8_stream: x quantized once
-    per cluster (``share_x``, clusters of at least 2, at most SHARE_X_MAX_STAGES stages)
-    where both halves stream and there are SHARE_X_MIN_TOKENS tokens or more and it fits;
-    otherwise none (the planner's defaults)."""
-    if not both_halves or tokens < SHARE_X_MIN_TOKENS:
-        return {}
-    options = dict(cluster=max(choose_cluster(rows, k, sms), 2), share_x=True)
-    try:
-        most = choose_stages(
-            rows, k, tokens, DEFAULT_WARPS, sms, DEFAULT_BLOCKS_PER_WARP, 1, options["cluster"],
-            share_x=True,
-        )  # fmt: skip
-    except ValueError:
-        return {}
-    return {**options, "stages": min(most, SHARE_X_MAX_STAGES)}
 
 
 def choose_cluster(rows: int, k: int, sms: int = hopper.SMS) -> int:
