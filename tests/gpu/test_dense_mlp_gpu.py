@@ -8,6 +8,7 @@ need are listed by ``kernel_requests()`` (scripts/gpu_requests.py collects them 
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import pytest
@@ -82,7 +83,7 @@ SHAPES.update(FAMILY_SHAPES)
 # of 22; x quantized once per cluster from 6 tokens on; qwen3-8b-tp4, qwen3-14b-tp4,
 # qwen3-32b-tp8 and deepseek-v3-shared-tp1 above are others). (gate_up, down) streamed:
 # h3072-i1920 (16.9 MB, 15-block down in whole-tile stages of 15 warps) both halves from 6
-# tokens only. (gate_up, down) streamed at 1 and at 8 tokens:
+# tokens only. (gate_up, down) at each token count where a half streams:
 STREAM_SHAPES = {
     "h6144-i4864": (6144, 4864),
     "h3072-i2816": (3072, 2816),
@@ -91,7 +92,7 @@ STREAM_SHAPES = {
 STREAMED = {
     "h6144-i4864": {1: (False, True), 8: (False, True)},
     "h3072-i2816": {1: (True, True), 8: (True, True)},
-    "h3072-i1920": {1: (False, False), 8: (True, True)},
+    "h3072-i1920": {8: (True, True)},
 }
 SHAPES.update(STREAM_SHAPES)
 # A shard the kernels decline at every token count (k 196608 would take more than 8 waves of
@@ -523,7 +524,7 @@ def test_streamed_layers_repeat_bit_for_bit_on_two_streams(shape: str) -> None:
         err = rel_l2(first, want_out[:m])
         assert torch.isfinite(first).all() and err < TOL, f"m={m}: rel L2 {err:.2e}"
         assert_repeats_on_two_streams(mlp, [x, make_x(m, hidden, seed=650 + m)], first, 10)
-        print(f"[stream] {shape} m={m} {STREAMED[shape][m]} out_rel_l2={err:.2e}")
+        print(f"[stream] {shape} m={m} {STREAMED[shape].get(m)} out_rel_l2={err:.2e}")
 
 
 @pytest.mark.parametrize("shape", list(STREAM_SHAPES))
@@ -535,7 +536,9 @@ def test_graph_of_streamed_layers_replays_like_eager(shape: str, tokens: int) ->
     layers = [DenseMlp(**make_layer(hidden, inter, seed=900 + i), ue8m0=True) for i in range(2)]
     for mlp in layers:
         mlp.prepare([tokens])
-    assert layers[0]._streamed[tokens] == STREAMED[shape][tokens]
+    assert layers[0]._streamed.get(tokens, (False, False)) == STREAMED[shape].get(
+        tokens, (False, False)
+    )
     assert_chain_replays_like_eager(layers, tokens, seed=950)
 
 
@@ -561,6 +564,17 @@ def _block(nbytes: int) -> int:
 def test_memory_no_weight_copies_act_kept_out_per_call() -> None:
     """No weight copies; prepare makes one act buffer per token count (for its thread and
     stream), and then a call allocates only out (nothing with a caller's out)."""
+    # Garbage of earlier tests (a failed test's traceback, say) freed mid-count would show as
+    # negative allocations: collect it first and keep the collector off while counting.
+    gc.collect()
+    gc.disable()
+    try:
+        _count_memory_of_calls()
+    finally:
+        gc.enable()
+
+
+def _count_memory_of_calls() -> None:
     hidden, inter = SHAPES["glm5-tp8"]
     w = make_layer(hidden, inter, seed=600)
     x = make_x(8, hidden, seed=601)
