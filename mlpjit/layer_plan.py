@@ -92,8 +92,8 @@ STREAM_MIN_BYTES = 24 << 20
 STREAM_MAX_BYTES = 70 << 20
 STREAM_MAX_IMBALANCE = 1.13
 # Layers of STREAM_MID_MIN_BYTES up to STREAM_MIN_BYTES stream both halves too from
-# SHARE_X_MIN_TOKENS tokens on (x shared per cluster) where the down projection has more
-# than STREAM_MID_MIN_DOWN_BLOCKS - 1 K blocks and the tiles deal within
+# SHARE_X_MIN_TOKENS tokens on (x shared per cluster) where the down projection has at least
+# STREAM_MID_MIN_DOWN_BLOCKS K blocks and the tiles deal within
 # STREAM_MAX_IMBALANCE: at 6-8 tokens fp8_gemv's pairs of that size take 1.2-1.5x their
 # 1-token time (x quantized per CTA), the stream's time follows the bytes. On the H200 that
 # ran at 0.71-0.97x the pair's time at 6 and 8 tokens on 6 such shapes; shards of 8-12

@@ -49,3 +49,12 @@ def test_random_weights_have_one_scale_per_block() -> None:
 )
 def test_shape_by_name(name: str, shape: tuple[int, int] | None) -> None:
     assert layers.shape_by_name(name) == shape
+
+
+def test_layer_shapes_name_every_unknown_shape() -> None:
+    assert layers.layer_shapes(["glm5-tp8", "h2560-i2304"]) == {
+        "glm5-tp8": (6144, 1536),
+        "h2560-i2304": (2560, 2304),
+    }
+    with pytest.raises(ValueError, match=r"unknown \['nope', 'h2560-i2300'\]; known: glm5-tp8"):
+        layers.layer_shapes(["glm5-tp8", "nope", "h2560-i2300"])

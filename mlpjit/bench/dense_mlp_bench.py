@@ -25,9 +25,9 @@ from mlpjit.testing.layers import (
     device_l2_bytes,
     graph_times,
     layer_bytes,
+    layer_shapes,
     layers_needed,
     random_fp8_layer,
-    shape_by_name,
 )
 
 # The checkout (the scripts run from one: pip install -e .): --out-dir's default is in it.
@@ -54,21 +54,12 @@ L2_RESIDENT_CALLS = 40
 METHODS = ("mlpjit", "mlpjit_nopdl", "stock", "scaled_mm", "bf16")
 
 
-def _shape(name: str) -> tuple[int, int]:
-    """(hidden, intermediate shard) of a --shapes name (checked when the arguments are)."""
-    shape = shape_by_name(name)
-    if shape is None:
-        raise ValueError(f"unknown shape {name!r}")
-    return shape
-
-
 def kernel_requests(arch: str = "sm_90a", shapes: Sequence[str] = tuple(SHAPES)) -> list:
     """The compile requests the benchmark needs (warm a cache with them on a CPU box)."""
     from mlpjit.dense_mlp import kernel_requests as layer_requests
 
     requests = []
-    for name in shapes:
-        hidden, inter = _shape(name)
+    for hidden, inter in layer_shapes(shapes).values():
         requests += layer_requests(hidden, inter, DEFAULT_TOKENS, arch, limit=None, ue8m0=True)
     return requests
 
@@ -121,14 +112,14 @@ def parse_args(
         args.shapes, args.tokens, args.replays, args.warmup = "glm5-tp8", "1,8", 30, 3
         args.host_calls = 50
     args.shape_list = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    unknown = [name for name in args.shape_list if shape_by_name(name) is None]
-    if unknown or not args.shape_list:
-        p.error(
-            f"--shapes: unknown {unknown or args.shapes!r}; allowed: {', '.join(DENSE_SHAPES)}, "
-            "or h<hidden>-i<intermediate> with both multiples of 128 (e.g. h2048-i256)"
-        )
+    if not args.shape_list:
+        p.error(f"--shapes: no shape in {args.shapes!r}")
     if args.grid:
         args.shape_list += [name for name in GRID_SHAPES if name not in args.shape_list]
+    try:
+        args.shape_dims = layer_shapes(args.shape_list)
+    except ValueError as err:
+        p.error(f"--shapes: {err}")
     args.method_list = _choices(args.methods, METHODS, "--methods", p)
     try:
         args.token_list = [int(t) for t in args.tokens.split(",") if t.strip()]
@@ -184,7 +175,7 @@ def host_overhead_us(call: Callable[[], object], calls: int, batches: int = 20) 
 def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -> list[dict]:
     from mlpjit import DenseMlp, stock
 
-    hidden, inter = _shape(name)
+    hidden, inter = args.shape_dims[name]
     n_layers = layers_needed(hidden, inter, l2_bytes, args.l2_multiple)
     distinct = n_layers  # weight sets; --l2-resident: one, called n_layers times
     if args.l2_resident:
@@ -383,7 +374,7 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
 
         print("dry run: nothing measured")
         for name in args.shape_list:
-            hidden, inter = _shape(name)
+            hidden, inter = args.shape_dims[name]
             n = layers_needed(hidden, inter, L2_BYTES_H200, args.l2_multiple)
             paths = {
                 m: "kernel" if kernel_supported(hidden, inter, m) else "stock"

@@ -18,11 +18,10 @@ from mlpjit.kernels.fp8_gemv import tuning
 from mlpjit.kernels.fp8_layer import plan as layer_plan
 from mlpjit.kernels.fp8_stream import plan as stream_plan
 from mlpjit.testing.layers import (
-    DENSE_SHAPES,
     GRID_SHAPES,
     device_l2_bytes,
     layer_bytes,
-    shape_by_name,
+    layer_shapes,
 )
 
 ARCH = "sm_90a"
@@ -116,13 +115,10 @@ def shapes_of(args: argparse.Namespace) -> dict[str, tuple[int, int]]:
     names = args.shapes.split(",") if args.shapes else list(DEFAULT_SHAPES)
     if names == ["grid"]:
         return dict(GRID_SHAPES)
-    shapes = {n: shape_by_name(n) for n in names}
-    unknown = [n for n, shape in shapes.items() if shape is None]
-    if unknown:
-        raise SystemExit(
-            f"--shapes: unknown {unknown}; known: {', '.join(DENSE_SHAPES)}, or "
-            "h<hidden>-i<intermediate> with both multiples of 128 (e.g. h2048-i256)"
-        )
+    try:
+        shapes = layer_shapes(names)
+    except ValueError as err:
+        raise SystemExit(f"--shapes: {err}") from None
     if args.grid:
         shapes.update(GRID_SHAPES)
     return shapes

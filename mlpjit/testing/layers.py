@@ -50,6 +50,7 @@ __all__ = [
     "graph_times",
     "chain_length",
     "layer_bytes",
+    "layer_shapes",
     "layers_needed",
     "ms",
     "output_digest",
@@ -137,6 +138,19 @@ def shape_by_name(name: str) -> tuple[int, int] | None:
     if hidden % BLOCK or inter % BLOCK:
         return None
     return hidden, inter
+
+
+def layer_shapes(names: Iterable[str]) -> dict[str, tuple[int, int]]:
+    """shape_by_name of each name, in order; one ValueError naming the unknown ones and
+    what a name may be otherwise."""
+    shapes = {name: shape_by_name(name) for name in names}
+    unknown = [name for name, shape in shapes.items() if shape is None]
+    if unknown:
+        raise ValueError(
+            f"unknown {unknown}; known: {', '.join(DENSE_SHAPES)}, or "
+            "h<hidden>-i<intermediate> with both multiples of 128 (e.g. h2048-i256)"
+        )
+    return shapes
 
 
 # "glm5-tp8-gate_up" -> GemvShape, both launches of every shard above.

@@ -55,10 +55,10 @@ def stage_shape(k: int) -> tuple[int, int]:
     stage = DEFAULT_WARPS * DEFAULT_BLOCKS_PER_WARP
     if blocks > WHOLE_TILE_STAGE_MAX or stage % blocks == 0 or blocks % stage == 0:
         return default
-    tiles = WHOLE_TILE_STAGE_MAX // blocks * blocks
+    whole = WHOLE_TILE_STAGE_MAX // blocks * blocks  # the most whole tiles' blocks that fit
     for per_warp in (2, 1, 3):
-        if tiles % per_warp == 0 and tiles // per_warp <= MAX_WARPS:
-            return tiles // per_warp, per_warp
+        if whole % per_warp == 0 and whole // per_warp <= MAX_WARPS:
+            return whole // per_warp, per_warp
     return default
 
 
