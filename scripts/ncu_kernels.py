@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""Hardware counters per fp8_gemv kernel of the benchmark's layers, under Nsight Compute.
+"""Hardware counters per kernel of the benchmark's layers, under Nsight Compute.
 
-Each kernel of DenseMlp's plan runs once in isolation (no PDL overlap with a neighbour), in
-a known order; ncu profiles them; --table joins ncu's CSV with that order and the plan's
-model of the weight bytes each SM has requested at once. Compile here, run there:
+Each kernel DenseMlp runs (fp8_gemv's or fp8_stream's) runs once in isolation (no PDL
+overlap with a neighbour), in a known order; ncu profiles them; --table joins ncu's CSV with
+that order and each kernel's model of the weight bytes an SM has requested before its first
+wait. Compile here, run there:
 
     python3 scripts/ncu_kernels.py --emit /tmp/ncu.jsonl
     MLPJIT_CACHE_DIR=.gpu-cache mlpjit warm --from /tmp/ncu.jsonl --arch sm_90a
     # on the GPU machine:
-    ncu --clock-control none --print-units base --csv -k regex:Fp8Gemv \\
+    ncu --clock-control none --print-units base --csv -k 'regex:Fp8(Gemv|Stream)' \\
         --metrics "$(python3 scripts/ncu_kernels.py --metrics)" \\
         python3 scripts/ncu_kernels.py --order /tmp/order.json > /tmp/ncu.csv
     python3 scripts/ncu_kernels.py --table /tmp/ncu.csv --order /tmp/order.json
@@ -55,11 +56,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.table:
         with open(args.table) as f, open(args.order) as g:
             rows = table(f.read(), json.load(g))
-        print("| shape | tokens | half | MB | CTAs | KB in flight per SM | us | DRAM % of peak |")
-        print("|---|---|---|---|---|---|---|---|")
+        print(
+            "| shape | tokens | half | kernel | MB | CTAs | KB in flight per SM | us "
+            "| DRAM % of peak |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             cells = (
-                r["shape"], r["tokens"], r["half"], f"{r['mbytes']:.1f}", r["ctas"],
+                r["shape"], r["tokens"], r["half"], r.get("kernel", "fp8_gemv"),
+                f"{r['mbytes']:.1f}", r["ctas"],
                 f"{r['in_flight_kb']:.0f}", f"{r['us']:.2f}", f"{r['dram_pct']:.1f}",
             )  # fmt: skip
             print("| " + " | ".join(map(str, cells)) + " |")

@@ -129,6 +129,40 @@ def test_ranges_partition_the_blocks_and_split_tiles_stay_in_a_cluster(
             assert lo <= start and stop <= hi
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    tiles=st.integers(1, 400),
+    kblocks=st.integers(1, 60),
+    cluster=st.sampled_from([0, 1, 2, 4, 8]),
+    stage=st.sampled_from([(8, 2), (6, 2), (15, 1), (7, 3), (16, 1)]),
+)
+def test_segments_take_the_split_tiles_first_and_stages_cover_the_range(
+    tiles, kblocks, cluster, stage
+) -> None:
+    if cluster > kblocks:
+        return
+    warps, per_warp = stage
+    p = StreamParams(
+        rows=tiles * TILE_ROWS, k=kblocks * BLOCK, tokens=1, swiglu=False, limit=None,
+        ue8m0=True, stages=2, cluster=cluster, warps=warps, blocks_per_warp=per_warp,
+    )  # fmt: skip
+    for b0, b1 in p.cta_ranges():
+        (h0, h1), (t0, t1), (m0, m1) = p.segments(b0, b1)
+        covered = sorted(b for lo, hi in p.segments(b0, b1) for b in range(lo, hi))
+        assert covered == list(range(b0, b1))  # a partition, in any order
+        assert h1 - h0 < kblocks and t1 - t0 < kblocks  # the partial shares only...
+        if m1 > m0:
+            assert m0 % kblocks == 0 and m1 % kblocks == 0  # ...and whole tiles last
+        if h1 > h0:
+            assert h0 == b0 and (h1 % kblocks == 0 or h1 == b1)
+        if t1 > t0:
+            assert t1 == b1 and t0 % kblocks == 0
+        fills = p.stage_fills(b0, b1)
+        assert sum(fills) == b1 - b0 and max(fills) <= p.stage_blocks
+        # the planner's bound on the stages a range can fill (plan.choose_stages)
+        assert len(fills) <= -(-(b1 - b0) // p.stage_blocks) + 3
+
+
 def test_cluster_form_needs_no_workspace_and_holds_the_partials_it_receives() -> None:
     grid = StreamParams(**BASE, stages=4)
     clustered = StreamParams(**BASE, stages=4, cluster=4)

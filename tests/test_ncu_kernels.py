@@ -3,11 +3,15 @@ join of an ncu CSV with the launch order."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from mlpjit.bench import ncu_kernels
+from mlpjit.jit.spec import KernelRequest
 from mlpjit.kernels import hopper
 from mlpjit.kernels.fp8_gemv.params import GemvParams
+from mlpjit.kernels.fp8_stream.params import StreamParams
 
 
 def test_launches_are_both_halves_of_every_shape_and_token_count() -> None:
@@ -16,14 +20,51 @@ def test_launches_are_both_halves_of_every_shape_and_token_count() -> None:
         ("glm5-tp8", 1, "gate_up"), ("glm5-tp8", 1, "down"),
         ("glm5-tp8", 8, "gate_up"), ("glm5-tp8", 8, "down"),
     ]  # fmt: skip
-    assert len(got) == 8 and all(g["request"].kernel == "fp8_gemv" for g in got)
+    assert len(got) == 8
+    # the kernels DenseMlp runs: fp8_stream's for the layers mlpjit.layer_plan streams
+    kernels = {g["request"].kernel for g in ncu_kernels.launches(["qwen3-32b-tp8"], [1, 8])}
+    assert kernels == {"fp8_stream"}
     with pytest.raises(ValueError, match="shape must be one of"):
         ncu_kernels.launches(["glm6"], [1])
 
 
+def test_kernel_params_follow_the_request_and_refuse_other_kernels() -> None:
+    gemv, stream = (
+        ncu_kernels.launches([name], [1])[0]["request"]
+        for name in ("deepseek-v3-shared-tp8", "qwen3-32b-tp8")
+    )
+    assert isinstance(ncu_kernels.kernel_params(gemv), GemvParams)
+    assert isinstance(ncu_kernels.kernel_params(stream), StreamParams)
+    other = KernelRequest(kernel="fp8_layer", params=stream.params, arch="sm_90a")
+    with pytest.raises(ValueError, match="kernel must be one of fp8_gemv, fp8_stream"):
+        ncu_kernels.kernel_params(other)
+
+
+def test_stream_in_flight_is_the_busiest_ctas_first_ring_of_stages() -> None:
+    for launch in ncu_kernels.launches(["qwen3-32b-tp8", "deepseek-v3-shared-tp1"], [1, 8]):
+        p = ncu_kernels.kernel_params(launch["request"])
+        got = ncu_kernels.in_flight_per_sm(p)
+        block_bytes = 16 * 128
+        assert got % block_bytes == 0
+        # no more than the ring holds, no more than the busiest range has
+        assert got <= p.stages * p.stage_blocks * block_bytes
+        assert got <= p.max_blocks_per_cta * block_bytes
+        # and at least the ring's first stages where the range is longer than them
+        assert got >= min(p.max_blocks_per_cta, p.stages) * block_bytes
+    # a ring that holds the whole range: every byte of it is requested at once
+    whole = StreamParams(
+        rows=6144, k=1536, tokens=1, swiglu=False, limit=None, ue8m0=True, warps=6,
+        blocks_per_warp=2, stages=6, cluster=1,
+    )  # fmt: skip
+    assert ncu_kernels.in_flight_per_sm(whole) == whole.max_blocks_per_cta * 16 * 128
+    shallow = dataclasses.replace(whole, stages=2)
+    assert ncu_kernels.in_flight_per_sm(shallow) == 2 * 12 * 16 * 128
+
+
 def test_in_flight_is_a_ctas_k_part_times_resident_ctas() -> None:
     for launch in ncu_kernels.launches(["glm5-tp8", "deepseek-v3-shared-tp8"], [1]):
-        p = GemvParams(**launch["request"].params)
+        p = ncu_kernels.kernel_params(launch["request"])
+        assert isinstance(p, GemvParams)
         got = ncu_kernels.in_flight_per_sm(p)
         assert got % (p.tiles * 16 * (p.k // p.splits)) == 0
         # never more than the SM's resident CTAs request, never less than one CTA's share

@@ -1,10 +1,11 @@
 """Per-kernel hardware counters of the benchmark's layers (the library code of
 scripts/ncu_kernels.py, whose docstring says how to run it under ncu).
 
-Each fp8_gemv kernel of DenseMlp's plan for the benchmark's shapes runs once, in isolation
-(a device sync before and after), in a known order; ncu profiles them and `table` joins its
-CSV with that order and with the plan's model of the weight bytes each SM has requested at
-once (``in_flight_per_sm``).
+Every kernel DenseMlp runs for the benchmark's shapes (fp8_gemv's or fp8_stream's, as
+mlpjit.layer_plan picks them) runs once, in isolation (one layer call between two device
+syncs), in a known order; ncu profiles them and `table` joins its CSV with that order and
+with each kernel's model of the weight bytes an SM has requested before its first wait
+(``in_flight_per_sm``).
 """
 
 from __future__ import annotations
@@ -17,14 +18,18 @@ from typing import Any
 
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.kernels import hopper
+from mlpjit.kernels.blocks import BLOCK
 from mlpjit.kernels.fp8_gemv.params import GemvParams
+from mlpjit.kernels.fp8_stream.params import TILE_ROWS, StreamParams
 from mlpjit.testing.layers import DENSE_SHAPES
 
 __all__ = [
     "DEFAULT_SHAPES",
+    "KERNEL_REGEX",
     "METRICS",
     "in_flight_per_sm",
     "kernel_requests",
+    "kernel_params",
     "launches",
     "run",
     "table",
@@ -35,6 +40,8 @@ DEFAULT_SHAPES = (
     "deepseek-v3-shared-tp8", "deepseek-v3-shared-tp1",
 )  # fmt: skip
 DEFAULT_TOKENS = (1, 8)
+# ncu's -k filter: the symbols of both kernels' builds (CuTe DSL names them after the class).
+KERNEL_REGEX = "regex:Fp8(Gemv|Stream)"
 # What `table` reads from ncu's CSV (pass them to ncu --metrics).
 METRICS = (
     "gpu__time_duration.sum",
@@ -74,42 +81,60 @@ def kernel_requests(arch: str = "sm_90a") -> list[KernelRequest]:
     return seen
 
 
-def in_flight_per_sm(params: GemvParams, sms: int = hopper.SMS) -> int:
+def kernel_params(request: KernelRequest) -> GemvParams | StreamParams:
+    """The params of a planned request: fp8_gemv's or fp8_stream's; ValueError for any
+    other kernel."""
+    kinds = {"fp8_gemv": GemvParams, "fp8_stream": StreamParams}
+    if request.kernel not in kinds:
+        raise ValueError(
+            f"kernel must be one of {', '.join(kinds)}, got {request.kernel!r}"
+        )
+    return kinds[request.kernel](**request.params)
+
+
+def in_flight_per_sm(params: GemvParams | StreamParams, sms: int = hopper.SMS) -> int:
     """Weight bytes one SM has requested before its CTAs' first wait, by the kernel's
-    design: each CTA requests all of its tiles' K part (registers and shared memory) at
-    once, and ``ctas_per_sm`` CTAs are resident (fewer when the grid is smaller)."""
-    per_cta = params.tiles * 16 * (params.k // params.splits)
+    design, times the CTAs resident per SM (fewer when the grid is smaller). fp8_gemv: each
+    CTA requests all of its tiles' K part (registers and shared memory) at once. fp8_stream:
+    the producer fills the ring's ``stages`` before it first waits for a slot, so the
+    busiest CTA's first ``stages`` stages (all of its range where the ring holds it)."""
+    if isinstance(params, StreamParams):
+        per_cta = TILE_ROWS * BLOCK * max(
+            sum(params.stage_fills(b0, b1)[: params.stages]) for b0, b1 in params.cta_ranges()
+        )
+    else:
+        per_cta = params.tiles * 16 * (params.k // params.splits)
     resident = min(params.ctas_per_sm, -(-params.ctas // sms))
     return per_cta * resident
 
 
 def run(shapes: Sequence[str], tokens: Sequence[int], order_path: str) -> None:  # pragma: no cover
-    """Launch each kernel once (GPU), writing the launch order to ``order_path``."""
+    """Call each shape's DenseMlp once per token count (GPU), so its two kernels run in
+    launches' order, writing that order to ``order_path``."""
     import torch
 
-    from mlpjit.jit.launcher import load_kernel
-    from mlpjit.jit.manager import default_manager
-    from mlpjit.testing.layers import block_scale, random_fp8_weight
+    from mlpjit.dense_mlp import DenseMlp
+    from mlpjit.testing.layers import random_fp8_layer
 
-    device = torch.device("cuda", 0)
-    manager = default_manager()
     gen = torch.Generator(device="cuda").manual_seed(0)
+    planned = launches(shapes, tokens)
     order = []
-    for launch in launches(shapes, tokens):
-        params = GemvParams(**launch["request"].params)
-        kernel = load_kernel(manager.get(launch["request"]), device)
-        w, w_scale = random_fp8_weight(params.rows, params.k, gen, scale=block_scale(params.k, 2.0))
-        x = torch.randn(params.tokens, params.k, generator=gen, device="cuda").to(torch.bfloat16)
-        out = torch.empty(params.tokens, params.out_cols, dtype=torch.bfloat16, device="cuda")
-        torch.cuda.synchronize()
-        kernel.launch([out, x, w, w_scale])
-        torch.cuda.synchronize()
-        order.append(dict(
-            shape=launch["shape"], tokens=launch["tokens"], half=launch["half"],
-            mbytes=round(params.rows * params.k / 1e6, 3), ctas=params.ctas,
-            in_flight_kb=round(in_flight_per_sm(params) / 1024, 1),
-            params=dict(launch["request"].params),
-        ))  # fmt: skip
+    for name in shapes:
+        mlp = DenseMlp(**random_fp8_layer(*DENSE_SHAPES[name], gen), ue8m0=True)
+        mlp.prepare(tokens)
+        for m in tokens:
+            x = torch.randn(m, mlp.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+            torch.cuda.synchronize()
+            mlp(x)
+            torch.cuda.synchronize()
+        for launch in (p for p in planned if p["shape"] == name):
+            params = kernel_params(launch["request"])
+            order.append(dict(
+                shape=name, tokens=launch["tokens"], half=launch["half"],
+                kernel=launch["request"].kernel, mbytes=round(params.rows * params.k / 1e6, 3),
+                ctas=params.ctas, in_flight_kb=round(in_flight_per_sm(params) / 1024, 1),
+                params=dict(launch["request"].params),
+            ))  # fmt: skip
     with open(order_path, "w") as f:
         json.dump(order, f, indent=1)
 

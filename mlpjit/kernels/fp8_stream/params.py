@@ -187,6 +187,30 @@ class StreamParams:
             ranges += zip(starts, starts[1:], strict=False)
         return ranges
 
+    def segments(self, b0: int, b1: int) -> list[tuple[int, int]]:
+        """The range [b0, b1)'s three segments in the kernel's processing order, as [start,
+        stop) blocks (empty ones included): the first tile's share where it is partial, the
+        last tile's share where it is partial (both reduced with other CTAs, so they go
+        first), then the whole tiles. The host's twin of the kernel's ``segment``."""
+        kb = self.kblocks
+        head_end = min((b0 // kb + 1) * kb, b1)
+        last = (b1 - 1) // kb * kb  # the last tile's first block
+        head_stop = head_end if head_end - b0 < kb else b0
+        tail = mid_end = b1
+        if last >= head_end and b1 - last < kb:
+            tail = mid_end = last
+        return [(b0, head_stop), (tail, b1), (head_stop, mid_end)]
+
+    def stage_fills(self, b0: int, b1: int) -> list[int]:
+        """Blocks of each stage the producer fills for the range [b0, b1), in order: each
+        segment cut into stages of at most ``stage_blocks``."""
+        sb = self.stage_blocks
+        return [
+            min(stop - pos, sb)
+            for start, stop in self.segments(b0, b1)
+            for pos in range(start, stop, sb)
+        ]
+
     @property
     def cluster_ctas(self) -> int:
         """CTAs per launched thread block cluster (1: launched without clusters)."""
