@@ -49,7 +49,10 @@ def test_the_readme_route_without_a_gpu_runs_as_written(capsys):
     claimed = re.search(r"print\(mlpjit_tf\.apply\(model\)\)  # \[(.*), \.\.\.\]", snippet)
     assert claimed is not None
     assert printed[0].startswith("[" + claimed.group(1))
-    assert printed[1].startswith("tensor([[  3,  14,  15,")
+    # generate() printed the prompt and up to 4 new tokens (the untrained model's vary)
+    assert printed[1].startswith("tensor([[")
+    tokens = [int(t) for t in re.findall(r"\d+", printed[1])]
+    assert tokens[:3] == [3, 14, 15] and 3 < len(tokens) <= 3 + 4
 
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

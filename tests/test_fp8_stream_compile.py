@@ -25,7 +25,9 @@ ARCH = "sm_90a"
 # tiles), a clamp; the grid-wide form (cluster 0), the planner's cluster form (None: clusters
 # of 2 here) and clusters of 8 (the shared expert's gate_up, 32 tiles); x quantized once per
 # cluster of 2 and of 4; whole-tile stages (stage_shape): 6 warps x 2 blocks for 12-block
-# K, 15 x 1 for 15, 7 x 3 for 21 (with shared x).
+# K, 15 x 1 for 15, 7 x 3 for 21 (with shared x). A ninth field, tile_copies: whole-tile
+# stages copied as one piece per contiguous run of rows (GLM-5 TP 8's down; a SwiGLU gate_up
+# of 16-block K, whose 16-block stages hold one tile each).
 CASES = [
     (3072, 6144, 1, True, True, None, 0, False),
     (3072, 6144, 8, True, False, 3.0, None, False),
@@ -37,6 +39,8 @@ CASES = [
     (6144, 1536, 1, False, True, None, None, False),
     (3072, 1920, 8, False, True, None, None, False),
     (5376, 2688, 8, True, True, None, 2, True),
+    (6144, 1536, 1, False, True, None, None, False, True),
+    (5632, 2048, 8, True, False, 3.0, None, False, True),
 ]
 
 
@@ -44,10 +48,10 @@ CASES = [
 def _facts(case: tuple) -> dict:
     from mlpjit.kernels.fp8_stream.kernel import compile_cubin
 
-    rows, k, tokens, swiglu, ue8m0, limit, cluster, share_x = case
+    rows, k, tokens, swiglu, ue8m0, limit, cluster, share_x, *tile_copies = case
     params = plan.stream_params(
         rows, k, tokens, swiglu=swiglu, limit=limit, ue8m0=ue8m0, cluster=cluster,
-        share_x=share_x,
+        share_x=share_x, tile_copies=bool(tile_copies and tile_copies[0]),
     )  # fmt: skip
     binary = compile_cubin(params, ARCH)
     f = sass_facts(binary.cubin)
@@ -58,7 +62,9 @@ def _facts(case: tuple) -> dict:
 
 
 @pytest.mark.parametrize(
-    "case", CASES, ids=[f"{c[0]}x{c[1]}-t{c[2]}-k{c[6]}{'-share' * c[7]}" for c in CASES]
+    "case",
+    CASES,
+    ids=[f"{c[0]}x{c[1]}-t{c[2]}-k{c[6]}{'-share' * c[7]}{'-tile' * (len(c) > 8)}" for c in CASES],
 )
 def test_stream_kernel_sass(case) -> None:
     f = _facts(case)
@@ -68,8 +74,9 @@ def test_stream_kernel_sass(case) -> None:
     assert binary.grid == (params.ctas, 1, 1) and binary.block == (32 * (params.warps + 2), 1, 1)
     assert binary.smem_bytes == params.smem_bytes <= hopper.smem_budget(1)
     assert binary.pdl is True
-    # Weights: bulk copies into the ring, counted on mbarriers (expect-tx, try-wait).
-    assert count["UBLKCP.S.G"] >= 1
+    # Weights: bulk copies into the ring, counted on mbarriers (expect-tx, try-wait); with
+    # tile_copies, a second copy site for the whole tiles' runs of rows.
+    assert count["UBLKCP.S.G"] == 1 + params.tile_copies
     assert any(op.startswith("SYNCS.ARRIVE.TRANS64") for op in count)
     assert any(op.startswith("SYNCS.PHASECHK.TRANS64") for op in count)
     assert not any(op.startswith("LDGSTS.E.BYPASS") for op in count)

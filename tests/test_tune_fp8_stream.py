@@ -16,14 +16,16 @@ def tune():
 
 def test_variants_parse(tune) -> None:
     assert tune.parse_variant("gemv") is None
-    assert tune.parse_variant("16x0") == (16, 0, 1, 1, "", 0, False)
-    assert tune.parse_variant("8x3b2c2") == (8, 3, 2, 2, "", 0, False)
-    assert tune.parse_variant("8x0b2g") == (8, 0, 2, 1, "g", 0, False)
-    assert tune.parse_variant("8x0b2c1d") == (8, 0, 2, 1, "d", 0, False)
-    assert tune.parse_variant("8x0b2k2") == (8, 0, 2, 1, "", 2, False)
-    assert tune.parse_variant("8x0b2kad") == (8, 0, 2, 1, "d", tune.CLUSTER_AUTO, False)
-    assert tune.parse_variant("8x3b2k2s") == (8, 3, 2, 1, "", 2, True)
-    assert tune.parse_variant("8x0b2kasg") == (8, 0, 2, 1, "g", tune.CLUSTER_AUTO, True)
+    assert tune.parse_variant("16x0") == (16, 0, 1, 1, "", 0, False, False)
+    assert tune.parse_variant("8x3b2c2") == (8, 3, 2, 2, "", 0, False, False)
+    assert tune.parse_variant("8x0b2g") == (8, 0, 2, 1, "g", 0, False, False)
+    assert tune.parse_variant("8x0b2c1d") == (8, 0, 2, 1, "d", 0, False, False)
+    assert tune.parse_variant("8x0b2k2") == (8, 0, 2, 1, "", 2, False, False)
+    assert tune.parse_variant("8x0b2kad") == (8, 0, 2, 1, "d", tune.CLUSTER_AUTO, False, False)
+    assert tune.parse_variant("8x3b2k2s") == (8, 3, 2, 1, "", 2, True, False)
+    assert tune.parse_variant("8x0b2kasg") == (8, 0, 2, 1, "g", tune.CLUSTER_AUTO, True, False)
+    assert tune.parse_variant("0x0kat") == (0, 0, 0, 1, "", tune.CLUSTER_AUTO, False, True)
+    assert tune.parse_variant("8x3b2k2std") == (8, 3, 2, 1, "d", 2, True, True)
     assert tune.parse_variant("g0") == ("g", 0)
     assert tune.parse_variant("d12") == ("d", 12)
     assert tune.parse_variant("L") == ("L", 0, 0, 0, 0)
@@ -39,10 +41,13 @@ def test_variants_parse(tune) -> None:
         "8x0b2c1k4",
         "8x0b2c1kag",
         "8x3b2c1k2s",
+        "0x0c1kat",
+        "8x3b2c1k2std",
     ):
         assert tune.variant_label(tune.parse_variant(text)) == text
     bad_layers = ("L8", "L8b", "Lb1", "L8x1", "L8b1s3", "Ls3x4", "Lt")
-    bad_streams = ("8x0gd", "8x0b2e", "8x0b2k", "8x0b2kb", "8x0b2dk2", "8x0b2s", "8x0b2k2sd2")
+    bad_streams = ("8x0gd", "8x0b2e", "8x0b2k", "8x0b2kb", "8x0b2dk2", "8x0b2s", "8x0b2k2sd2",
+                   "8x0b2tk2", "8x0b2kadt", "8x0b2ktt")
     for bad in ("", "16", "x4", "8x0b", "8x0c2b2", "gemv2", "g", "x1", *bad_streams, *bad_layers):
         with pytest.raises(ValueError, match="variant must be"):
             tune.parse_variant(bad)
@@ -207,3 +212,11 @@ def test_spread_line_names_the_slow_sms_and_whether_they_repeat(tune) -> None:
     assert "launch 1 vs 2..) 1.00" in line
     flipped = tune._spread_line([launch(busy, sms), launch(busy[::-1], sms)], blocks)
     assert "launch 1 vs 2..) -" in flipped  # the slow SMs moved: negative correlation
+
+
+def test_tile_copies_variant_changes_only_that_parameter(tune) -> None:
+    plain = tune.layer_requests(6144, 1536, 1, tune.parse_variant("0x0ka"))
+    tiled = tune.layer_requests(6144, 1536, 1, tune.parse_variant("0x0kat"))
+    for a, b in zip(plain, tiled, strict=True):
+        assert "tile_copies" not in a.params and b.params["tile_copies"] is True
+        assert {k: v for k, v in b.params.items() if k != "tile_copies"} == a.params

@@ -6,7 +6,9 @@ every element was written. Shapes include block counts that are odd or prime and
 where every tile is split between CTAs, so the workspace reduction runs everywhere; the
 cluster form (whole tiles per thread block cluster, split tiles reduced in distributed
 shared memory) runs on the same shapes with clusters of 1, 2, 4 and 8, up to seven CTAs
-sending their partials of one tile, and with x quantized once per cluster (share_x).
+sending their partials of one tile, and with x quantized once per cluster (share_x); and
+with tile_copies (one bulk copy per contiguous run of a whole tile's rows), bit-identical to
+the kernel without it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ SHAPES = {
     "odd-swiglu-8x13": (128, 1664, True),  # 104 blocks: 104 CTAs, up to 2 per tile
     "tiny-8x5": (128, 640, False),  # 40 blocks: 40 CTAs of one block, 5 per tile
     "prime-72x7": (1152, 896, False),  # 504 blocks: ranges of 3 and 4 blocks
+    "swiglu-16x16": (256, 2048, True),  # 16-block K: a 16-block stage is one whole tile
 }
 
 CASES = (
@@ -100,6 +103,23 @@ SHARE_X_CASES += [
 ]
 
 
+# tile_copies: whole-tile stage parts copied as one piece per run of rows (SwiGLU: gate and
+# up), the others row by row: whole-tile stages of 12 and 13 blocks (6 x 2, 13 x 1), stages
+# of several whole tiles (2-block and 5-block K), tiles split inside clusters of 2 and 4 (the
+# split shares are copied by rows), shared x, both scale rules, the clamp.
+TILE_COPY_CASES = [
+    (s, m, u, lim, dict(knobs, tile_copies=True))
+    for s, m, u, lim, knobs in (
+        ("glm5-tp8-down", 1, True, None, {}), ("glm5-tp8-down", 8, False, None, {}),
+        ("dsv3-shared-tp8-down", 4, False, None, {}), ("tiny-8x5", 1, True, None, {}),
+        ("odd-swiglu-8x13", 8, True, LIMIT, dict(cluster=2)),
+        ("odd-24x13", 3, False, None, dict(cluster=4)), ("swiglu-16x16", 2, True, None, {}),
+        ("swiglu-16x16", 8, False, LIMIT, dict(cluster=2)),
+        ("prime-72x7", 6, True, None, dict(stages=3, cluster=4, share_x=True)),
+    )
+]  # fmt: skip
+
+
 def _request(shape: str, m: int, ue8m0: bool, limit: float | None, knobs=None, arch: str = ARCH):
     rows, k, swiglu = SHAPES[shape]
     return plan.stream_request(
@@ -111,11 +131,20 @@ def kernel_requests(arch: str = ARCH) -> list:
     """Every compile request of these tests (for warming a cache on a machine without GPU)."""
     seen = []
     graph_cases = [_graph_case(s, c) for s, c in GRAPH_CASES]
-    for case in CASES + graph_cases + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES:
+    untiled = [_without_tile_copies(c) for c in TILE_COPY_CASES]
+    for case in (
+        CASES + graph_cases + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES + TILE_COPY_CASES
+        + untiled
+    ):  # fmt: skip
         r = _request(*case, arch=arch)
         if r not in seen:
             seen.append(r)
     return seen
+
+
+def _without_tile_copies(case):
+    s, m, u, lim, knobs = case
+    return (s, m, u, lim, {k: v for k, v in knobs.items() if k != "tile_copies"})
 
 
 def _graph_case(shape: str, cluster: int):
@@ -154,7 +183,7 @@ def _case_id(case) -> str:
     return f"{s}-t{m}-{'ue8m0' if u else 'f32'}-lim{lim}{extra}"
 
 
-ALL_CASES = CASES + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES
+ALL_CASES = CASES + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES + TILE_COPY_CASES
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=[_case_id(c) for c in ALL_CASES])
@@ -214,3 +243,17 @@ def test_graph_replays_equal_eager_and_two_streams_agree(shape: str, cluster: in
     torch.cuda.synchronize()
     assert all(torch.equal(o, eager) for o in outs)
     print(f"\n[fp8_stream] {shape} cluster={cluster} graph and two streams identical to eager")
+
+
+@pytest.mark.parametrize("case", TILE_COPY_CASES, ids=[_case_id(c) for c in TILE_COPY_CASES])
+def test_tile_copies_change_no_bit(case) -> None:
+    shape, m, *_ = case
+    swiglu, w, w_scale, x, cols = _inputs(shape, m)
+    outs = []
+    for request in (_request(*case), _request(*_without_tile_copies(case))):
+        out = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
+        _kernel(request).launch([out, x, w, w_scale, _workspace(shape)])
+        outs.append(out)
+    torch.cuda.synchronize()
+    assert not torch.isnan(outs[0]).any()
+    assert torch.equal(outs[0], outs[1]), "tile_copies changed the output"

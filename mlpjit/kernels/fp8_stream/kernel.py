@@ -11,7 +11,9 @@ work split and a memory pipeline whose speed follows from the bytes:
   blocks of the range, across tile boundaries: per tile it touches, one bulk copy per
   weight row) into a ring of ``stages`` shared-memory slots, from launch on (weights never
   depend on the previous kernel), and refills a slot as soon as the consumers release it,
-  so the bytes in flight never drain between tiles.
+  so the bytes in flight never drain between tiles. With ``tile_copies``, a stage part that
+  holds a tile's whole K is one copy per contiguous run of its rows (the tile; SwiGLU: its
+  gate rows and its up rows) into unpadded rows.
 - Consumers: ``warps`` warps, ``blocks_per_warp`` blocks each per stage, four m16n8k32 e4m3
   mmas per block with the tokens as the 8 B columns, fp32 sums per block scaled by
   w_scale * x_scale. After the PDL wait they quantize the part of x their range touches
@@ -388,15 +390,10 @@ class Fp8Stream:
                     tile = (pos + off) // KB
                     kb = pos + off - tile * KB
                     seg = cutlass.min(KB - kb, n - off)
-                    if lane < TILE_ROWS:
-                        row = Int64(self.weight_row(tile, lane))
-                        s_dst = self.stage_part(s_ring, slot, off, part)
-                        ptx.cp_async_bulk_g2s(
-                            s_dst + lane * (seg * BLOCK + ROW_PAD),
-                            g_w + row * self.k + Int64(kb * BLOCK),
-                            seg * BLOCK,
-                            self.full_bar(s_base, slot),
-                        )
+                    self.copy_part(
+                        g_w, self.stage_part(s_ring, slot, off, part),
+                        self.full_bar(s_base, slot), tile, kb, seg, lane,
+                    )  # fmt: skip
                     off = off + seg
                     part = part + 1
                 pos = pos + n
@@ -405,6 +402,53 @@ class Fp8Stream:
                     slot = Int32(0)
                     phase = phase ^ 1
                     again = Int32(1)
+
+    @cute.jit
+    def copy_part(
+        self, g_w: Int64, s_dst: Int32, bar: Int32, tile: Int32, kb: Int32, seg: Int32, lane
+    ):
+        """Copy a stage part (``seg`` blocks of a tile from K block kb): one bulk copy per
+        weight row into padded rows, or with tile_copies where the part is the tile's whole
+        K, one per contiguous run of its rows (SwiGLU: the 8 gate rows, the 8 up rows) into
+        unpadded rows (row_stride)."""
+        if cutlass.const_expr(self.tile_copies):
+            if seg == self.kblocks:
+                runs = 2 if self.swiglu else 1
+                rows = TILE_ROWS // runs
+                if lane < runs:
+                    row = Int64(self.weight_row(tile, lane * rows))
+                    ptx.cp_async_bulk_g2s(
+                        s_dst + lane * (rows * self.k), g_w + row * self.k, rows * self.k, bar
+                    )
+            else:
+                self.copy_rows(g_w, s_dst, bar, tile, kb, seg, lane)
+        else:
+            self.copy_rows(g_w, s_dst, bar, tile, kb, seg, lane)
+
+    @cute.jit
+    def copy_rows(
+        self, g_w: Int64, s_dst: Int32, bar: Int32, tile: Int32, kb: Int32, seg: Int32, lane
+    ):
+        """One bulk copy per weight row of a stage part, lane r copying row r into a row
+        padded by ROW_PAD."""
+        if lane < TILE_ROWS:
+            row = Int64(self.weight_row(tile, lane))
+            ptx.cp_async_bulk_g2s(
+                s_dst + lane * (seg * BLOCK + ROW_PAD),
+                g_w + row * self.k + Int64(kb * BLOCK),
+                seg * BLOCK,
+                bar,
+            )
+
+    @cute.jit
+    def row_stride(self, seg: Int32) -> Int32:
+        """Bytes from one weight row of a stage part to the next in shared memory: padded
+        by ROW_PAD, except a tile_copies part that holds the tile's whole K."""
+        stride = seg * BLOCK + ROW_PAD
+        if cutlass.const_expr(self.tile_copies):  # noqa: SIM102 (runtime condition inside)
+            if seg == self.kblocks:
+                stride = seg * BLOCK
+        return stride
 
     def stage_part(self, s_ring, slot, off, part):
         """Where a stage's part (the blocks of one tile from block ``off`` of the stage on,
@@ -571,7 +615,7 @@ class Fp8Stream:
         xb = kb - kb_first  # the block's place in the quantized x
         if xb < 0:
             xb = xb + KB
-        stride = seg * BLOCK + ROW_PAD
+        stride = self.row_stride(seg)
         s_a = self.stage_part(s_ring, slot, off, part) + (blk - off) * BLOCK + q * 16
         s_a = s_a + g * stride
         acc = []

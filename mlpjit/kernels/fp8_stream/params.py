@@ -98,6 +98,11 @@ class StreamParams:
     # every cluster-th (token, block) chunk and sends it to the others with st.async), so
     # every CTA holds all of x but reads only its share from L2
     share_x: bool = False
+    # Where a stage holds a tile's whole K, its 16 weight rows are one contiguous piece of
+    # memory (SwiGLU: two, the gate rows and the up rows): one bulk copy each instead of
+    # one per row, into unpadded rows (twice the shared-memory wavefronts of the padded
+    # rows' fragment loads, which a GEMV of 1-8 tokens has to spare)
+    tile_copies: bool = False
 
     def __post_init__(self) -> None:
         check_int("rows", self.rows, TILE_ROWS, MAX_ROWS)
@@ -112,7 +117,7 @@ class StreamParams:
                 f"cluster must be one of {', '.join(map(str, CLUSTER_SIZES))}, got {self.cluster!r}"
             )
         hopper.check_sms(self.sms)
-        for name in ("swiglu", "ue8m0", "trace", "share_x"):
+        for name in ("swiglu", "ue8m0", "trace", "share_x", "tile_copies"):
             check_bool(name, getattr(self, name))
         object.__setattr__(self, "limit", check_limit(self.limit))
         if self.k % BLOCK:

@@ -107,6 +107,7 @@ def stream_params(
     ctas_per_sm: int = 1,
     cluster: int | None = None,
     share_x: bool = False,
+    tile_copies: bool = False,
 ) -> StreamParams:
     """The params of one launch; knobs left None follow from the shape (``warps`` and
     ``blocks_per_warp`` both None: stage_shape's; ``cluster`` None: the cluster form at
@@ -141,7 +142,7 @@ def stream_params(
         rows=rows, k=k, tokens=tokens, swiglu=swiglu, limit=limit if swiglu else None,
         ue8m0=ue8m0, warps=warps, stages=stages, sms=sms, trace=trace,
         blocks_per_warp=blocks_per_warp, ctas_per_sm=ctas_per_sm, cluster=cluster,
-        share_x=share_x,
+        share_x=share_x, tile_copies=tile_copies,
     )  # fmt: skip
 
 
