@@ -31,7 +31,7 @@ DEFAULT_SHAPES = (
 )  # fmt: skip
 
 
-_VARIANT = re.compile(r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?(?:k(\d|a)(s)?)?(t)?([gd])?$")
+_VARIANT = re.compile(r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?(?:k(\d|a)(s)?)?(n)?(p)?(t)?([gd])?$")
 CLUSTER_AUTO = -1  # a WxR variant's 'ka': fp8_stream's planner chooses the cluster size
 _ALTERNATIVE = re.compile(r"^([gd])(\d+)$")
 _LAYER = re.compile(r"^L(?:(\d+)b(\d)(?:s(\d+)x(\d+))?)?$")
@@ -51,10 +51,13 @@ def parse_variant(text: str) -> tuple | None:
     ('8x0b2g', '8x0b2d') takes fp8_stream for that half only (gate_up or down) and
     fp8_gemv's planned kernel for the other; 'kN' before it takes fp8_stream's cluster form
     with clusters of N CTAs ('ka': the size choose_cluster picks), and 'kNs' / 'kas' with x
-    quantized once per cluster (share_x; 'kas': clusters of at least 2); a 't' after those
-    (before g or d) copies whole tiles as one piece per run of rows (tile_copies: '0x0kat'):
-    (warps, stages, blocks_per_warp, ctas_per_sm, half, cluster, share, tiles), half '' for
-    both, cluster 0 for the grid-wide form and CLUSTER_AUTO for 'ka'."""
+    quantized once per cluster (share_x; 'kas': clusters of at least 2); after those (before
+    g or d), 'n' leaves room on each SM for the next kernel's CTA (room_for_next), 'p' moves
+    the PDL trigger after the producer's last copy (trigger_after_copies) and 't' copies
+    whole tiles as one piece per run of rows (tile_copies): '0x0kanp', '0x0kat'. Returns
+    (warps, stages, blocks_per_warp, ctas_per_sm, half, cluster, share, tiles, room,
+    trigger), half '' for both, cluster 0 for the grid-wide form and CLUSTER_AUTO for
+    'ka'."""
     if text == "gemv":
         return None
     layer = _LAYER.match(text)
@@ -67,10 +70,12 @@ def parse_variant(text: str) -> tuple | None:
     if match is None:
         raise ValueError(
             f"variant must be 'gemv', gN, dN, L[WbB[sGxD]] or "
-            f"WxR[bB][cC][kN[s]|ka[s]][t][g|d] (g0, L, L8b1s3x4, 16x0, 8x0b2c2, 8x0b2k2, "
-            f"8x0b2kad, 8x3b2k2s, 0x0kat), got {text!r}"
+            f"WxR[bB][cC][kN[s]|ka[s]][n][p][t][g|d] (g0, L, L8b1s3x4, 16x0, 8x0b2c2, "
+            f"8x0b2k2, 8x0b2kad, 8x3b2k2s, 0x0kanp, 0x0kat), got {text!r}"
         )
-    warps, stages, bpw, cps, cluster, share, tiles, half = match.groups()
+    warps, stages, bpw, cps, cluster, share, room, trigger, tiles, half = match.groups()
+    if room and cps == "2":
+        raise ValueError(f"variant {text!r}: room for the next kernel ('n') needs c1")
     if warps == "0" and bpw:
         raise ValueError(f"variant {text!r}: 0 warps takes the planner's stage shape; drop b{bpw}")
     if share and cluster == "1":
@@ -82,9 +87,8 @@ def parse_variant(text: str) -> tuple | None:
     else:
         cluster = int(cluster)
     bpw = int(bpw or (0 if warps == "0" else 1))
-    return int(warps), int(stages), bpw, int(cps or 1), half or "", cluster, bool(share), bool(
-        tiles
-    )
+    flags = (bool(share), bool(tiles), bool(room), bool(trigger))
+    return int(warps), int(stages), bpw, int(cps or 1), half or "", cluster, *flags
 
 
 def variant_label(variant: tuple | None) -> str:
@@ -95,10 +99,11 @@ def variant_label(variant: tuple | None) -> str:
         return "L" + (f"{warps}b{bpw}" if warps else "") + (f"s{sg}x{sd}" if sg else "")
     if isinstance(variant[0], str):
         return f"{variant[0]}{variant[1]}"
-    warps, stages, bpw, cps, half, cluster, share, tiles = variant
+    warps, stages, bpw, cps, half, cluster, share, tiles, room, trigger = variant
     kind = {0: "", CLUSTER_AUTO: "ka"}.get(cluster, f"k{cluster}") + ("s" if share else "")
     shape = f"b{bpw}" if warps else ""
-    return f"{warps}x{stages}{shape}c{cps}{kind}{'t' if tiles else ''}{half}"
+    flags = "n" * room + "p" * trigger + "t" * tiles
+    return f"{warps}x{stages}{shape}c{cps}{kind}{flags}{half}"
 
 
 def gemv_alternatives(rows: int, k: int, tokens: int, swiglu: bool) -> list:
@@ -162,7 +167,7 @@ def layer_requests(
             gemv_plan.gemv_request(hidden, inter, tokens, swiglu=False, limit=None, ue8m0=True,
                                    arch=arch, config=configs[1]),
         ]  # fmt: skip
-    warps, stages, bpw, cps, half, cluster, share, tiles = variant
+    warps, stages, bpw, cps, half, cluster, share, tiles, room, trigger = variant
     options = dict(
         limit=None,
         ue8m0=True,
@@ -173,6 +178,8 @@ def layer_requests(
         blocks_per_warp=bpw or None,
         ctas_per_sm=cps,
         tile_copies=tiles,
+        room_for_next=room,
+        trigger_after_copies=trigger,
     )
     requests = []
     for name, rows, k, swiglu in (("g", 2 * inter, hidden, True), ("d", hidden, inter, False)):

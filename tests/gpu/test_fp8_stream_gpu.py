@@ -43,6 +43,7 @@ SHAPES = {
     "tiny-8x5": (128, 640, False),  # 40 blocks: 40 CTAs of one block, 5 per tile
     "prime-72x7": (1152, 896, False),  # 504 blocks: ranges of 3 and 4 blocks
     "swiglu-16x16": (256, 2048, True),  # 16-block K: a 16-block stage is one whole tile
+    "down-128x1": (2048, 128, False),  # swiglu-16x16's down: one block per tile
 }
 
 CASES = (
@@ -120,6 +121,18 @@ TILE_COPY_CASES = [
 ]  # fmt: skip
 
 
+# Layers (gate_up, down) run as a pair on one stream with the boundary options: each CTA in
+# half an SM and the PDL trigger after the producer's last copy, so down's CTAs start beside
+# gate_up's and request their weights before it ends.
+BOUNDARY = dict(room_for_next=True, trigger_after_copies=True)
+BOUNDARY_CASES = [
+    (layer, m, knobs)
+    for layer in (("glm5-tp8-gate_up", "glm5-tp8-down"), ("swiglu-16x16", "down-128x1"))
+    for m in (1, 8)
+    for knobs in (BOUNDARY, {})
+]
+
+
 def _request(shape: str, m: int, ue8m0: bool, limit: float | None, knobs=None, arch: str = ARCH):
     rows, k, swiglu = SHAPES[shape]
     return plan.stream_request(
@@ -134,7 +147,7 @@ def kernel_requests(arch: str = ARCH) -> list:
     untiled = [_without_tile_copies(c) for c in TILE_COPY_CASES]
     for case in (
         CASES + graph_cases + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES + TILE_COPY_CASES
-        + untiled
+        + untiled + [(s, m, True, None, knobs) for pair, m, knobs in BOUNDARY_CASES for s in pair]
     ):  # fmt: skip
         r = _request(*case, arch=arch)
         if r not in seen:
@@ -257,3 +270,48 @@ def test_tile_copies_change_no_bit(case) -> None:
     torch.cuda.synchronize()
     assert not torch.isnan(outs[0]).any()
     assert torch.equal(outs[0], outs[1]), "tile_copies changed the output"
+
+
+@pytest.mark.parametrize(
+    ("layer", "m"), sorted({(pair, m) for pair, m, _ in BOUNDARY_CASES}), ids=str
+)
+def test_pairs_with_room_for_next_match_the_plain_pair(layer, m) -> None:
+    gate_up, down = layer
+    swiglu, w13, w13_scale, x, inter = _inputs(gate_up, m)
+    _, w2, w2_scale, _, hidden = _inputs(down, m)
+    assert swiglu and SHAPES[down][1] == inter
+    results = []
+    for knobs in (BOUNDARY, {}):
+        first = _kernel(_request(gate_up, m, True, None, knobs))
+        second = _kernel(_request(down, m, True, None, knobs))
+        act = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+        out = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+        works = [_workspace(gate_up), _workspace(down)]
+
+        def pair(first=first, second=second, act=act, out=out, works=works) -> None:
+            first.launch([act, x, w13, w13_scale, works[0]])
+            second.launch([out, act, w2, w2_scale, works[1]])
+
+        outs = []
+        for _ in range(4):  # back to back: each pair's down starts while its gate_up runs
+            out.fill_(float("nan"))
+            pair()
+            outs.append(out.clone())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            pair()
+            pair()
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(outs[0], o) for o in [*outs[1:], out]), "pairs differ"
+        results.append((act.clone(), outs[0]))
+    (act_b, out_b), (act_p, out_p) = results
+    assert not torch.isnan(out_b).any()
+    assert torch.equal(act_b, act_p) and torch.equal(out_b, out_p)
+    want_act = ref.gemv_reference(x, w13, w13_scale, swiglu=True, limit=None, ue8m0=True)
+    want_out = ref.gemv_reference(act_b, w2, w2_scale, swiglu=False, limit=None, ue8m0=True)
+    errs = rel_l2(act_b, want_act), rel_l2(out_b, want_out)
+    print(f"\n[fp8_stream] {gate_up} + {down} tokens={m} boundary options rel_l2 act "
+          f"{errs[0]:.3e} out {errs[1]:.3e}")  # fmt: skip
+    assert max(errs) < TOL

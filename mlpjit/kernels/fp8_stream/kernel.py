@@ -14,6 +14,11 @@ work split and a memory pipeline whose speed follows from the bytes:
   so the bytes in flight never drain between tiles. With ``tile_copies``, a stage part that
   holds a tile's whole K is one copy per contiguous run of its rows (the tile; SwiGLU: its
   gate rows and its up rows) into unpadded rows.
+- The kernel boundary: the consumers trigger the next kernel's launch (PDL) once past their
+  wait. With ``trigger_after_copies`` the producer triggers it after its last copy, and with
+  ``room_for_next`` each CTA takes half of its SM, so the next kernel's CTAs start beside
+  these and queue their weight requests behind this kernel's, keeping HBM busy across the
+  boundary.
 - Consumers: ``warps`` warps, ``blocks_per_warp`` blocks each per stage, four m16n8k32 e4m3
   mmas per block with the tokens as the 8 B columns, fp32 sums per block scaled by
   w_scale * x_scale. After the PDL wait they quantize the part of x their range touches
@@ -114,7 +119,7 @@ class Fp8Stream:
         stream: Any,
     ):
         extra = {}
-        if cutlass.const_expr(self.ctas_per_sm > 1):
+        if cutlass.const_expr(self.sm_share > 1):
             # Without an explicit carveout the DSL queries the device for min_blocks > 1.
             extra["preferred_smem_carveout"] = 100
         if cutlass.const_expr(self.cluster_ctas > 1):
@@ -125,7 +130,7 @@ class Fp8Stream:
             smem=self.smem_bytes,
             stream=stream,
             use_pdl=True,
-            min_blocks_per_mp=self.ctas_per_sm,
+            min_blocks_per_mp=self.sm_share,
             **extra,
         )
 
@@ -163,6 +168,8 @@ class Fp8Stream:
         if warp == W:
             self.produce(Int64(m_w.iterator.toint()), s_base, b0, b1, lane)
             if lane == 0:
+                if cutlass.const_expr(self.trigger_after_copies):
+                    cute.arch.griddepcontrol_launch_dependents()
                 self.stamp(Int64(m_work.iterator.toint()), cta, 5)
         elif warp == W + 1:
             self.finish(
@@ -498,7 +505,8 @@ class Fp8Stream:
 
         if cutlass.const_expr(self.x_after is None):
             cute.arch.griddepcontrol_wait()
-            cute.arch.griddepcontrol_launch_dependents()
+            if cutlass.const_expr(not self.trigger_after_copies):
+                cute.arch.griddepcontrol_launch_dependents()
         else:
             self.wait_for_act(g_work, warp, lane)
         if warp * 32 + lane == 0:

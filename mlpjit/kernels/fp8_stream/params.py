@@ -88,8 +88,8 @@ class StreamParams:
     trace: bool = False  # record TRACE_POINTS %globaltimer stamps per CTA in the workspace
     # 128-K blocks each consumer warp takes per stage (bigger stages: longer bulk copies)
     blocks_per_warp: int = 1
-    # CTAs meant to be resident per SM (2: the next kernel's CTA fits beside this one, so
-    # its weights stream while this one finishes): the shared-memory and register bounds
+    # CTAs resident per SM: the shared-memory and register bounds (the grid-wide form keeps
+    # one CTA per SM, so 2 leaves the other half free; the cluster form fills both halves)
     ctas_per_sm: int = 1
     # 0: stream-K over the whole grid, split tiles reduced through the workspace; C >= 1:
     # whole tiles per cluster of C CTAs, split tiles reduced in distributed shared memory
@@ -103,6 +103,15 @@ class StreamParams:
     # one per row, into unpadded rows (twice the shared-memory wavefronts of the padded
     # rows' fragment loads, which a GEMV of 1-8 tokens has to spare)
     tile_copies: bool = False
+    # One CTA per SM within half of its shared memory and registers, so the next kernel's
+    # CTA (the layer's other half) fits beside it and requests its weights before this
+    # one ends
+    room_for_next: bool = False
+    # The PDL trigger comes from the producer warp once it has requested its last weight
+    # copy, instead of from the consumers after the wait: the next kernel's CTAs launch
+    # (with room_for_next, beside these) when every byte of this kernel is requested, so
+    # their requests queue behind this kernel's instead of competing with them
+    trigger_after_copies: bool = False
 
     def __post_init__(self) -> None:
         check_int("rows", self.rows, TILE_ROWS, MAX_ROWS)
@@ -117,7 +126,10 @@ class StreamParams:
                 f"cluster must be one of {', '.join(map(str, CLUSTER_SIZES))}, got {self.cluster!r}"
             )
         hopper.check_sms(self.sms)
-        for name in ("swiglu", "ue8m0", "trace", "share_x", "tile_copies"):
+        for name in (
+            "swiglu", "ue8m0", "trace", "share_x", "tile_copies", "room_for_next",
+            "trigger_after_copies",
+        ):  # fmt: skip
             check_bool(name, getattr(self, name))
         object.__setattr__(self, "limit", check_limit(self.limit))
         if self.k % BLOCK:
@@ -134,13 +146,25 @@ class StreamParams:
                 f"share_x needs the cluster form with clusters of 2 or more, got cluster="
                 f"{self.cluster}"
             )
-        budget = hopper.smem_budget(self.ctas_per_sm)
+        if self.room_for_next and self.ctas_per_sm != 1:
+            raise ValueError(
+                f"room_for_next needs ctas_per_sm=1 (it halves one CTA's share of the SM), "
+                f"got ctas_per_sm={self.ctas_per_sm}"
+            )
+        budget = hopper.smem_budget(self.sm_share)
         if self.smem_bytes > budget:
             raise ValueError(
                 f"fp8_stream needs {self.smem_bytes} B of shared memory per CTA for k={self.k} "
                 f"and {self.tokens} tokens, more than {budget} B at ctas_per_sm="
-                f"{self.ctas_per_sm}; lower stages or warps"
+                f"{self.ctas_per_sm}{' with room_for_next' * self.room_for_next}; lower stages "
+                "or warps"
             )
+
+    @property
+    def sm_share(self) -> int:
+        """CTAs (this kernel's, or with room_for_next one of the next kernel's) an SM's shared
+        memory and registers are split between: the launch bound's min blocks per SM."""
+        return 2 if self.room_for_next else self.ctas_per_sm
 
     # Geometry: Python constants, compiled into the kernel.
     @property

@@ -72,16 +72,18 @@ def choose_stages(
     ctas_per_sm: int = 1,
     cluster: int = 0,
     share_x: bool = False,
+    room_for_next: bool = False,
 ) -> int:
     """Most ring stages (up to MAX_STAGES, no more than a CTA's range has) within the
-    shared-memory budget of ``ctas_per_sm`` CTAs per SM; ValueError (naming k and tokens)
-    when not even MIN_STAGES fit."""
+    shared-memory budget of ``ctas_per_sm`` CTAs per SM (half an SM with ``room_for_next``);
+    ValueError (naming k and tokens) when not even MIN_STAGES fit."""
     for stages in range(MAX_STAGES, MIN_STAGES - 1, -1):
         try:
             params = StreamParams(
                 rows=rows, k=k, tokens=tokens, swiglu=False, limit=None, ue8m0=True,
                 warps=warps, stages=stages, sms=sms, blocks_per_warp=blocks_per_warp,
                 ctas_per_sm=ctas_per_sm, cluster=cluster, share_x=share_x,
+                room_for_next=room_for_next,
             )  # fmt: skip
         except ValueError:
             continue
@@ -108,6 +110,8 @@ def stream_params(
     cluster: int | None = None,
     share_x: bool = False,
     tile_copies: bool = False,
+    room_for_next: bool = False,
+    trigger_after_copies: bool = False,
 ) -> StreamParams:
     """The params of one launch; knobs left None follow from the shape (``warps`` and
     ``blocks_per_warp`` both None: stage_shape's; ``cluster`` None: the cluster form at
@@ -126,7 +130,8 @@ def stream_params(
         for blocks_per_warp in (preferred, 1):
             try:
                 stages = choose_stages(
-                    rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm, cluster, share_x
+                    rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm, cluster, share_x,
+                    room_for_next,
                 )
                 break
             except ValueError:
@@ -136,13 +141,15 @@ def stream_params(
         blocks_per_warp = preferred
     if stages is None:
         stages = choose_stages(
-            rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm, cluster, share_x
+            rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm, cluster, share_x,
+            room_for_next,
         )
     return StreamParams(
         rows=rows, k=k, tokens=tokens, swiglu=swiglu, limit=limit if swiglu else None,
         ue8m0=ue8m0, warps=warps, stages=stages, sms=sms, trace=trace,
         blocks_per_warp=blocks_per_warp, ctas_per_sm=ctas_per_sm, cluster=cluster,
-        share_x=share_x, tile_copies=tile_copies,
+        share_x=share_x, tile_copies=tile_copies, room_for_next=room_for_next,
+        trigger_after_copies=trigger_after_copies,
     )  # fmt: skip
 
 
