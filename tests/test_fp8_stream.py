@@ -46,6 +46,7 @@ BASE = dict(rows=3072, k=6144, tokens=8, swiglu=True, limit=None, ue8m0=True)
         (dict(room_for_next=True, ctas_per_sm=2), "room_for_next needs ctas_per_sm=1"),
         (dict(room_for_next=True, stages=12), "at ctas_per_sm=1 with room_for_next"),
         (dict(trigger_after_copies="yes"), "trigger_after_copies must be a bool"),
+        (dict(room_for_next=True, warps=9, stages=2), "room_for_next takes at most 8 consumer"),
     ],
 )
 def test_params_refuse_what_the_kernel_cannot_take(change, message) -> None:
@@ -67,6 +68,12 @@ def test_room_for_next_halves_the_sm_but_keeps_one_wave() -> None:
         # two of these fit one SM, beside each other or one of the layer's other half
         assert 2 * (roomy.smem_bytes + hopper.SMEM_CTA_OVERHEAD) <= hopper.SMEM_PER_SM
         assert roomy.stages * roomy.stage_bytes < planned.stages * planned.stage_bytes
+    # whole-tile stages of more than 8 warps (15 x 1 for a 15-block K) would spill in half
+    # an SM's registers: the default stage instead
+    assert plan.stage_shape(1920) == (15, 1)
+    roomy = plan.stream_params(4096, 1920, 1, swiglu=False, limit=None, ue8m0=True,
+                               room_for_next=True)  # fmt: skip
+    assert (roomy.warps, roomy.blocks_per_warp) == (plan.DEFAULT_WARPS, 2)
 
 
 def test_ranges_cover_the_blocks_evenly_on_one_wave() -> None:

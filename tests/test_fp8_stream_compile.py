@@ -28,7 +28,8 @@ ARCH = "sm_90a"
 # K, 15 x 1 for 15, 7 x 3 for 21 (with shared x). A ninth field, tile_copies: whole-tile
 # stages copied as one piece per contiguous run of rows (GLM-5 TP 8's down; a SwiGLU gate_up
 # of 16-block K, whose 16-block stages hold one tile each). A tenth, the boundary options:
-# room_for_next (half an SM) with the PDL trigger after the producer's last copy.
+# room_for_next (half an SM) with the PDL trigger after the producer's last copy (a 15-block
+# K: the default 8 x 2 stage, not stage_shape's 15 warps).
 CASES = [
     (3072, 6144, 1, True, True, None, 0, False),
     (3072, 6144, 8, True, False, 3.0, None, False),
@@ -44,6 +45,7 @@ CASES = [
     (5632, 2048, 8, True, False, 3.0, None, False, True),
     (3072, 6144, 1, True, True, None, None, False, False, True),
     (6144, 1536, 8, False, True, None, None, False, True, True),
+    (4096, 1920, 8, False, True, None, None, False, False, True),
 ]
 
 

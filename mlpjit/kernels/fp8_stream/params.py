@@ -24,6 +24,7 @@ __all__ = [
     "KERNEL_ARGS",
     "MAX_WARPS",
     "MAX_TOKENS",
+    "ROOM_MAX_WARPS",
     "ROW_PAD",
     "StreamParams",
     "workspace_bytes",
@@ -41,6 +42,9 @@ PARTIAL_BUFFERS = 4
 X_PASSES_MAX = 12
 # Consumer warps per CTA (with the producer and epilogue warps, 18 of the 32 a CTA may have).
 MAX_WARPS = 16
+# Consumer warps per CTA with room_for_next: 10 warps per CTA, two CTAs per SM, leave each
+# thread 96 registers (hopper.reg_budget), about what the consumers need; more warps spill.
+ROOM_MAX_WARPS = 8
 # Timestamps per CTA of a ``trace`` build (a developer aid: where a launch spends its time),
 # and last, the SM the CTA ran on.
 TRACE_POINTS = 9
@@ -145,6 +149,11 @@ class StreamParams:
             raise ValueError(
                 f"share_x needs the cluster form with clusters of 2 or more, got cluster="
                 f"{self.cluster}"
+            )
+        if self.room_for_next and self.warps > ROOM_MAX_WARPS:
+            raise ValueError(
+                f"room_for_next takes at most {ROOM_MAX_WARPS} consumer warps (half an SM's "
+                f"registers), got warps={self.warps}"
             )
         if self.room_for_next and self.ctas_per_sm != 1:
             raise ValueError(

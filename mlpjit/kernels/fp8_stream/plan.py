@@ -13,7 +13,13 @@ from __future__ import annotations
 
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.kernels import hopper
-from mlpjit.kernels.fp8_stream.params import BLOCK, CLUSTER_SIZES, MAX_WARPS, StreamParams
+from mlpjit.kernels.fp8_stream.params import (
+    BLOCK,
+    CLUSTER_SIZES,
+    MAX_WARPS,
+    ROOM_MAX_WARPS,
+    StreamParams,
+)
 from mlpjit.kernels.fp8_stream.spec import SPEC
 
 __all__ = [
@@ -114,13 +120,16 @@ def stream_params(
     trigger_after_copies: bool = False,
 ) -> StreamParams:
     """The params of one launch; knobs left None follow from the shape (``warps`` and
-    ``blocks_per_warp`` both None: stage_shape's; ``cluster`` None: the cluster form at
-    choose_cluster's size; 0: the grid-wide form)."""
+    ``blocks_per_warp`` both None: stage_shape's, or with ``room_for_next`` the default
+    stage where stage_shape's takes more than ROOM_MAX_WARPS warps; ``cluster`` None: the
+    cluster form at choose_cluster's size; 0: the grid-wide form)."""
     hopper.check_sms(sms)
     if cluster is None:
         cluster = choose_cluster(rows, k, sms)
     if warps is None and blocks_per_warp is None:
         warps, preferred = stage_shape(k)
+        if room_for_next and warps > ROOM_MAX_WARPS:
+            warps, preferred = DEFAULT_WARPS, DEFAULT_BLOCKS_PER_WARP
     else:
         warps = DEFAULT_WARPS if warps is None else warps
         preferred = DEFAULT_BLOCKS_PER_WARP
