@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -74,6 +76,15 @@ def test_room_for_next_halves_the_sm_but_keeps_one_wave() -> None:
     roomy = plan.stream_params(4096, 1920, 1, swiglu=False, limit=None, ue8m0=True,
                                room_for_next=True)  # fmt: skip
     assert (roomy.warps, roomy.blocks_per_warp) == (plan.DEFAULT_WARPS, 2)
+
+
+def test_tile_copies_take_effect_only_where_a_stage_holds_a_whole_tile() -> None:
+    small_k = plan.stream_params(6144, 1536, 1, swiglu=False, limit=None, ue8m0=True,
+                                 tile_copies=True)  # fmt: skip
+    large_k = plan.stream_params(3072, 6144, 1, swiglu=True, limit=None, ue8m0=True,
+                                 tile_copies=True)  # fmt: skip
+    assert small_k.tile_copy_parts and not large_k.tile_copy_parts
+    assert not dataclasses.replace(small_k, tile_copies=False).tile_copy_parts
 
 
 def test_ranges_cover_the_blocks_evenly_on_one_wave() -> None:

@@ -29,7 +29,8 @@ ARCH = "sm_90a"
 # stages copied as one piece per contiguous run of rows (GLM-5 TP 8's down; a SwiGLU gate_up
 # of 16-block K, whose 16-block stages hold one tile each). A tenth, the boundary options:
 # room_for_next (half an SM) with the PDL trigger after the producer's last copy (a 15-block
-# K: the default 8 x 2 stage, not stage_shape's 15 warps).
+# K: the default 8 x 2 stage, not stage_shape's 15 warps; a 56-block K, whose 16-block
+# stages never hold a whole tile, so tile_copies compiles as without it).
 CASES = [
     (3072, 6144, 1, True, True, None, 0, False),
     (3072, 6144, 8, True, False, 3.0, None, False),
@@ -46,6 +47,7 @@ CASES = [
     (3072, 6144, 1, True, True, None, None, False, False, True),
     (6144, 1536, 8, False, True, None, None, False, True, True),
     (4096, 1920, 8, False, True, None, None, False, False, True),
+    (9728, 7168, 1, True, True, None, 1, False, True, True),
 ]
 
 
@@ -86,8 +88,9 @@ def test_stream_kernel_sass(case) -> None:
     assert binary.smem_bytes == params.smem_bytes <= hopper.smem_budget(params.sm_share)
     assert binary.pdl is True
     # Weights: bulk copies into the ring, counted on mbarriers (expect-tx, try-wait); with
-    # tile_copies, a second copy site for the whole tiles' runs of rows.
-    assert count["UBLKCP.S.G"] == 1 + params.tile_copies
+    # tile_copies where a stage can hold a tile's whole K, a second copy site for the whole
+    # tiles' runs of rows.
+    assert count["UBLKCP.S.G"] == 1 + params.tile_copy_parts
     assert any(op.startswith("SYNCS.ARRIVE.TRANS64") for op in count)
     assert any(op.startswith("SYNCS.PHASECHK.TRANS64") for op in count)
     assert not any(op.startswith("LDGSTS.E.BYPASS") for op in count)

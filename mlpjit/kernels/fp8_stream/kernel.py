@@ -418,7 +418,7 @@ class Fp8Stream:
         weight row into padded rows, or with tile_copies where the part is the tile's whole
         K, one per contiguous run of its rows (SwiGLU: the 8 gate rows, the 8 up rows) into
         unpadded rows (row_stride)."""
-        if cutlass.const_expr(self.tile_copies):
+        if cutlass.const_expr(self.tile_copy_parts):
             if seg == self.kblocks:
                 runs = 2 if self.swiglu else 1
                 rows = TILE_ROWS // runs
@@ -452,7 +452,7 @@ class Fp8Stream:
         """Bytes from one weight row of a stage part to the next in shared memory: padded
         by ROW_PAD, except a tile_copies part that holds the tile's whole K."""
         stride = seg * BLOCK + ROW_PAD
-        if cutlass.const_expr(self.tile_copies):  # noqa: SIM102 (runtime condition inside)
+        if cutlass.const_expr(self.tile_copy_parts):  # noqa: SIM102 (runtime condition inside)
             if seg == self.kblocks:
                 stride = seg * BLOCK
         return stride

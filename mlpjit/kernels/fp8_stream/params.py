@@ -170,6 +170,12 @@ class StreamParams:
             )
 
     @property
+    def tile_copy_parts(self) -> bool:
+        """Whether tile_copies can take effect: a stage holds a tile's whole K (stage_blocks
+        >= kblocks); otherwise the kernel compiles as without it."""
+        return self.tile_copies and self.stage_blocks >= self.kblocks
+
+    @property
     def sm_share(self) -> int:
         """CTAs (this kernel's, or with room_for_next one of the next kernel's) an SM's shared
         memory and registers are split between: the launch bound's min blocks per SM."""
