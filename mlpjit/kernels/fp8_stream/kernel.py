@@ -124,6 +124,10 @@ class Fp8Stream:
             extra["preferred_smem_carveout"] = 100
         if cutlass.const_expr(self.cluster_ctas > 1):
             extra["cluster"] = [self.cluster_ctas, 1, 1]
+        if cutlass.const_expr(self.room_for_next):
+            # Registers bounded as for the widest CTA of any room_for_next kernel, so any two
+            # of them fit one SM together (the layer's gate_up beside its down).
+            extra["max_number_threads"] = [self.bound_threads, 1, 1]
         self.kernel(m_out, m_x, m_w, m_ws, m_work).launch(
             grid=[self.ctas, 1, 1],
             block=[self.threads, 1, 1],
@@ -415,9 +419,9 @@ class Fp8Stream:
         self, g_w: Int64, s_dst: Int32, bar: Int32, tile: Int32, kb: Int32, seg: Int32, lane
     ):
         """Copy a stage part (``seg`` blocks of a tile from K block kb): one bulk copy per
-        weight row into padded rows, or with tile_copies where the part is the tile's whole
-        K, one per contiguous run of its rows (SwiGLU: the 8 gate rows, the 8 up rows) into
-        unpadded rows (row_stride)."""
+        weight row, or with tile_copies where the part is the tile's whole K, one per
+        contiguous run of its rows (SwiGLU: the 8 gate rows, the 8 up rows), which row_pad
+        0 keeps contiguous in shared memory."""
         if cutlass.const_expr(self.tile_copy_parts):
             if seg == self.kblocks:
                 runs = 2 if self.swiglu else 1
@@ -436,30 +440,20 @@ class Fp8Stream:
     def copy_rows(
         self, g_w: Int64, s_dst: Int32, bar: Int32, tile: Int32, kb: Int32, seg: Int32, lane
     ):
-        """One bulk copy per weight row of a stage part, lane r copying row r into a row
-        padded by ROW_PAD."""
+        """One bulk copy per weight row of a stage part, lane r copying row r (rows padded
+        by row_pad)."""
         if lane < TILE_ROWS:
             row = Int64(self.weight_row(tile, lane))
             ptx.cp_async_bulk_g2s(
-                s_dst + lane * (seg * BLOCK + ROW_PAD),
+                s_dst + lane * (seg * BLOCK + self.row_pad),
                 g_w + row * self.k + Int64(kb * BLOCK),
                 seg * BLOCK,
                 bar,
             )
 
-    @cute.jit
-    def row_stride(self, seg: Int32) -> Int32:
-        """Bytes from one weight row of a stage part to the next in shared memory: padded
-        by ROW_PAD, except a tile_copies part that holds the tile's whole K."""
-        stride = seg * BLOCK + ROW_PAD
-        if cutlass.const_expr(self.tile_copy_parts):  # noqa: SIM102 (runtime condition inside)
-            if seg == self.kblocks:
-                stride = seg * BLOCK
-        return stride
-
     def stage_part(self, s_ring, slot, off, part):
         """Where a stage's part (the blocks of one tile from block ``off`` of the stage on,
-        the stage's part-th) starts: rows of seg * 128 + ROW_PAD bytes follow."""
+        the stage's part-th) starts: rows of seg * 128 + row_pad bytes follow."""
         return (
             s_ring
             + slot * self.stage_bytes
@@ -623,7 +617,7 @@ class Fp8Stream:
         xb = kb - kb_first  # the block's place in the quantized x
         if xb < 0:
             xb = xb + KB
-        stride = self.row_stride(seg)
+        stride = seg * BLOCK + self.row_pad
         s_a = self.stage_part(s_ring, slot, off, part) + (blk - off) * BLOCK + q * 16
         s_a = s_a + g * stride
         acc = []

@@ -104,8 +104,7 @@ class StreamParams:
     share_x: bool = False
     # Where a stage holds a tile's whole K, its 16 weight rows are one contiguous piece of
     # memory (SwiGLU: two, the gate rows and the up rows): one bulk copy each instead of
-    # one per row, into unpadded rows (twice the shared-memory wavefronts of the padded
-    # rows' fragment loads, which a GEMV of 1-8 tokens has to spare)
+    # one per row; every stage row is then unpadded (row_pad)
     tile_copies: bool = False
     # One CTA per SM within half of its shared memory and registers, so the next kernel's
     # CTA (the layer's other half) fits beside it and requests its weights before this
@@ -168,6 +167,23 @@ class StreamParams:
                 f"{self.ctas_per_sm}{' with room_for_next' * self.room_for_next}; lower stages "
                 "or warps"
             )
+
+    @property
+    def row_pad(self) -> int:
+        """Bytes after each weight row of a stage part in shared memory: ROW_PAD (fragment
+        loads of rows r and r + 1 in different bank halves), or none where tile_copies
+        takes effect, so a tile's rows stay one contiguous copy (its fragment loads take
+        twice the wavefronts, which 1-8 tokens leave to spare)."""
+        return 0 if self.tile_copy_parts else ROW_PAD
+
+    @property
+    def bound_threads(self) -> int:
+        """Threads the registers are bounded for (with sm_share CTAs per SM): the CTA's own,
+        or with room_for_next those of a CTA of ROOM_MAX_WARPS consumer warps, so any two
+        room_for_next CTAs (the layer's gate_up beside its down) fit one SM."""
+        if self.room_for_next:
+            return 32 * (ROOM_MAX_WARPS + 2)
+        return self.threads
 
     @property
     def tile_copy_parts(self) -> bool:
