@@ -45,7 +45,7 @@ CASES = [
     (6144, 1536, 1, False, True, None, None, False, True),
     (5632, 2048, 8, True, False, 3.0, None, False, True),
     (3072, 6144, 1, True, True, None, None, False, False, True),
-    (6144, 1536, 8, False, True, None, None, False, False, True),
+    (6144, 1536, 8, False, True, None, None, False, True, True),
     (6144, 1536, 1, False, True, None, None, False, False, True),
     (4096, 1920, 8, False, True, None, None, False, False, True),
     (9728, 7168, 1, True, True, None, 1, False, True, True),
@@ -84,7 +84,7 @@ def test_stream_kernel_sass(case) -> None:
     f = _facts(case)
     params, binary, count = f["params"], f["binary"], f["count"]
     assert f["stack"] == 0 and f["local"] == 0, "spills"
-    assert f["regs"] <= hopper.reg_budget(params.bound_threads, params.sm_share)
+    assert f["regs"] <= hopper.reg_budget(binary.block[0], params.sm_share)
     assert binary.grid == (params.ctas, 1, 1) and binary.block == (32 * (params.warps + 2), 1, 1)
     assert binary.smem_bytes == params.smem_bytes <= hopper.smem_budget(params.sm_share)
     assert binary.pdl is True

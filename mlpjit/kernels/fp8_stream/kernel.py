@@ -124,10 +124,6 @@ class Fp8Stream:
             extra["preferred_smem_carveout"] = 100
         if cutlass.const_expr(self.cluster_ctas > 1):
             extra["cluster"] = [self.cluster_ctas, 1, 1]
-        if cutlass.const_expr(self.room_for_next):
-            # Registers bounded as for the widest CTA of any room_for_next kernel, so any two
-            # of them fit one SM together (the layer's gate_up beside its down).
-            extra["max_number_threads"] = [self.bound_threads, 1, 1]
         self.kernel(m_out, m_x, m_w, m_ws, m_work).launch(
             grid=[self.ctas, 1, 1],
             block=[self.threads, 1, 1],

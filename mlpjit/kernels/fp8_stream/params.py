@@ -43,7 +43,8 @@ X_PASSES_MAX = 12
 # Consumer warps per CTA (with the producer and epilogue warps, 18 of the 32 a CTA may have).
 MAX_WARPS = 16
 # Consumer warps per CTA with room_for_next: 10 warps per CTA, two CTAs per SM, leave each
-# thread 96 registers (hopper.reg_budget), about what the consumers need; more warps spill.
+# thread 96 registers (hopper.reg_budget), about what the consumers need; more warps spill
+# (stage_shape's whole-tile stages of 9-15 warps: 80 or 56 registers).
 ROOM_MAX_WARPS = 8
 # Timestamps per CTA of a ``trace`` build (a developer aid: where a launch spends its time),
 # and last, the SM the CTA ran on.
@@ -175,15 +176,6 @@ class StreamParams:
         takes effect, so a tile's rows stay one contiguous copy (its fragment loads take
         twice the wavefronts, which 1-8 tokens leave to spare)."""
         return 0 if self.tile_copy_parts else ROW_PAD
-
-    @property
-    def bound_threads(self) -> int:
-        """Threads the registers are bounded for (with sm_share CTAs per SM): the CTA's own,
-        or with room_for_next those of a CTA of ROOM_MAX_WARPS consumer warps, so any two
-        room_for_next CTAs (the layer's gate_up beside its down) fit one SM."""
-        if self.room_for_next:
-            return 32 * (ROOM_MAX_WARPS + 2)
-        return self.threads
 
     @property
     def tile_copy_parts(self) -> bool:
