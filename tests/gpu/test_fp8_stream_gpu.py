@@ -54,10 +54,12 @@ CASES = (
 )  # fmt: skip
 
 
-# (shape, cluster): the grid-wide form and the cluster form (negative: with share_x)
+# (shape, cluster): the grid-wide form and the cluster form (negative: with share_x; "t":
+# clusters of 2 with tile_copies)
 GRAPH_CASES = (("odd-24x13", 0), ("dsv3-shared-tp8-gate_up", 0), ("odd-24x13", 4),
                ("dsv3-shared-tp8-gate_up", 8), ("odd-24x13", -2),
-               ("dsv3-shared-tp8-gate_up", -8))  # fmt: skip
+               ("dsv3-shared-tp8-gate_up", -8), ("odd-24x13", "t"),
+               ("dsv3-shared-tp8-down", "t"))  # fmt: skip
 # Two blocks per consumer warp and stage, and two CTAs per SM (knobs beside the default).
 KNOB_CASES = [
     (s, m, True, None, dict(warps=8, blocks_per_warp=2, ctas_per_sm=c))
@@ -125,11 +127,18 @@ TILE_COPY_CASES = [
 # half an SM and the PDL trigger after the producer's last copy, so down's CTAs start beside
 # gate_up's and request their weights before it ends.
 BOUNDARY = dict(room_for_next=True, trigger_after_copies=True)
-BOUNDARY_CASES = [
-    (layer, m, knobs)
-    for layer in (("glm5-tp8-gate_up", "glm5-tp8-down"), ("swiglu-16x16", "down-128x1"))
-    for m in (1, 8)
+# (gate_up, down), tokens, UE8M0 scales, gate_up's clamp
+BOUNDARY_LAYERS = [
+    (("glm5-tp8-gate_up", "glm5-tp8-down"), 1, True, None),
+    (("glm5-tp8-gate_up", "glm5-tp8-down"), 8, False, LIMIT),
+    (("swiglu-16x16", "down-128x1"), 1, False, LIMIT),
+    (("swiglu-16x16", "down-128x1"), 8, True, None),
+]
+BOUNDARY_REQUESTS = [
+    case
+    for (gate_up, down), m, ue8m0, limit in BOUNDARY_LAYERS
     for knobs in (BOUNDARY, {})
+    for case in ((gate_up, m, ue8m0, limit, knobs), (down, m, ue8m0, None, knobs))
 ]
 
 
@@ -147,7 +156,7 @@ def kernel_requests(arch: str = ARCH) -> list:
     untiled = [_without_tile_copies(c) for c in TILE_COPY_CASES]
     for case in (
         CASES + graph_cases + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES + TILE_COPY_CASES
-        + untiled + [(s, m, True, None, knobs) for pair, m, knobs in BOUNDARY_CASES for s in pair]
+        + untiled + BOUNDARY_REQUESTS
     ):  # fmt: skip
         r = _request(*case, arch=arch)
         if r not in seen:
@@ -160,9 +169,11 @@ def _without_tile_copies(case):
     return (s, m, u, lim, {k: v for k, v in knobs.items() if k != "tile_copies"})
 
 
-def _graph_case(shape: str, cluster: int):
+def _graph_case(shape: str, cluster: int | str):
     """cluster 0: the grid-wide form; > 0: the cluster form; < 0: clusters of -cluster with
-    x quantized once per cluster."""
+    x quantized once per cluster; "t": clusters of 2 with tile_copies."""
+    if cluster == "t":
+        return (shape, 4, True, None, dict(cluster=2, tile_copies=True))
     knobs = dict(cluster=abs(cluster)) if cluster else {}
     if cluster < 0:
         knobs.update(share_x=True, stages=3)
@@ -222,7 +233,7 @@ def test_stream_matches_reference_and_repeats_bit_for_bit(case) -> None:
 
 
 @pytest.mark.parametrize(("shape", "cluster"), GRAPH_CASES)
-def test_graph_replays_equal_eager_and_two_streams_agree(shape: str, cluster: int) -> None:
+def test_graph_replays_equal_eager_and_two_streams_agree(shape: str, cluster: int | str) -> None:
     m = 4
     swiglu, w, w_scale, x, cols = _inputs(shape, m)
     kernel = _kernel(_request(*_graph_case(shape, cluster)))
@@ -272,46 +283,57 @@ def test_tile_copies_change_no_bit(case) -> None:
     assert torch.equal(outs[0], outs[1]), "tile_copies changed the output"
 
 
-@pytest.mark.parametrize(
-    ("layer", "m"), sorted({(pair, m) for pair, m, _ in BOUNDARY_CASES}), ids=str
-)
-def test_pairs_with_room_for_next_match_the_plain_pair(layer, m) -> None:
+@pytest.mark.parametrize(("layer", "m", "ue8m0", "limit"), BOUNDARY_LAYERS, ids=str)
+def test_pairs_with_room_for_next_match_the_plain_pair(layer, m, ue8m0, limit) -> None:
     gate_up, down = layer
     swiglu, w13, w13_scale, x, inter = _inputs(gate_up, m)
     _, w2, w2_scale, _, hidden = _inputs(down, m)
     assert swiglu and SHAPES[down][1] == inter
     results = []
     for knobs in (BOUNDARY, {}):
-        first = _kernel(_request(gate_up, m, True, None, knobs))
-        second = _kernel(_request(down, m, True, None, knobs))
-        act = torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda")
-        out = torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
-        works = [_workspace(gate_up), _workspace(down)]
+        first = _kernel(_request(gate_up, m, ue8m0, limit, knobs))
+        second = _kernel(_request(down, m, ue8m0, None, knobs))
 
-        def pair(first=first, second=second, act=act, out=out, works=works) -> None:
+        def buffers():
+            return (
+                torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda"),
+                torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda"),
+                [_workspace(gate_up), _workspace(down)],
+            )
+
+        def pair(act, out, works, first=first, second=second) -> None:
             first.launch([act, x, w13, w13_scale, works[0]])
             second.launch([out, act, w2, w2_scale, works[1]])
 
+        act, out, works = buffers()
         outs = []
         for _ in range(4):  # back to back: each pair's down starts while its gate_up runs
             out.fill_(float("nan"))
-            pair()
+            pair(act, out, works)
             outs.append(out.clone())
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            pair()
-            pair()
+            pair(act, out, works)
+            pair(act, out, works)
         out.fill_(float("nan"))
         graph.replay()
+        streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+        apart = [buffers() for _ in streams]
         torch.cuda.synchronize()
-        assert all(torch.equal(outs[0], o) for o in [*outs[1:], out]), "pairs differ"
+        for _ in range(10):  # pairs on two streams at once, one set of buffers each
+            for stream, bufs in zip(streams, apart, strict=True):
+                with torch.cuda.stream(stream):
+                    pair(*bufs)
+        torch.cuda.synchronize()
+        others = [out, *(bufs[1] for bufs in apart)]
+        assert all(torch.equal(outs[0], o) for o in [*outs[1:], *others]), "pairs differ"
         results.append((act.clone(), outs[0]))
     (act_b, out_b), (act_p, out_p) = results
     assert not torch.isnan(out_b).any()
     assert torch.equal(act_b, act_p) and torch.equal(out_b, out_p)
-    want_act = ref.gemv_reference(x, w13, w13_scale, swiglu=True, limit=None, ue8m0=True)
-    want_out = ref.gemv_reference(act_b, w2, w2_scale, swiglu=False, limit=None, ue8m0=True)
+    want_act = ref.gemv_reference(x, w13, w13_scale, swiglu=True, limit=limit, ue8m0=ue8m0)
+    want_out = ref.gemv_reference(act_b, w2, w2_scale, swiglu=False, limit=None, ue8m0=ue8m0)
     errs = rel_l2(act_b, want_act), rel_l2(out_b, want_out)
-    print(f"\n[fp8_stream] {gate_up} + {down} tokens={m} boundary options rel_l2 act "
-          f"{errs[0]:.3e} out {errs[1]:.3e}")  # fmt: skip
+    print(f"\n[fp8_stream] {gate_up} + {down} tokens={m} ue8m0={ue8m0} limit={limit} boundary "
+          f"options rel_l2 act {errs[0]:.3e} out {errs[1]:.3e}")  # fmt: skip
     assert max(errs) < TOL
