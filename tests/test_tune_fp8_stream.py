@@ -221,6 +221,25 @@ def test_spread_line_names_the_slow_sms_and_whether_they_repeat(tune) -> None:
     assert "launch 1 vs 2..) -" in flipped  # the slow SMs moved: negative correlation
 
 
+def test_beside_line_counts_down_ctas_that_shared_an_sm_with_gate_up(tune) -> None:
+    import torch
+
+    from mlpjit.kernels.fp8_stream.params import TRACE_POINTS
+
+    def stamps(rows: list[tuple[int, int, int]]) -> torch.Tensor:  # (start, end, SM)
+        t = torch.zeros(len(rows), TRACE_POINTS, dtype=torch.int64)
+        for i, (start, end, sm) in enumerate(rows):
+            t[i, 0], t[i, 7], t[i, -1] = start, end, sm
+        return t
+
+    gate_up = stamps([(0, 100, 0), (0, 300, 1)])
+    # down CTA 0 starts on SM 1 while gate_up's CTA there runs; CTA 1 on SM 0 after its
+    # gate_up CTA ended but before the last one did; CTA 2 after both
+    down = stamps([(50, 400, 1), (150, 400, 0), (350, 500, 0)])
+    line = tune._beside_line(gate_up, down)
+    assert line.startswith("1 of 3 down CTAs started beside") and "2 before gate_up's" in line
+
+
 def test_tile_copies_variant_changes_only_that_parameter(tune) -> None:
     plain = tune.layer_requests(6144, 1536, 1, tune.parse_variant("0x0ka"))
     tiled = tune.layer_requests(6144, 1536, 1, tune.parse_variant("0x0kat"))

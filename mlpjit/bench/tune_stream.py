@@ -350,7 +350,8 @@ def print_trace(name, tokens, label, manager, device, reqs, gate_up_args, down_a
     from gate_up's first CTA start. Then where the spread between CTAs comes from: per
     kernel, each CTA's time from its start to its last consumer warp's end (p10 / median /
     p90 / max over CTAs, first launch), how that time follows the CTA's blocks, and whether
-    the same SMs are slow in every launch (correlation of per-SM rates between launches)."""
+    the same SMs are slow in every launch (correlation of per-SM rates between launches);
+    and how many of down's CTAs started beside a running gate_up CTA (_beside_line)."""
     import torch
     from torch.cuda import _sleep  # torch's private helper: a GPU spin of N cycles
 
@@ -392,6 +393,25 @@ def print_trace(name, tokens, label, manager, device, reqs, gate_up_args, down_a
         blocks = torch.tensor([b1 - b0 for b0, b1 in params.cta_ranges()], dtype=torch.float64)
         print(f"spread {name} t{tokens} {label} {half}: " + _spread_line(
             [launch[k] for launch in launches], blocks), flush=True)  # fmt: skip
+    print(f"beside {name} t{tokens} {label}: " + _beside_line(*first), flush=True)
+
+
+def _beside_line(gate_up, down) -> str:
+    """How many of down's CTAs started while a gate_up CTA still ran on the same SM (from
+    its start to its epilogue warp's end), and while any gate_up CTA still ran: where the
+    first count is 0, no down CTA shared an SM with gate_up. Each argument: a (ctas,
+    TRACE_POINTS) int64 tensor of one launch (point 0: start, 7: epilogue done, last: the
+    SM id)."""
+    last_end = gate_up[:, 7].max()
+    beside = sum(
+        bool(((gate_up[:, -1] == d[-1]) & (gate_up[:, 0] <= d[0]) & (d[0] < gate_up[:, 7])).any())
+        for d in down
+    )
+    early = int((down[:, 0] < last_end).sum())
+    return (
+        f"{beside} of {len(down)} down CTAs started beside a running gate_up CTA, {early} "
+        "before gate_up's last CTA ended"
+    )
 
 
 def _spread_line(stamps: list, blocks) -> str:
