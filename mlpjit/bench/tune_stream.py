@@ -402,11 +402,12 @@ def _beside_line(gate_up, down) -> str:
     first count is 0, no down CTA shared an SM with gate_up. Each argument: a (ctas,
     TRACE_POINTS) int64 tensor of one launch (point 0: start, 7: epilogue done, last: the
     SM id)."""
-    last_end = gate_up[:, 7].max()
+    end = gate_up[:, _TRACE_NAMES.index("epilogue done")]
     beside = sum(
-        bool(((gate_up[:, -1] == d[-1]) & (gate_up[:, 0] <= d[0]) & (d[0] < gate_up[:, 7])).any())
+        bool(((gate_up[:, -1] == d[-1]) & (gate_up[:, 0] <= d[0]) & (d[0] < end)).any())
         for d in down
     )
+    last_end = end.max()
     early = int((down[:, 0] < last_end).sum())
     return (
         f"{beside} of {len(down)} down CTAs started beside a running gate_up CTA, {early} "
