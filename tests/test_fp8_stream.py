@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -44,47 +42,11 @@ BASE = dict(rows=3072, k=6144, tokens=8, swiglu=True, limit=None, ue8m0=True)
         (dict(share_x=True), "share_x needs the cluster form with clusters of 2 or more"),
         (dict(share_x=True, cluster=1), "share_x needs .* got cluster=1"),
         (dict(share_x=1, cluster=2), "share_x must be a bool"),
-        (dict(tile_copies=1), "tile_copies must be a bool"),
-        (dict(room_for_next=True, ctas_per_sm=2), "room_for_next needs ctas_per_sm=1"),
-        (dict(room_for_next=True, stages=12), "at ctas_per_sm=1 with room_for_next"),
-        (dict(trigger_after_copies="yes"), "trigger_after_copies must be a bool"),
-        (dict(room_for_next=True, warps=9, stages=2), "room_for_next takes at most 8 consumer"),
     ],
 )
 def test_params_refuse_what_the_kernel_cannot_take(change, message) -> None:
     with pytest.raises(ValueError, match=message):
         StreamParams(**{**BASE, **change})
-
-
-def test_room_for_next_halves_the_sm_but_keeps_one_wave() -> None:
-    for cluster in (0, 2):
-        whole = StreamParams(**BASE, stages=2, cluster=cluster)
-        half = StreamParams(**BASE, stages=2, cluster=cluster, room_for_next=True)
-        assert (whole.sm_share, half.sm_share) == (1, 2)
-        assert half.ctas == whole.ctas <= hopper.SMS  # one CTA per SM either way
-    for tokens in (1, 8):
-        planned = plan.stream_params(3072, 6144, tokens, swiglu=True, limit=None, ue8m0=True)
-        roomy = plan.stream_params(
-            3072, 6144, tokens, swiglu=True, limit=None, ue8m0=True, room_for_next=True
-        )
-        # two of these fit one SM, beside each other or one of the layer's other half
-        assert 2 * (roomy.smem_bytes + hopper.SMEM_CTA_OVERHEAD) <= hopper.SMEM_PER_SM
-        assert roomy.stages * roomy.stage_bytes < planned.stages * planned.stage_bytes
-    # whole-tile stages of more than 8 warps (15 x 1 for a 15-block K) would spill in half
-    # an SM's registers: the default stage instead
-    assert plan.stage_shape(1920) == (15, 1)
-    roomy = plan.stream_params(4096, 1920, 1, swiglu=False, limit=None, ue8m0=True,
-                               room_for_next=True)  # fmt: skip
-    assert (roomy.warps, roomy.blocks_per_warp) == (plan.DEFAULT_WARPS, 2)
-
-
-def test_tile_copies_take_effect_only_where_a_stage_holds_a_whole_tile() -> None:
-    small_k = plan.stream_params(6144, 1536, 1, swiglu=False, limit=None, ue8m0=True,
-                                 tile_copies=True)  # fmt: skip
-    large_k = plan.stream_params(3072, 6144, 1, swiglu=True, limit=None, ue8m0=True,
-                                 tile_copies=True)  # fmt: skip
-    assert small_k.tile_copy_parts and not large_k.tile_copy_parts
-    assert not dataclasses.replace(small_k, tile_copies=False).tile_copy_parts
 
 
 def test_ranges_cover_the_blocks_evenly_on_one_wave() -> None:

@@ -25,12 +25,7 @@ ARCH = "sm_90a"
 # tiles), a clamp; the grid-wide form (cluster 0), the planner's cluster form (None: clusters
 # of 2 here) and clusters of 8 (the shared expert's gate_up, 32 tiles); x quantized once per
 # cluster of 2 and of 4; whole-tile stages (stage_shape): 6 warps x 2 blocks for 12-block
-# K, 15 x 1 for 15, 7 x 3 for 21 (with shared x). A ninth field, tile_copies: whole-tile
-# stages copied as one piece per contiguous run of rows (GLM-5 TP 8's down; a SwiGLU gate_up
-# of 16-block K, whose 16-block stages hold one tile each). A tenth, the boundary options:
-# room_for_next (half an SM) with the PDL trigger after the producer's last copy (a 15-block
-# K: the default 8 x 2 stage, not stage_shape's 15 warps; a 56-block K, whose 16-block
-# stages never hold a whole tile, so tile_copies compiles as without it).
+# K, 15 x 1 for 15, 7 x 3 for 21 (with shared x).
 CASES = [
     (3072, 6144, 1, True, True, None, 0, False),
     (3072, 6144, 8, True, False, 3.0, None, False),
@@ -42,13 +37,6 @@ CASES = [
     (6144, 1536, 1, False, True, None, None, False),
     (3072, 1920, 8, False, True, None, None, False),
     (5376, 2688, 8, True, True, None, 2, True),
-    (6144, 1536, 1, False, True, None, None, False, True),
-    (5632, 2048, 8, True, False, 3.0, None, False, True),
-    (3072, 6144, 1, True, True, None, None, False, False, True),
-    (6144, 1536, 8, False, True, None, None, False, True, True),
-    (6144, 1536, 1, False, True, None, None, False, False, True),
-    (4096, 1920, 8, False, True, None, None, False, False, True),
-    (9728, 7168, 1, True, True, None, 1, False, True, True),
 ]
 
 
@@ -56,12 +44,10 @@ CASES = [
 def _facts(case: tuple) -> dict:
     from mlpjit.kernels.fp8_stream.kernel import compile_cubin
 
-    rows, k, tokens, swiglu, ue8m0, limit, cluster, share_x, *more = case
-    tile_copies, boundary = (*more, False, False)[:2]
+    rows, k, tokens, swiglu, ue8m0, limit, cluster, share_x = case
     params = plan.stream_params(
         rows, k, tokens, swiglu=swiglu, limit=limit, ue8m0=ue8m0, cluster=cluster,
-        share_x=share_x, tile_copies=tile_copies, room_for_next=boundary,
-        trigger_after_copies=boundary,
+        share_x=share_x,
     )  # fmt: skip
     binary = compile_cubin(params, ARCH)
     f = sass_facts(binary.cubin)
@@ -72,26 +58,19 @@ def _facts(case: tuple) -> dict:
 
 
 @pytest.mark.parametrize(
-    "case",
-    CASES,
-    ids=[
-        f"{c[0]}x{c[1]}-t{c[2]}-k{c[6]}{'-share' * c[7]}{'-tile' * (len(c) > 8 and c[8])}"
-        f"{'-next' * (len(c) > 9)}"
-        for c in CASES
-    ],
+    "case", CASES, ids=[f"{c[0]}x{c[1]}-t{c[2]}-k{c[6]}{'-share' * c[7]}" for c in CASES]
 )
 def test_stream_kernel_sass(case) -> None:
     f = _facts(case)
     params, binary, count = f["params"], f["binary"], f["count"]
     assert f["stack"] == 0 and f["local"] == 0, "spills"
-    assert f["regs"] <= hopper.reg_budget(binary.block[0], params.sm_share)
+    assert f["regs"] <= hopper.reg_budget(binary.block[0], params.ctas_per_sm)
     assert binary.grid == (params.ctas, 1, 1) and binary.block == (32 * (params.warps + 2), 1, 1)
-    assert binary.smem_bytes == params.smem_bytes <= hopper.smem_budget(params.sm_share)
+    assert binary.smem_bytes == params.smem_bytes <= hopper.smem_budget(params.ctas_per_sm)
     assert binary.pdl is True
-    # Weights: bulk copies into the ring, counted on mbarriers (expect-tx, try-wait); with
-    # tile_copies where a stage can hold a tile's whole K, a second copy site for the whole
-    # tiles' runs of rows.
-    assert count["UBLKCP.S.G"] == 1 + params.tile_copy_parts
+    # Weights: bulk copies into the ring (one copy site), counted on mbarriers (expect-tx,
+    # try-wait).
+    assert count["UBLKCP.S.G"] == 1
     assert any(op.startswith("SYNCS.ARRIVE.TRANS64") for op in count)
     assert any(op.startswith("SYNCS.PHASECHK.TRANS64") for op in count)
     assert not any(op.startswith("LDGSTS.E.BYPASS") for op in count)

@@ -31,7 +31,7 @@ DEFAULT_SHAPES = (
 )  # fmt: skip
 
 
-_VARIANT = re.compile(r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?(?:k(\d|a)(s)?)?(n)?(p)?(t)?([gd])?$")
+_VARIANT = re.compile(r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?(?:k(\d|a)(s)?)?([gd])?$")
 CLUSTER_AUTO = -1  # a WxR variant's 'ka': fp8_stream's planner chooses the cluster size
 _ALTERNATIVE = re.compile(r"^([gd])(\d+)$")
 _LAYER = re.compile(r"^L(?:(\d+)b(\d)(?:s(\d+)x(\d+))?)?$")
@@ -51,13 +51,9 @@ def parse_variant(text: str) -> tuple | None:
     ('8x0b2g', '8x0b2d') takes fp8_stream for that half only (gate_up or down) and
     fp8_gemv's planned kernel for the other; 'kN' before it takes fp8_stream's cluster form
     with clusters of N CTAs ('ka': the size choose_cluster picks), and 'kNs' / 'kas' with x
-    quantized once per cluster (share_x; 'kas': clusters of at least 2); after those (before
-    g or d), 'n' leaves room on each SM for the next kernel's CTA (room_for_next), 'p' moves
-    the PDL trigger after the producer's last copy (trigger_after_copies) and 't' copies
-    whole tiles as one piece per run of rows (tile_copies): '0x0kanp', '0x0kat'. Returns
-    (warps, stages, blocks_per_warp, ctas_per_sm, half, cluster, share, tiles, room,
-    trigger), half '' for both, cluster 0 for the grid-wide form and CLUSTER_AUTO for
-    'ka'."""
+    quantized once per cluster (share_x; 'kas': clusters of at least 2): (warps, stages,
+    blocks_per_warp, ctas_per_sm, half, cluster, share), half '' for both, cluster 0 for the
+    grid-wide form and CLUSTER_AUTO for 'ka'."""
     if text == "gemv":
         return None
     layer = _LAYER.match(text)
@@ -69,13 +65,10 @@ def parse_variant(text: str) -> tuple | None:
     match = _VARIANT.match(text)
     if match is None:
         raise ValueError(
-            f"variant must be 'gemv', gN, dN, L[WbB[sGxD]] or "
-            f"WxR[bB][cC][kN[s]|ka[s]][n][p][t][g|d] (g0, L, L8b1s3x4, 16x0, 8x0b2c2, "
-            f"8x0b2k2, 8x0b2kad, 8x3b2k2s, 0x0kanp, 0x0kat), got {text!r}"
+            f"variant must be 'gemv', gN, dN, L[WbB[sGxD]] or WxR[bB][cC][kN[s]|ka[s]][g|d] "
+            f"(g0, L, L8b1s3x4, 16x0, 8x0b2c2, 8x0b2k2, 8x0b2kad, 8x3b2k2s), got {text!r}"
         )
-    warps, stages, bpw, cps, cluster, share, room, trigger, tiles, half = match.groups()
-    if room and cps == "2":
-        raise ValueError(f"variant {text!r}: room for the next kernel ('n') needs c1")
+    warps, stages, bpw, cps, cluster, share, half = match.groups()
     if warps == "0" and bpw:
         raise ValueError(f"variant {text!r}: 0 warps takes the planner's stage shape; drop b{bpw}")
     if share and cluster == "1":
@@ -87,8 +80,7 @@ def parse_variant(text: str) -> tuple | None:
     else:
         cluster = int(cluster)
     bpw = int(bpw or (0 if warps == "0" else 1))
-    flags = (bool(share), bool(tiles), bool(room), bool(trigger))
-    return int(warps), int(stages), bpw, int(cps or 1), half or "", cluster, *flags
+    return int(warps), int(stages), bpw, int(cps or 1), half or "", cluster, bool(share)
 
 
 def variant_label(variant: tuple | None) -> str:
@@ -99,11 +91,10 @@ def variant_label(variant: tuple | None) -> str:
         return "L" + (f"{warps}b{bpw}" if warps else "") + (f"s{sg}x{sd}" if sg else "")
     if isinstance(variant[0], str):
         return f"{variant[0]}{variant[1]}"
-    warps, stages, bpw, cps, half, cluster, share, tiles, room, trigger = variant
+    warps, stages, bpw, cps, half, cluster, share = variant
     kind = {0: "", CLUSTER_AUTO: "ka"}.get(cluster, f"k{cluster}") + ("s" if share else "")
     shape = f"b{bpw}" if warps else ""
-    flags = "n" * room + "p" * trigger + "t" * tiles
-    return f"{warps}x{stages}{shape}c{cps}{kind}{flags}{half}"
+    return f"{warps}x{stages}{shape}c{cps}{kind}{half}"
 
 
 def gemv_alternatives(rows: int, k: int, tokens: int, swiglu: bool) -> list:
@@ -167,7 +158,7 @@ def layer_requests(
             gemv_plan.gemv_request(hidden, inter, tokens, swiglu=False, limit=None, ue8m0=True,
                                    arch=arch, config=configs[1]),
         ]  # fmt: skip
-    warps, stages, bpw, cps, half, cluster, share, tiles, room, trigger = variant
+    warps, stages, bpw, cps, half, cluster, share = variant
     options = dict(
         limit=None,
         ue8m0=True,
@@ -177,9 +168,6 @@ def layer_requests(
         trace=trace,
         blocks_per_warp=bpw or None,
         ctas_per_sm=cps,
-        tile_copies=tiles,
-        room_for_next=room,
-        trigger_after_copies=trigger,
     )
     requests = []
     for name, rows, k, swiglu in (("g", 2 * inter, hidden, True), ("d", hidden, inter, False)):

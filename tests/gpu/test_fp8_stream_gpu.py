@@ -6,9 +6,7 @@ every element was written. Shapes include block counts that are odd or prime and
 where every tile is split between CTAs, so the workspace reduction runs everywhere; the
 cluster form (whole tiles per thread block cluster, split tiles reduced in distributed
 shared memory) runs on the same shapes with clusters of 1, 2, 4 and 8, up to seven CTAs
-sending their partials of one tile, and with x quantized once per cluster (share_x); and
-with tile_copies (one bulk copy per contiguous run of a whole tile's rows), bit-identical to
-the kernel without it.
+sending their partials of one tile, and with x quantized once per cluster (share_x).
 """
 
 from __future__ import annotations
@@ -42,8 +40,6 @@ SHAPES = {
     "odd-swiglu-8x13": (128, 1664, True),  # 104 blocks: 104 CTAs, up to 2 per tile
     "tiny-8x5": (128, 640, False),  # 40 blocks: 40 CTAs of one block, 5 per tile
     "prime-72x7": (1152, 896, False),  # 504 blocks: ranges of 3 and 4 blocks
-    "swiglu-16x16": (256, 2048, True),  # 16-block K: a 16-block stage is one whole tile
-    "down-128x1": (2048, 128, False),  # swiglu-16x16's down: one block per tile
 }
 
 CASES = (
@@ -54,12 +50,10 @@ CASES = (
 )  # fmt: skip
 
 
-# (shape, cluster): the grid-wide form and the cluster form (negative: with share_x; "t":
-# clusters of 2 with tile_copies)
+# (shape, cluster): the grid-wide form and the cluster form (negative: with share_x)
 GRAPH_CASES = (("odd-24x13", 0), ("dsv3-shared-tp8-gate_up", 0), ("odd-24x13", 4),
                ("dsv3-shared-tp8-gate_up", 8), ("odd-24x13", -2),
-               ("dsv3-shared-tp8-gate_up", -8), ("odd-24x13", "t"),
-               ("dsv3-shared-tp8-down", "t"))  # fmt: skip
+               ("dsv3-shared-tp8-gate_up", -8))  # fmt: skip
 # Two blocks per consumer warp and stage, and two CTAs per SM (knobs beside the default).
 KNOB_CASES = [
     (s, m, True, None, dict(warps=8, blocks_per_warp=2, ctas_per_sm=c))
@@ -106,42 +100,6 @@ SHARE_X_CASES += [
 ]
 
 
-# tile_copies: whole-tile stage parts copied as one piece per run of rows (SwiGLU: gate and
-# up), the others row by row: whole-tile stages of 12 and 13 blocks (6 x 2, 13 x 1), stages
-# of several whole tiles (2-block and 5-block K), tiles split inside clusters of 2 and 4 (the
-# split shares are copied by rows), shared x, both scale rules, the clamp.
-TILE_COPY_CASES = [
-    (s, m, u, lim, dict(knobs, tile_copies=True))
-    for s, m, u, lim, knobs in (
-        ("glm5-tp8-down", 1, True, None, {}), ("glm5-tp8-down", 8, False, None, {}),
-        ("dsv3-shared-tp8-down", 4, False, None, {}), ("tiny-8x5", 1, True, None, {}),
-        ("odd-swiglu-8x13", 8, True, LIMIT, dict(cluster=2)),
-        ("odd-24x13", 3, False, None, dict(cluster=4)), ("swiglu-16x16", 2, True, None, {}),
-        ("swiglu-16x16", 8, False, LIMIT, dict(cluster=2)),
-        ("prime-72x7", 6, True, None, dict(stages=3, cluster=4, share_x=True)),
-    )
-]  # fmt: skip
-
-
-# Layers (gate_up, down) run as a pair on one stream with the boundary options: each CTA in
-# half an SM and the PDL trigger after the producer's last copy, so down's CTAs start beside
-# gate_up's and request their weights before it ends.
-BOUNDARY = dict(room_for_next=True, trigger_after_copies=True)
-# (gate_up, down), tokens, UE8M0 scales, gate_up's clamp
-BOUNDARY_LAYERS = [
-    (("glm5-tp8-gate_up", "glm5-tp8-down"), 1, True, None),
-    (("glm5-tp8-gate_up", "glm5-tp8-down"), 8, False, LIMIT),
-    (("swiglu-16x16", "down-128x1"), 1, False, LIMIT),
-    (("swiglu-16x16", "down-128x1"), 8, True, None),
-]
-BOUNDARY_REQUESTS = [
-    case
-    for (gate_up, down), m, ue8m0, limit in BOUNDARY_LAYERS
-    for knobs in (BOUNDARY, {})
-    for case in ((gate_up, m, ue8m0, limit, knobs), (down, m, ue8m0, None, knobs))
-]
-
-
 def _request(shape: str, m: int, ue8m0: bool, limit: float | None, knobs=None, arch: str = ARCH):
     rows, k, swiglu = SHAPES[shape]
     return plan.stream_request(
@@ -153,27 +111,16 @@ def kernel_requests(arch: str = ARCH) -> list:
     """Every compile request of these tests (for warming a cache on a machine without GPU)."""
     seen = []
     graph_cases = [_graph_case(s, c) for s, c in GRAPH_CASES]
-    untiled = [_without_tile_copies(c) for c in TILE_COPY_CASES]
-    for case in (
-        CASES + graph_cases + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES + TILE_COPY_CASES
-        + untiled + BOUNDARY_REQUESTS
-    ):  # fmt: skip
+    for case in CASES + graph_cases + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES:
         r = _request(*case, arch=arch)
         if r not in seen:
             seen.append(r)
     return seen
 
 
-def _without_tile_copies(case):
-    s, m, u, lim, knobs = case
-    return (s, m, u, lim, {k: v for k, v in knobs.items() if k != "tile_copies"})
-
-
-def _graph_case(shape: str, cluster: int | str):
+def _graph_case(shape: str, cluster: int):
     """cluster 0: the grid-wide form; > 0: the cluster form; < 0: clusters of -cluster with
-    x quantized once per cluster; "t": clusters of 2 with tile_copies."""
-    if cluster == "t":
-        return (shape, 4, True, None, dict(cluster=2, tile_copies=True))
+    x quantized once per cluster."""
     knobs = dict(cluster=abs(cluster)) if cluster else {}
     if cluster < 0:
         knobs.update(share_x=True, stages=3)
@@ -207,7 +154,7 @@ def _case_id(case) -> str:
     return f"{s}-t{m}-{'ue8m0' if u else 'f32'}-lim{lim}{extra}"
 
 
-ALL_CASES = CASES + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES + TILE_COPY_CASES
+ALL_CASES = CASES + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=[_case_id(c) for c in ALL_CASES])
@@ -233,7 +180,7 @@ def test_stream_matches_reference_and_repeats_bit_for_bit(case) -> None:
 
 
 @pytest.mark.parametrize(("shape", "cluster"), GRAPH_CASES)
-def test_graph_replays_equal_eager_and_two_streams_agree(shape: str, cluster: int | str) -> None:
+def test_graph_replays_equal_eager_and_two_streams_agree(shape: str, cluster: int) -> None:
     m = 4
     swiglu, w, w_scale, x, cols = _inputs(shape, m)
     kernel = _kernel(_request(*_graph_case(shape, cluster)))
@@ -267,73 +214,3 @@ def test_graph_replays_equal_eager_and_two_streams_agree(shape: str, cluster: in
     torch.cuda.synchronize()
     assert all(torch.equal(o, eager) for o in outs)
     print(f"\n[fp8_stream] {shape} cluster={cluster} graph and two streams identical to eager")
-
-
-@pytest.mark.parametrize("case", TILE_COPY_CASES, ids=[_case_id(c) for c in TILE_COPY_CASES])
-def test_tile_copies_change_no_bit(case) -> None:
-    shape, m, *_ = case
-    swiglu, w, w_scale, x, cols = _inputs(shape, m)
-    outs = []
-    for request in (_request(*case), _request(*_without_tile_copies(case))):
-        out = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
-        _kernel(request).launch([out, x, w, w_scale, _workspace(shape)])
-        outs.append(out)
-    torch.cuda.synchronize()
-    assert not torch.isnan(outs[0]).any()
-    assert torch.equal(outs[0], outs[1]), "tile_copies changed the output"
-
-
-@pytest.mark.parametrize(("layer", "m", "ue8m0", "limit"), BOUNDARY_LAYERS, ids=str)
-def test_pairs_with_room_for_next_match_the_plain_pair(layer, m, ue8m0, limit) -> None:
-    gate_up, down = layer
-    swiglu, w13, w13_scale, x, inter = _inputs(gate_up, m)
-    _, w2, w2_scale, _, hidden = _inputs(down, m)
-    assert swiglu and SHAPES[down][1] == inter
-    results = []
-    for knobs in (BOUNDARY, {}):
-        first = _kernel(_request(gate_up, m, ue8m0, limit, knobs))
-        second = _kernel(_request(down, m, ue8m0, None, knobs))
-
-        def buffers():
-            return (
-                torch.full((m, inter), float("nan"), dtype=torch.bfloat16, device="cuda"),
-                torch.full((m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda"),
-                [_workspace(gate_up), _workspace(down)],
-            )
-
-        def pair(act, out, works, first=first, second=second) -> None:
-            first.launch([act, x, w13, w13_scale, works[0]])
-            second.launch([out, act, w2, w2_scale, works[1]])
-
-        act, out, works = buffers()
-        outs = []
-        for _ in range(4):  # back to back: each pair's down starts while its gate_up runs
-            out.fill_(float("nan"))
-            pair(act, out, works)
-            outs.append(out.clone())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            pair(act, out, works)
-            pair(act, out, works)
-        out.fill_(float("nan"))
-        graph.replay()
-        streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-        apart = [buffers() for _ in streams]
-        torch.cuda.synchronize()
-        for _ in range(10):  # pairs on two streams at once, one set of buffers each
-            for stream, bufs in zip(streams, apart, strict=True):
-                with torch.cuda.stream(stream):
-                    pair(*bufs)
-        torch.cuda.synchronize()
-        others = [out, *(bufs[1] for bufs in apart)]
-        assert all(torch.equal(outs[0], o) for o in [*outs[1:], *others]), "pairs differ"
-        results.append((act.clone(), outs[0]))
-    (act_b, out_b), (act_p, out_p) = results
-    assert not torch.isnan(out_b).any()
-    assert torch.equal(act_b, act_p) and torch.equal(out_b, out_p)
-    want_act = ref.gemv_reference(x, w13, w13_scale, swiglu=True, limit=limit, ue8m0=ue8m0)
-    want_out = ref.gemv_reference(act_b, w2, w2_scale, swiglu=False, limit=None, ue8m0=ue8m0)
-    errs = rel_l2(act_b, want_act), rel_l2(out_b, want_out)
-    print(f"\n[fp8_stream] {gate_up} + {down} tokens={m} ue8m0={ue8m0} limit={limit} boundary "
-          f"options rel_l2 act {errs[0]:.3e} out {errs[1]:.3e}")  # fmt: skip
-    assert max(errs) < TOL

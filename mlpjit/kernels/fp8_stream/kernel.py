@@ -11,14 +11,7 @@ work split and a memory pipeline whose speed follows from the bytes:
   blocks of the range, across tile boundaries: per tile it touches, one bulk copy per
   weight row) into a ring of ``stages`` shared-memory slots, from launch on (weights never
   depend on the previous kernel), and refills a slot as soon as the consumers release it,
-  so the bytes in flight never drain between tiles. With ``tile_copies``, a stage part that
-  holds a tile's whole K is one copy per contiguous run of its rows (the tile; SwiGLU: its
-  gate rows and its up rows) into unpadded rows.
-- The kernel boundary: the consumers trigger the next kernel's launch (PDL) once past their
-  wait. With ``trigger_after_copies`` the producer triggers it after its last copy, and with
-  ``room_for_next`` each CTA takes half of its SM, so the next kernel's CTAs start beside
-  these and queue their weight requests behind this kernel's, keeping HBM busy across the
-  boundary.
+  so the bytes in flight never drain between tiles.
 - Consumers: ``warps`` warps, ``blocks_per_warp`` blocks each per stage, four m16n8k32 e4m3
   mmas per block with the tokens as the 8 B columns, fp32 sums per block scaled by
   w_scale * x_scale. After the PDL wait they quantize the part of x their range touches
@@ -119,7 +112,7 @@ class Fp8Stream:
         stream: Any,
     ):
         extra = {}
-        if cutlass.const_expr(self.sm_share > 1):
+        if cutlass.const_expr(self.ctas_per_sm > 1):
             # Without an explicit carveout the DSL queries the device for min_blocks > 1.
             extra["preferred_smem_carveout"] = 100
         if cutlass.const_expr(self.cluster_ctas > 1):
@@ -130,7 +123,7 @@ class Fp8Stream:
             smem=self.smem_bytes,
             stream=stream,
             use_pdl=True,
-            min_blocks_per_mp=self.sm_share,
+            min_blocks_per_mp=self.ctas_per_sm,
             **extra,
         )
 
@@ -168,8 +161,6 @@ class Fp8Stream:
         if warp == W:
             self.produce(Int64(m_w.iterator.toint()), s_base, b0, b1, lane)
             if lane == 0:
-                if cutlass.const_expr(self.trigger_after_copies):
-                    cute.arch.griddepcontrol_launch_dependents()
                 self.stamp(Int64(m_work.iterator.toint()), cta, 5)
         elif warp == W + 1:
             self.finish(
@@ -397,10 +388,15 @@ class Fp8Stream:
                     tile = (pos + off) // KB
                     kb = pos + off - tile * KB
                     seg = cutlass.min(KB - kb, n - off)
-                    self.copy_part(
-                        g_w, self.stage_part(s_ring, slot, off, part),
-                        self.full_bar(s_base, slot), tile, kb, seg, lane,
-                    )  # fmt: skip
+                    if lane < TILE_ROWS:
+                        row = Int64(self.weight_row(tile, lane))
+                        s_dst = self.stage_part(s_ring, slot, off, part)
+                        ptx.cp_async_bulk_g2s(
+                            s_dst + lane * (seg * BLOCK + ROW_PAD),
+                            g_w + row * self.k + Int64(kb * BLOCK),
+                            seg * BLOCK,
+                            self.full_bar(s_base, slot),
+                        )
                     off = off + seg
                     part = part + 1
                 pos = pos + n
@@ -410,46 +406,9 @@ class Fp8Stream:
                     phase = phase ^ 1
                     again = Int32(1)
 
-    @cute.jit
-    def copy_part(
-        self, g_w: Int64, s_dst: Int32, bar: Int32, tile: Int32, kb: Int32, seg: Int32, lane
-    ):
-        """Copy a stage part (``seg`` blocks of a tile from K block kb): one bulk copy per
-        weight row, or with tile_copies where the part is the tile's whole K, one per
-        contiguous run of its rows (SwiGLU: the 8 gate rows, the 8 up rows), which row_pad
-        0 keeps contiguous in shared memory."""
-        if cutlass.const_expr(self.tile_copy_parts):
-            if seg == self.kblocks:
-                runs = 2 if self.swiglu else 1
-                rows = TILE_ROWS // runs
-                if lane < runs:
-                    row = Int64(self.weight_row(tile, lane * rows))
-                    ptx.cp_async_bulk_g2s(
-                        s_dst + lane * (rows * self.k), g_w + row * self.k, rows * self.k, bar
-                    )
-            else:
-                self.copy_rows(g_w, s_dst, bar, tile, kb, seg, lane)
-        else:
-            self.copy_rows(g_w, s_dst, bar, tile, kb, seg, lane)
-
-    @cute.jit
-    def copy_rows(
-        self, g_w: Int64, s_dst: Int32, bar: Int32, tile: Int32, kb: Int32, seg: Int32, lane
-    ):
-        """One bulk copy per weight row of a stage part, lane r copying row r (rows padded
-        by row_pad)."""
-        if lane < TILE_ROWS:
-            row = Int64(self.weight_row(tile, lane))
-            ptx.cp_async_bulk_g2s(
-                s_dst + lane * (seg * BLOCK + self.row_pad),
-                g_w + row * self.k + Int64(kb * BLOCK),
-                seg * BLOCK,
-                bar,
-            )
-
     def stage_part(self, s_ring, slot, off, part):
         """Where a stage's part (the blocks of one tile from block ``off`` of the stage on,
-        the stage's part-th) starts: rows of seg * 128 + row_pad bytes follow."""
+        the stage's part-th) starts: rows of seg * 128 + ROW_PAD bytes follow."""
         return (
             s_ring
             + slot * self.stage_bytes
@@ -495,8 +454,7 @@ class Fp8Stream:
 
         if cutlass.const_expr(self.x_after is None):
             cute.arch.griddepcontrol_wait()
-            if cutlass.const_expr(not self.trigger_after_copies):
-                cute.arch.griddepcontrol_launch_dependents()
+            cute.arch.griddepcontrol_launch_dependents()
         else:
             self.wait_for_act(g_work, warp, lane)
         if warp * 32 + lane == 0:
@@ -613,7 +571,7 @@ class Fp8Stream:
         xb = kb - kb_first  # the block's place in the quantized x
         if xb < 0:
             xb = xb + KB
-        stride = seg * BLOCK + self.row_pad
+        stride = seg * BLOCK + ROW_PAD
         s_a = self.stage_part(s_ring, slot, off, part) + (blk - off) * BLOCK + q * 16
         s_a = s_a + g * stride
         acc = []

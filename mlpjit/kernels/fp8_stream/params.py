@@ -24,7 +24,6 @@ __all__ = [
     "KERNEL_ARGS",
     "MAX_WARPS",
     "MAX_TOKENS",
-    "ROOM_MAX_WARPS",
     "ROW_PAD",
     "StreamParams",
     "workspace_bytes",
@@ -42,10 +41,6 @@ PARTIAL_BUFFERS = 4
 X_PASSES_MAX = 12
 # Consumer warps per CTA (with the producer and epilogue warps, 18 of the 32 a CTA may have).
 MAX_WARPS = 16
-# Consumer warps per CTA with room_for_next: 10 warps per CTA, two CTAs per SM, leave each
-# thread 96 registers (hopper.reg_budget), about what the consumers need; more warps spill
-# (stage_shape's whole-tile stages of 9-15 warps: 80 or 56 registers).
-ROOM_MAX_WARPS = 8
 # Timestamps per CTA of a ``trace`` build (a developer aid: where a launch spends its time),
 # and last, the SM the CTA ran on.
 TRACE_POINTS = 9
@@ -103,19 +98,6 @@ class StreamParams:
     # every cluster-th (token, block) chunk and sends it to the others with st.async), so
     # every CTA holds all of x but reads only its share from L2
     share_x: bool = False
-    # Where a stage holds a tile's whole K, its 16 weight rows are one contiguous piece of
-    # memory (SwiGLU: two, the gate rows and the up rows): one bulk copy each instead of
-    # one per row; every stage row is then unpadded (row_pad)
-    tile_copies: bool = False
-    # One CTA per SM within half of its shared memory and registers, so the next kernel's
-    # CTA (the layer's other half) fits beside it and requests its weights before this
-    # one ends
-    room_for_next: bool = False
-    # The PDL trigger comes from the producer warp once it has requested its last weight
-    # copy, instead of from the consumers after the wait: the next kernel's CTAs launch
-    # (with room_for_next, beside these) when every byte of this kernel is requested, so
-    # their requests queue behind this kernel's instead of competing with them
-    trigger_after_copies: bool = False
 
     def __post_init__(self) -> None:
         check_int("rows", self.rows, TILE_ROWS, MAX_ROWS)
@@ -130,10 +112,7 @@ class StreamParams:
                 f"cluster must be one of {', '.join(map(str, CLUSTER_SIZES))}, got {self.cluster!r}"
             )
         hopper.check_sms(self.sms)
-        for name in (
-            "swiglu", "ue8m0", "trace", "share_x", "tile_copies", "room_for_next",
-            "trigger_after_copies",
-        ):  # fmt: skip
+        for name in ("swiglu", "ue8m0", "trace", "share_x"):
             check_bool(name, getattr(self, name))
         object.__setattr__(self, "limit", check_limit(self.limit))
         if self.k % BLOCK:
@@ -150,44 +129,13 @@ class StreamParams:
                 f"share_x needs the cluster form with clusters of 2 or more, got cluster="
                 f"{self.cluster}"
             )
-        if self.room_for_next and self.warps > ROOM_MAX_WARPS:
-            raise ValueError(
-                f"room_for_next takes at most {ROOM_MAX_WARPS} consumer warps (half an SM's "
-                f"registers), got warps={self.warps}"
-            )
-        if self.room_for_next and self.ctas_per_sm != 1:
-            raise ValueError(
-                f"room_for_next needs ctas_per_sm=1 (it halves one CTA's share of the SM), "
-                f"got ctas_per_sm={self.ctas_per_sm}"
-            )
-        budget = hopper.smem_budget(self.sm_share)
+        budget = hopper.smem_budget(self.ctas_per_sm)
         if self.smem_bytes > budget:
             raise ValueError(
                 f"fp8_stream needs {self.smem_bytes} B of shared memory per CTA for k={self.k} "
                 f"and {self.tokens} tokens, more than {budget} B at ctas_per_sm="
-                f"{self.ctas_per_sm}{' with room_for_next' * self.room_for_next}; lower stages "
-                "or warps"
+                f"{self.ctas_per_sm}; lower stages or warps"
             )
-
-    @property
-    def row_pad(self) -> int:
-        """Bytes after each weight row of a stage part in shared memory: ROW_PAD (fragment
-        loads of rows r and r + 1 in different bank halves), or none where tile_copies
-        takes effect, so a tile's rows stay one contiguous copy (its fragment loads take
-        twice the wavefronts, which 1-8 tokens leave to spare)."""
-        return 0 if self.tile_copy_parts else ROW_PAD
-
-    @property
-    def tile_copy_parts(self) -> bool:
-        """Whether tile_copies can take effect: a stage holds a tile's whole K (stage_blocks
-        >= kblocks); otherwise the kernel compiles as without it."""
-        return self.tile_copies and self.stage_blocks >= self.kblocks
-
-    @property
-    def sm_share(self) -> int:
-        """CTAs (this kernel's, or with room_for_next one of the next kernel's) an SM's shared
-        memory and registers are split between: the launch bound's min blocks per SM."""
-        return 2 if self.room_for_next else self.ctas_per_sm
 
     # Geometry: Python constants, compiled into the kernel.
     @property

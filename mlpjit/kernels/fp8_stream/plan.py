@@ -13,13 +13,7 @@ from __future__ import annotations
 
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.kernels import hopper
-from mlpjit.kernels.fp8_stream.params import (
-    BLOCK,
-    CLUSTER_SIZES,
-    MAX_WARPS,
-    ROOM_MAX_WARPS,
-    StreamParams,
-)
+from mlpjit.kernels.fp8_stream.params import BLOCK, CLUSTER_SIZES, MAX_WARPS, StreamParams
 from mlpjit.kernels.fp8_stream.spec import SPEC
 
 __all__ = [
@@ -78,18 +72,16 @@ def choose_stages(
     ctas_per_sm: int = 1,
     cluster: int = 0,
     share_x: bool = False,
-    room_for_next: bool = False,
 ) -> int:
     """Most ring stages (up to MAX_STAGES, no more than a CTA's range has) within the
-    shared-memory budget of ``ctas_per_sm`` CTAs per SM (half an SM with ``room_for_next``);
-    ValueError (naming k and tokens) when not even MIN_STAGES fit."""
+    shared-memory budget of ``ctas_per_sm`` CTAs per SM; ValueError (naming k and tokens)
+    when not even MIN_STAGES fit."""
     for stages in range(MAX_STAGES, MIN_STAGES - 1, -1):
         try:
             params = StreamParams(
                 rows=rows, k=k, tokens=tokens, swiglu=False, limit=None, ue8m0=True,
                 warps=warps, stages=stages, sms=sms, blocks_per_warp=blocks_per_warp,
                 ctas_per_sm=ctas_per_sm, cluster=cluster, share_x=share_x,
-                room_for_next=room_for_next,
             )  # fmt: skip
         except ValueError:
             continue
@@ -115,21 +107,15 @@ def stream_params(
     ctas_per_sm: int = 1,
     cluster: int | None = None,
     share_x: bool = False,
-    tile_copies: bool = False,
-    room_for_next: bool = False,
-    trigger_after_copies: bool = False,
 ) -> StreamParams:
     """The params of one launch; knobs left None follow from the shape (``warps`` and
-    ``blocks_per_warp`` both None: stage_shape's, or with ``room_for_next`` the default
-    stage where stage_shape's takes more than ROOM_MAX_WARPS warps; ``cluster`` None: the
-    cluster form at choose_cluster's size; 0: the grid-wide form)."""
+    ``blocks_per_warp`` both None: stage_shape's; ``cluster`` None: the cluster form at
+    choose_cluster's size; 0: the grid-wide form)."""
     hopper.check_sms(sms)
     if cluster is None:
         cluster = choose_cluster(rows, k, sms)
     if warps is None and blocks_per_warp is None:
         warps, preferred = stage_shape(k)
-        if room_for_next and warps > ROOM_MAX_WARPS:
-            warps, preferred = DEFAULT_WARPS, DEFAULT_BLOCKS_PER_WARP
     else:
         warps = DEFAULT_WARPS if warps is None else warps
         preferred = DEFAULT_BLOCKS_PER_WARP
@@ -139,8 +125,7 @@ def stream_params(
         for blocks_per_warp in (preferred, 1):
             try:
                 stages = choose_stages(
-                    rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm, cluster, share_x,
-                    room_for_next,
+                    rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm, cluster, share_x
                 )
                 break
             except ValueError:
@@ -150,15 +135,13 @@ def stream_params(
         blocks_per_warp = preferred
     if stages is None:
         stages = choose_stages(
-            rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm, cluster, share_x,
-            room_for_next,
+            rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm, cluster, share_x
         )
     return StreamParams(
         rows=rows, k=k, tokens=tokens, swiglu=swiglu, limit=limit if swiglu else None,
         ue8m0=ue8m0, warps=warps, stages=stages, sms=sms, trace=trace,
         blocks_per_warp=blocks_per_warp, ctas_per_sm=ctas_per_sm, cluster=cluster,
-        share_x=share_x, tile_copies=tile_copies, room_for_next=room_for_next,
-        trigger_after_copies=trigger_after_copies,
+        share_x=share_x,
     )  # fmt: skip
 
 
