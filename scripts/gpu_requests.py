@@ -8,11 +8,12 @@ lists its kernels in ``kernel_requests(arch)``; the output feeds
 
     pip install -e .   # the scripts import the installed package
     python3 scripts/gpu_requests.py --arch sm_90a -o .gpu-cache/requests.jsonl
-    MLPJIT_KERNEL_MODULES=mlpjit.testing.smoke MLPJIT_CACHE_DIR=.gpu-cache \
+    export MLPJIT_KERNEL_MODULES=mlpjit.testing.smoke,mlpjit.kernels.read_floor
+    MLPJIT_CACHE_DIR=.gpu-cache \
         mlpjit warm --from .gpu-cache/requests.jsonl --arch sm_90a --jobs 2
 
-(the launcher tests use the smoke kernel, which registers only when its module is imported:
-MLPJIT_KERNEL_MODULES names it).
+(the launcher tests use the smoke kernel and the read-floor tests the read_floor probe, which
+register only when their modules are imported: MLPJIT_KERNEL_MODULES names them).
 
 The demos (serve_demo.py, tp_demo.py at TP 8 and 2) use GLM-5 shards that
 tests/gpu/test_dense_mlp_gpu.py lists already.
@@ -37,6 +38,7 @@ SOURCES: tuple[Path | str, ...] = (
     REPO / "tests" / "gpu" / "test_fp8_stream_gpu.py",
     REPO / "tests" / "gpu" / "test_fp8_layer_gpu.py",
     REPO / "tests" / "gpu" / "test_launcher_gpu.py",
+    REPO / "tests" / "gpu" / "test_read_floor_gpu.py",
     "mlpjit.bench.dense_mlp_bench",
     "mlpjit.bench.launch",
     REPO / "tests" / "gpu" / "test_transformers_gpu.py",

@@ -154,8 +154,12 @@ def test_bad_input_is_a_clear_value_error(spec, params, arch, match):
 def test_unregistered_kernel_names_the_registered_ones():
     from mlpjit.jit.spec import get_spec
 
-    with pytest.raises(ValueError, match="fp8_gemv, fp8_layer, fp8_stream, smoke"):
+    with pytest.raises(ValueError, match="nope") as raised:
         get_spec("nope")
+    # Other tests may have registered more kernels (a probe's module); the built-in ones are
+    # always named.
+    for name in ("fp8_gemv", "fp8_layer", "fp8_stream", "smoke"):
+        assert name in str(raised.value)
 
 
 def test_no_paths_or_hostname_in_components():

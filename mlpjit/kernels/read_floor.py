@@ -1,0 +1,324 @@
+"""A kernel that only reads: what streaming N bytes from HBM costs one kernel, with nothing
+else in its way.
+
+It streams its buffer the way fp8_stream streams weights (a producer warp's bulk copies
+into a ring of shared-memory stages guarded by mbarriers, from launch on; consumer warps
+wait for the previous kernel, read each stage out of shared memory and release it), but
+computes nothing: each consumer thread XORs the 16-byte words it read and writes that one
+word. Timed in the same PDL chains as the layers (mlpjit.bench.read_floor), it says how
+close to the copy-bandwidth floor a kernel of a given size can get on this machine, and
+which stage shapes stream fastest: the part of a layer's time that no kernel of this
+design can remove.
+
+Compile parameters (ReadParams): the bytes, their layout as rows (a weight matrix's rows of
+``row_bytes``), and the ring: a stage is ``copies`` bulk copies of ``copy_bytes`` each, one
+per row at the row stride (as fp8_stream copies a 16-row tile's K chunk), or one copy of
+consecutive bytes (``copies`` 1 and ``copy_bytes`` = ``row_bytes``). Stages go to the CTAs
+in equal contiguous ranges, in tile-major order.
+
+A second phase (``then_nbytes`` more bytes right after the first, in rows of
+``then_row_bytes`` read ``then_copy_bytes`` at a time) makes it a one-kernel layer: the
+producer streams its first-phase range, then its second, without pausing; with ``barrier``
+the consumers wait, between the phases, until every CTA's consumers are done with the first
+(an arrival count in global memory, as a layer's down waits for all of act), which the
+producer never waits for.
+
+Kernel parameters: ``out`` (int32 [ctas * warps * 32 + 1]: each consumer thread's XOR, then
+the barrier's arrival count, which only ever grows: no reset between launches) and ``buf``
+(the bytes; 16-byte aligned).
+
+Nothing here is imported by ``import mlpjit``; mlpjit.bench.read_floor imports it to
+register the kernel.
+"""
+
+# No `from __future__ import annotations`: CuTe DSL evaluates the kernel's annotations.
+from dataclasses import dataclass
+from typing import Any
+
+from mlpjit.jit.binary import KernelBinary, KernelParam
+from mlpjit.jit.spec import KernelSpec, register
+from mlpjit.kernels import hopper
+
+__all__ = ["PARAMS", "SPEC", "ReadParams", "compile_cubin"]
+
+PARAMS = (KernelParam("out", "ptr"), KernelParam("buf", "ptr"))
+MAX_BYTES = 1 << 31
+MAX_COPY = 1 << 16
+MAX_COPIES = 32
+MAX_WARPS = 16
+_BARRIERS = 1024  # the mbarriers' bytes at the start of shared memory (ring is 1 KB aligned)
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(
+            f"read_floor param {name} must be an int in [{low}, {high}], got {value!r}"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class ReadParams:
+    """nbytes: bytes read (whole tiles of ``copies`` rows); row_bytes: a row's length;
+    copy_bytes, copies: one stage (copies rows x copy_bytes); stages: ring depth; warps:
+    consumer warps; ctas: the grid (one CTA per SM where it fits)."""
+
+    nbytes: int
+    row_bytes: int
+    copy_bytes: int
+    copies: int
+    stages: int
+    warps: int = 8
+    ctas: int = hopper.SMS
+    then_nbytes: int = 0
+    then_row_bytes: int = 0
+    then_copy_bytes: int = 0
+    barrier: bool = False
+
+    def __post_init__(self) -> None:
+        _check_int("nbytes", self.nbytes, 16, MAX_BYTES)
+        _check_int("copies", self.copies, 1, MAX_COPIES)
+        _check_int("stages", self.stages, 1, 64)
+        _check_int("warps", self.warps, 1, MAX_WARPS)
+        _check_int("ctas", self.ctas, 1, 1 << 16)
+        if type(self.barrier) is not bool:
+            raise ValueError(f"read_floor param barrier must be a bool, got {self.barrier!r}")
+        if self.then_nbytes == 0:
+            if self.then_row_bytes or self.then_copy_bytes or self.barrier:
+                raise ValueError(
+                    "read_floor param then_nbytes must be > 0 where then_row_bytes, "
+                    "then_copy_bytes or barrier is set"
+                )
+        else:
+            _check_int("then_nbytes", self.then_nbytes, 16, MAX_BYTES - self.nbytes)
+        for phase in self.phases:
+            self._check_phase(*phase)
+        if self.smem_bytes > hopper.SMEM_PER_CTA_MAX - hopper.SMEM_CTA_OVERHEAD:
+            raise ValueError(
+                f"read_floor param stages: {self.stages} stages of {self.stage_bytes} B do not "
+                f"fit a CTA's shared memory"
+            )
+
+    def _check_phase(self, prefix: str, nbytes: int, row_bytes: int, copy_bytes: int) -> None:
+        _check_int(f"{prefix}row_bytes", row_bytes, 16, MAX_BYTES)
+        _check_int(f"{prefix}copy_bytes", copy_bytes, 16, MAX_COPY)
+        if copy_bytes % 16 or row_bytes % copy_bytes:
+            raise ValueError(
+                f"read_floor param {prefix}copy_bytes must be a multiple of 16 that divides "
+                f"{prefix}row_bytes ({row_bytes}), got {copy_bytes}"
+            )
+        tile = self.copies * row_bytes
+        if nbytes % tile:
+            raise ValueError(
+                f"read_floor param {prefix}nbytes must be whole tiles of copies x "
+                f"{prefix}row_bytes ({tile} B), got {nbytes}"
+            )
+        if nbytes // (self.copies * copy_bytes) < self.ctas:
+            raise ValueError(
+                f"read_floor param ctas must be at most the stages of each phase "
+                f"({nbytes // (self.copies * copy_bytes)}), got {self.ctas}"
+            )
+
+    @property
+    def phases(self) -> list[tuple[str, int, int, int]]:
+        """(param prefix, bytes, row bytes, copy bytes) of each phase."""
+        phases = [("", self.nbytes, self.row_bytes, self.copy_bytes)]
+        if self.then_nbytes:
+            phases.append(("then_", self.then_nbytes, self.then_row_bytes, self.then_copy_bytes))
+        return phases
+
+    @property
+    def total_bytes(self) -> int:
+        return self.nbytes + self.then_nbytes
+
+    @property
+    def stage_bytes(self) -> int:
+        """A ring slot: the larger phase's stage."""
+        return self.copies * max(copy for _, _, _, copy in self.phases)
+
+    @property
+    def smem_bytes(self) -> int:
+        return _BARRIERS + self.stages * self.stage_bytes
+
+    @property
+    def threads(self) -> int:
+        return 32 * (self.warps + 1)
+
+    @property
+    def out_words(self) -> int:
+        """int32 words of ``out``: one per consumer thread, then the arrival count."""
+        return self.ctas * self.warps * 32 + 1
+
+    def cta_units(self, cta: int, phase: int = 0) -> tuple[int, int]:
+        """[u0, u1): the stages of ``phase`` CTA ``cta`` reads (the host twin of the
+        kernel's split)."""
+        _, nbytes, _, copy = self.phases[phase]
+        units = nbytes // (self.copies * copy)
+        return cta * units // self.ctas, (cta + 1) * units // self.ctas
+
+    def unit_offset(self, unit: int, phase: int = 0) -> int:
+        """Byte offset of stage ``unit``'s first copy in ``phase``; copy j is a row
+        further on."""
+        _, _, row_bytes, copy = self.phases[phase]
+        tile, chunk = divmod(unit, row_bytes // copy)
+        return (self.nbytes if phase else 0) + tile * self.copies * row_bytes + chunk * copy
+
+
+SPEC = register(
+    KernelSpec(
+        name="read_floor",
+        builder="mlpjit.kernels.read_floor",
+        params=ReadParams,
+        sources="mlpjit.kernels.read_floor",
+        archs=("sm_90a",),
+    )
+)
+
+
+def _program(params: ReadParams) -> Any:
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Int32, Int64
+
+    from mlpjit.kernels import ptx
+
+    P = params
+    W, R, C = P.warps, P.stages, P.ctas
+    # Per phase: (byte offset, units, stages per tile, copy bytes, row bytes).
+    phases = [
+        (0 if i == 0 else P.nbytes, nbytes // (P.copies * copy), row // copy, copy, row)
+        for i, (_, nbytes, row, copy) in enumerate(P.phases)
+    ]
+    count_word = C * W * 32  # out's arrival count
+
+    def full_bar(s_base, i):
+        return s_base + 8 * i
+
+    def empty_bar(s_base, i):
+        return s_base + 8 * (R + i)
+
+    @cute.jit
+    def ring_next(slot, phase):
+        slot = slot + 1
+        if slot == R:
+            slot = Int32(0)
+            phase = phase ^ 1
+        return slot, phase
+
+    @cute.kernel
+    def kernel(m_out: cute.Tensor, m_buf: cute.Tensor):
+        tid, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        warp = tid >> 5
+        lane = tid & 31
+        smem = cutlass.memory.SmemAllocator()
+        s_base = smem.allocate(P.smem_bytes, byte_alignment=1024).toint()
+        s_ring = s_base + _BARRIERS
+        if tid == 0:
+            for i in cutlass.range_constexpr(R):
+                ptx.mbarrier_init(full_bar(s_base, i), 1)
+                ptx.mbarrier_init(empty_bar(s_base, i), W)
+            ptx.fence_mbarrier_init()
+        cute.arch.sync_threads()
+        slot = Int32(0)
+        phase = Int32(0)
+        filled = Int32(0)  # stages requested so far: from R on, slots must be released first
+        if warp == W:
+            g_buf = Int64(m_buf.iterator.toint())
+            for i_phase in cutlass.range_constexpr(len(phases)):
+                base, units, chunks, copy, row = phases[i_phase]
+                u0 = Int32((Int64(cta) * units) // C)
+                u1 = Int32((Int64(cta + 1) * units) // C)
+                for u in cutlass.range(u0, u1, unroll=1):
+                    if filled >= R:
+                        ptx.mbarrier_wait(empty_bar(s_base, slot), phase ^ 1)
+                    if lane == 0:
+                        ptx.mbarrier_arrive_expect_tx(
+                            full_bar(s_base, slot), Int32(P.copies * copy)
+                        )
+                    cute.arch.sync_warp()
+                    if lane < P.copies:
+                        tile = u // chunks
+                        src = (
+                            Int64(base)
+                            + Int64(tile) * (P.copies * row)
+                            + Int64(u - tile * chunks) * copy
+                            + Int64(lane) * row
+                        )
+                        ptx.cp_async_bulk_g2s(
+                            s_ring + slot * P.stage_bytes + lane * copy,
+                            g_buf + src,
+                            Int32(copy),
+                            full_bar(s_base, slot),
+                        )
+                    filled = filled + 1
+                    slot, phase = ring_next(slot, phase)
+        else:
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
+            acc = Int32(0)
+            for i_phase in cutlass.range_constexpr(len(phases)):
+                _, units, _, copy, _ = phases[i_phase]
+                if cutlass.const_expr(i_phase > 0 and P.barrier):
+                    wait_for_every_cta(Int64(m_out.iterator.toint()), tid)
+                u0 = Int32((Int64(cta) * units) // C)
+                u1 = Int32((Int64(cta + 1) * units) // C)
+                for _u in cutlass.range(u0, u1, unroll=1):
+                    ptx.mbarrier_wait(full_bar(s_base, slot), phase)
+                    for w in cutlass.range(tid, P.copies * copy // 16, 32 * W, unroll=1):
+                        v = ptx.ld_shared_v4(s_ring + slot * P.stage_bytes + w * 16)
+                        acc = acc ^ v[0] ^ v[1] ^ v[2] ^ v[3]
+                    cute.arch.sync_warp()
+                    if lane == 0:
+                        ptx.mbarrier_arrive(empty_bar(s_base, slot))
+                    slot, phase = ring_next(slot, phase)
+            m_out[cta * (32 * W) + tid] = acc
+
+    @cute.jit
+    def wait_for_every_cta(g_out: Int64, tid: Int32):
+        """The consumers of every CTA are done with the first phase: this CTA's arrive
+        (after its consumer warps' barrier), then a spin until the count reaches the next
+        multiple of the grid size (the count only grows, launch after launch)."""
+        ptx.bar_sync(1, 32 * W)
+        if tid == 0:
+            g_count = g_out + Int64(count_word * 4)
+            before = ptx.atom_add_acq_rel_gpu(g_count, Int32(1))
+            target = (before // C + 1) * C
+            seen = ptx.ld_acquire_gpu_u32(g_count)
+            while seen < target:
+                seen = ptx.ld_acquire_gpu_u32(g_count)
+        ptx.bar_sync(1, 32 * W)
+
+    @cute.jit
+    def launch(m_out: cute.Tensor, m_buf: cute.Tensor, stream: Any):
+        kernel(m_out, m_buf).launch(
+            grid=[P.ctas, 1, 1],
+            block=[P.threads, 1, 1],
+            smem=P.smem_bytes,
+            stream=stream,
+            use_pdl=True,
+        )
+
+    return launch
+
+
+def compile_cubin(params: ReadParams, arch: str) -> KernelBinary:
+    """Compile one read_floor kernel for ``arch`` ("sm_90a") on any machine, GPU or not."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from mlpjit.kernels.cubin import compile_to_cubin, row_major_tensor
+
+    m_out = row_major_tensor(cutlass.Int32, (params.out_words,))
+    m_buf = row_major_tensor(cutlass.Uint8, (params.total_bytes,))
+    stream = cute.runtime.make_fake_stream()
+    cubin, symbol = compile_to_cubin(_program(params), m_out, m_buf, stream, arch=arch)
+    return KernelBinary(
+        cubin=cubin,
+        symbol=symbol,
+        grid=(params.ctas, 1, 1),
+        block=(params.threads, 1, 1),
+        smem_bytes=params.smem_bytes,
+        pdl=True,
+        params=PARAMS,
+    )

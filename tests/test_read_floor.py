@@ -1,0 +1,125 @@
+"""read_floor's params (the split of the stages over CTAs, the layout of each stage's
+copies) and its compiled code (one bulk-copy site, the PDL wait only in the consumers)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlpjit.kernels.read_floor import ReadParams
+
+
+def params(**overrides) -> ReadParams:
+    values = dict(nbytes=3072 * 6144, row_bytes=6144, copy_bytes=2048, copies=16, stages=6)
+    values.update(overrides)
+    return ReadParams(**values)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"copy_bytes": 1000}, "copy_bytes"),
+        ({"copy_bytes": 4096}, "copy_bytes"),  # does not divide a 6144-byte row
+        ({"nbytes": 3072 * 6144 + 16}, "nbytes"),
+        ({"stages": 8}, "stages"),  # 8 x 32 KB does not fit
+        ({"stages": 0}, "stages"),
+        ({"warps": 17}, "warps"),
+        ({"copies": 33}, "copies"),
+        ({"ctas": 2000}, "ctas"),  # more CTAs than stages to read (576)
+        ({"stages": True}, "stages"),
+        ({"barrier": True}, "then_nbytes"),  # a barrier needs a second phase
+        ({"then_row_bytes": 1536}, "then_nbytes"),
+        (
+            {"then_nbytes": 6144 * 1536, "then_row_bytes": 1536, "then_copy_bytes": 1024},
+            "then_copy_bytes",
+        ),  # fmt: skip
+        (
+            {"then_nbytes": 100 * 16 * 1536, "then_row_bytes": 1536, "then_copy_bytes": 1536},
+            "ctas",
+        ),  # 100 stages for 132 CTAs  # fmt: skip
+        (
+            {
+                "then_nbytes": 6144 * 1536,
+                "then_row_bytes": 1536,
+                "then_copy_bytes": 1536,
+                "barrier": 1,
+            },
+            "barrier",
+        ),  # fmt: skip
+    ],
+)
+def test_bad_params_name_the_argument(overrides, named) -> None:
+    with pytest.raises(ValueError, match=f"read_floor param {named}"):
+        params(**overrides)
+
+
+def test_a_second_phase_follows_the_first() -> None:
+    p = params(then_nbytes=6144 * 1536, then_row_bytes=1536, then_copy_bytes=1536)
+    assert p.total_bytes == 3072 * 6144 + 6144 * 1536
+    assert p.stage_bytes == 16 * 2048  # the larger phase's stage
+    assert p.unit_offset(0, phase=1) == 3072 * 6144
+    assert p.unit_offset(1, phase=1) == 3072 * 6144 + 16 * 1536  # one 1536-byte row a stage
+    assert p.cta_units(131, phase=1) == (381, 384)
+    assert p.out_words == 132 * 8 * 32 + 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tiles=st.integers(1, 400),
+    chunks=st.integers(1, 8),
+    copy=st.sampled_from([128, 512, 2048]),
+    copies=st.sampled_from([1, 2, 16]),
+    ctas=st.integers(1, 264),
+)
+def test_every_byte_is_read_once(tiles, chunks, copy, copies, ctas) -> None:
+    """The CTAs' stage ranges cover every stage once, and the stages' copies cover every
+    byte once: what the GPU test's XOR checks on the device."""
+    row = chunks * copy
+    units = tiles * chunks
+    if ctas > units:
+        ctas = units
+    p = ReadParams(
+        nbytes=tiles * copies * row, row_bytes=row, copy_bytes=copy, copies=copies,
+        stages=1, ctas=ctas,
+    )  # fmt: skip
+    ranges = [p.cta_units(c) for c in range(ctas)]
+    assert ranges[0][0] == 0 and ranges[-1][1] == units
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    assert max(b - a for a, b in ranges) - min(b - a for a, b in ranges) <= 1
+    starts = sorted(p.unit_offset(u) + j * row for u in range(units) for j in range(copies))
+    assert starts == list(range(0, p.nbytes, copy))
+
+
+def test_compiled_kernel_streams_before_the_wait() -> None:
+    """One bulk-copy site in the producer, no spills, and the PDL wait (ACQBULK) comes
+    after the producer's branch: the copies never wait for the previous kernel."""
+    from mlpjit.kernels.read_floor import compile_cubin
+    from mlpjit.testing.cubin_info import sass_facts
+
+    binary = compile_cubin(params(), "sm_90a")
+    facts = sass_facts(binary.cubin)
+    assert facts.stack == 0 and facts.local == 0
+    assert facts.ops.count("UBLKCP.S.G") == 1
+    assert facts.ops.index("UBLKCP.S.G") < facts.ops.index("ACQBULK")
+    assert binary.smem_bytes == 1024 + 6 * 16 * 2048
+    assert binary.block == (32 * 9, 1, 1) and binary.pdl
+    assert "ATOMG.E.ADD.STRONG.GPU" not in facts.ops
+
+
+def test_compiled_one_kernel_layer_meets_at_one_barrier() -> None:
+    """Two phases: a bulk-copy site each, one arrival atomic (the grid-wide barrier), and
+    the producer's copies still before the wait."""
+    from mlpjit.kernels.read_floor import compile_cubin
+    from mlpjit.testing.cubin_info import sass_facts
+
+    layer = params(then_nbytes=6144 * 1536, then_row_bytes=1536, then_copy_bytes=1536)
+    for barrier, atomics in ((True, 1), (False, 0)):
+        facts = sass_facts(compile_cubin(ReadParams(**{**vars(layer), "barrier": barrier}),
+                                         "sm_90a").cubin)  # fmt: skip
+        assert facts.stack == 0 and facts.local == 0
+        assert facts.ops.count("UBLKCP.S.G") == 2
+        assert facts.ops.count("ATOMG.E.ADD.STRONG.GPU") == atomics
+        assert max(i for i, op in enumerate(facts.ops) if op == "UBLKCP.S.G") < facts.ops.index(
+            "ACQBULK"
+        )
