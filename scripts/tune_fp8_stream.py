@@ -11,8 +11,11 @@ planner's knobs, or W consumer warps of B blocks each and G / D ring stages), an
 ``gN`` / ``dN``: fp8_gemv with its gate_up (g) or down (d) kernel on the N-th alternative
 decomposition (the planner model's best of each K-split count, slice size and slices per
 warp; `gemv_alternatives`), the other half as planned, which sweeps the planner's choices
-layer by layer (each row records both kernels' parameters). Before timing, every variant's
-first layer is checked against mlpjit.reference (relative L2 error printed).
+layer by layer (each row records both kernels' parameters). A WxR variant takes options
+after its knobs: ``kN``/``ka`` the cluster form, ``s`` x shared in the cluster, ``g``/``d``
+one half only, and a trailing ``-x``, ``-mma`` or ``-x+mma`` leaves that part of the work
+out (wrong output by design: what the part costs is the difference). Before timing, every
+variant's first layer is checked against mlpjit.reference (relative L2 error printed).
 
 Compile here, time there (the GPU machine has no compiler):
 

@@ -42,6 +42,9 @@ BASE = dict(rows=3072, k=6144, tokens=8, swiglu=True, limit=None, ue8m0=True)
         (dict(share_x=True), "share_x needs the cluster form with clusters of 2 or more"),
         (dict(share_x=True, cluster=1), "share_x needs .* got cluster=1"),
         (dict(share_x=1, cluster=2), "share_x must be a bool"),
+        (dict(ablate="w"), "ablate must be one of '', 'x', 'mma', 'x\\+mma', got 'w'"),
+        (dict(ablate=None), "ablate must be one of .* got None"),
+        (dict(ablate="x", share_x=True, cluster=2), "ablate='x' needs share_x=False"),
     ],
 )
 def test_params_refuse_what_the_kernel_cannot_take(change, message) -> None:

@@ -107,3 +107,29 @@ def test_stream_kernel_sass(case) -> None:
     # The launcher passes five raw pointers, in KERNEL_ARGS order.
     assert [p.name for p in binary.params] == list(KERNEL_ARGS)
     assert [p.size for p in f["cubin_params"]] == [8] * len(KERNEL_ARGS)
+
+
+def _compiled(rows: int, k: int, tokens: int, **options) -> tuple:
+    from mlpjit.kernels.fp8_stream.kernel import compile_cubin
+
+    params = plan.stream_params(rows, k, tokens, swiglu=True, limit=None, ue8m0=True, **options)
+    binary = compile_cubin(params, ARCH)
+    return params, binary, sass_facts(binary.cubin)
+
+
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_ablated_builds_leave_out_only_their_part(tokens) -> None:
+    """A developer's ablation keeps the stream (bulk copies, mbarriers, PDL) and drops only
+    its part: 'mma' every FP8 mma, 'x' the loads and quantization of x."""
+    counts = {}
+    for ablate in ("", "x", "mma"):
+        params, binary, f = _compiled(3072, 6144, tokens, ablate=ablate)
+        assert f.stack == 0 and f.local == 0, "spills"
+        count = Counter(f.ops)
+        assert count["UBLKCP.S.G"] == 1 and count["ACQBULK"] == 2 and count["PREEXIT"] == 1
+        counts[ablate] = count
+    assert counts[""]["HMMA.16816.F32"] == counts["x"]["HMMA.16816.F32"] > 0
+    assert counts["mma"]["HMMA.16816.F32"] == 0
+    quantized = [op for op in counts[""] if op.startswith("F2FP.SATFINITE.E4M3")]
+    assert quantized and not any(counts["x"][op] for op in quantized)
+    assert all(counts["mma"][op] for op in quantized)

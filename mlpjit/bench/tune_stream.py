@@ -31,7 +31,9 @@ DEFAULT_SHAPES = (
 )  # fmt: skip
 
 
-_VARIANT = re.compile(r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?(?:k(\d|a)(s)?)?([gd])?$")
+_VARIANT = re.compile(
+    r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?(?:k(\d|a)(s)?)?([gd])?(?:-(x|mma|x\+mma))?$"
+)
 CLUSTER_AUTO = -1  # a WxR variant's 'ka': fp8_stream's planner chooses the cluster size
 _ALTERNATIVE = re.compile(r"^([gd])(\d+)$")
 _LAYER = re.compile(r"^L(?:(\d+)b(\d)(?:s(\d+)x(\d+))?)?$")
@@ -51,9 +53,10 @@ def parse_variant(text: str) -> tuple | None:
     ('8x0b2g', '8x0b2d') takes fp8_stream for that half only (gate_up or down) and
     fp8_gemv's planned kernel for the other; 'kN' before it takes fp8_stream's cluster form
     with clusters of N CTAs ('ka': the size choose_cluster picks), and 'kNs' / 'kas' with x
-    quantized once per cluster (share_x; 'kas': clusters of at least 2): (warps, stages,
-    blocks_per_warp, ctas_per_sm, half, cluster, share), half '' for both, cluster 0 for the
-    grid-wide form and CLUSTER_AUTO for 'ka'."""
+    quantized once per cluster (share_x; 'kas': clusters of at least 2); a trailing '-x',
+    '-mma' or '-x+mma' compiles fp8_stream with that part of the work left out (ablate:
+    '0x0ka-mma'): (warps, stages, blocks_per_warp, ctas_per_sm, half, cluster, share,
+    ablate), half '' for both, cluster 0 for the grid-wide form and CLUSTER_AUTO for 'ka'."""
     if text == "gemv":
         return None
     layer = _LAYER.match(text)
@@ -65,14 +68,17 @@ def parse_variant(text: str) -> tuple | None:
     match = _VARIANT.match(text)
     if match is None:
         raise ValueError(
-            f"variant must be 'gemv', gN, dN, L[WbB[sGxD]] or WxR[bB][cC][kN[s]|ka[s]][g|d] "
-            f"(g0, L, L8b1s3x4, 16x0, 8x0b2c2, 8x0b2k2, 8x0b2kad, 8x3b2k2s), got {text!r}"
+            f"variant must be 'gemv', gN, dN, L[WbB[sGxD]] or "
+            f"WxR[bB][cC][kN[s]|ka[s]][g|d][-x|-mma|-x+mma] (g0, L, L8b1s3x4, 16x0, 8x0b2c2, "
+            f"8x0b2k2, 8x0b2kad, 8x3b2k2s, 0x0ka-mma), got {text!r}"
         )
-    warps, stages, bpw, cps, cluster, share, half = match.groups()
+    warps, stages, bpw, cps, cluster, share, half, ablate = match.groups()
     if warps == "0" and bpw:
         raise ValueError(f"variant {text!r}: 0 warps takes the planner's stage shape; drop b{bpw}")
     if share and cluster == "1":
         raise ValueError(f"variant {text!r}: share_x ('s') needs clusters of 2 or more")
+    if share and ablate and "x" in ablate.split("+"):
+        raise ValueError(f"variant {text!r}: '-x' leaves x out, so there is none to share ('s')")
     if cluster is None:
         cluster = 0
     elif cluster == "a":
@@ -80,7 +86,10 @@ def parse_variant(text: str) -> tuple | None:
     else:
         cluster = int(cluster)
     bpw = int(bpw or (0 if warps == "0" else 1))
-    return int(warps), int(stages), bpw, int(cps or 1), half or "", cluster, bool(share)
+    return (
+        int(warps), int(stages), bpw, int(cps or 1), half or "", cluster, bool(share),
+        ablate or "",
+    )  # fmt: skip
 
 
 def variant_label(variant: tuple | None) -> str:
@@ -91,10 +100,11 @@ def variant_label(variant: tuple | None) -> str:
         return "L" + (f"{warps}b{bpw}" if warps else "") + (f"s{sg}x{sd}" if sg else "")
     if isinstance(variant[0], str):
         return f"{variant[0]}{variant[1]}"
-    warps, stages, bpw, cps, half, cluster, share = variant
+    warps, stages, bpw, cps, half, cluster, share, ablate = variant
     kind = {0: "", CLUSTER_AUTO: "ka"}.get(cluster, f"k{cluster}") + ("s" if share else "")
     shape = f"b{bpw}" if warps else ""
-    return f"{warps}x{stages}{shape}c{cps}{kind}{half}"
+    left_out = f"-{ablate}" if ablate else ""
+    return f"{warps}x{stages}{shape}c{cps}{kind}{half}{left_out}"
 
 
 def gemv_alternatives(rows: int, k: int, tokens: int, swiglu: bool) -> list:
@@ -158,7 +168,7 @@ def layer_requests(
             gemv_plan.gemv_request(hidden, inter, tokens, swiglu=False, limit=None, ue8m0=True,
                                    arch=arch, config=configs[1]),
         ]  # fmt: skip
-    warps, stages, bpw, cps, half, cluster, share = variant
+    warps, stages, bpw, cps, half, cluster, share, ablate = variant
     options = dict(
         limit=None,
         ue8m0=True,
@@ -168,6 +178,7 @@ def layer_requests(
         trace=trace,
         blocks_per_warp=bpw or None,
         ctas_per_sm=cps,
+        ablate=ablate,
     )
     requests = []
     for name, rows, k, swiglu in (("g", 2 * inter, hidden, True), ("d", hidden, inter, False)):

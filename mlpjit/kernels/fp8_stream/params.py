@@ -19,6 +19,7 @@ from mlpjit.kernels.checks import check_bool, check_int
 from mlpjit.kernels.fp8_gemv.params import MAX_K, MAX_ROWS, check_limit
 
 __all__ = [
+    "ABLATIONS",
     "BLOCK",
     "CLUSTER_SIZES",
     "KERNEL_ARGS",
@@ -51,6 +52,11 @@ KERNEL_ARGS = ("out", "x", "w", "w_scale", "workspace")
 # or 8 deal whole tiles to clusters of that many CTAs and split them only inside a cluster
 # (1: no split tile at all), so the workspace holds nothing but a trace build's stamps.
 CLUSTER_SIZES = (0, 1, 2, 4, 8)
+# ``ablate`` (a developer aid: what a part of the work costs): "x" leaves x unread and its
+# quantized copy unwritten (the sums use whatever shared memory holds), "mma" leaves out
+# the consumers' fragment loads, unpacking and mmas (every block sums to zero), "x+mma"
+# both. The output is wrong by design; the bytes streamed and the pipeline stay as they are.
+ABLATIONS = ("", "x", "mma", "x+mma")
 # The mbarriers that count a split tile's partials and (share_x) x's chunks from the cluster
 MBARRIER_BYTES = 16
 
@@ -98,6 +104,7 @@ class StreamParams:
     # every cluster-th (token, block) chunk and sends it to the others with st.async), so
     # every CTA holds all of x but reads only its share from L2
     share_x: bool = False
+    ablate: str = ""  # ABLATIONS: a build that leaves out part of the work (never DenseMlp's)
 
     def __post_init__(self) -> None:
         check_int("rows", self.rows, TILE_ROWS, MAX_ROWS)
@@ -115,6 +122,12 @@ class StreamParams:
         for name in ("swiglu", "ue8m0", "trace", "share_x"):
             check_bool(name, getattr(self, name))
         object.__setattr__(self, "limit", check_limit(self.limit))
+        if not isinstance(self.ablate, str) or self.ablate not in ABLATIONS:
+            raise ValueError(
+                f"ablate must be one of {', '.join(map(repr, ABLATIONS))}, got {self.ablate!r}"
+            )
+        if "x" in self.ablate.split("+") and self.share_x:
+            raise ValueError("ablate='x' needs share_x=False (the cluster's exchange waits for x)")
         if self.k % BLOCK:
             raise ValueError(f"k must be a multiple of {BLOCK}, got {self.k}")
         if self.rows % TILE_ROWS:

@@ -107,10 +107,11 @@ def stream_params(
     ctas_per_sm: int = 1,
     cluster: int | None = None,
     share_x: bool = False,
+    ablate: str = "",
 ) -> StreamParams:
     """The params of one launch; knobs left None follow from the shape (``warps`` and
     ``blocks_per_warp`` both None: stage_shape's; ``cluster`` None: the cluster form at
-    choose_cluster's size; 0: the grid-wide form)."""
+    choose_cluster's size; 0: the grid-wide form; ``ablate``: see StreamParams)."""
     hopper.check_sms(sms)
     if cluster is None:
         cluster = choose_cluster(rows, k, sms)
@@ -141,7 +142,7 @@ def stream_params(
         rows=rows, k=k, tokens=tokens, swiglu=swiglu, limit=limit if swiglu else None,
         ue8m0=ue8m0, warps=warps, stages=stages, sms=sms, trace=trace,
         blocks_per_warp=blocks_per_warp, ctas_per_sm=ctas_per_sm, cluster=cluster,
-        share_x=share_x,
+        share_x=share_x, ablate=ablate,
     )  # fmt: skip
 
 
