@@ -8,12 +8,14 @@ lists its kernels in ``kernel_requests(arch)``; the output feeds
 
     pip install -e .   # the scripts import the installed package
     python3 scripts/gpu_requests.py --arch sm_90a -o .gpu-cache/requests.jsonl
-    export MLPJIT_KERNEL_MODULES=mlpjit.testing.smoke,mlpjit.kernels.read_floor
+    M=mlpjit.testing.smoke,mlpjit.kernels.read_floor,mlpjit.kernels.wgmma_probe
+    export MLPJIT_KERNEL_MODULES=$M
     MLPJIT_CACHE_DIR=.gpu-cache \
         mlpjit warm --from .gpu-cache/requests.jsonl --arch sm_90a --jobs 2
 
-(the launcher tests use the smoke kernel and the read-floor tests the read_floor probe, which
-register only when their modules are imported: MLPJIT_KERNEL_MODULES names them).
+(the launcher tests use the smoke kernel, the read-floor tests the read_floor probe and the
+wgmma-probe tests the wgmma_probe kernel, which register only when their modules are
+imported: MLPJIT_KERNEL_MODULES names them).
 
 The demos (serve_demo.py, tp_demo.py at TP 8 and 2) use GLM-5 shards that
 tests/gpu/test_dense_mlp_gpu.py lists already.
@@ -39,6 +41,7 @@ SOURCES: tuple[Path | str, ...] = (
     REPO / "tests" / "gpu" / "test_fp8_layer_gpu.py",
     REPO / "tests" / "gpu" / "test_launcher_gpu.py",
     REPO / "tests" / "gpu" / "test_read_floor_gpu.py",
+    REPO / "tests" / "gpu" / "test_wgmma_probe_gpu.py",
     "mlpjit.bench.dense_mlp_bench",
     "mlpjit.bench.launch",
     REPO / "tests" / "gpu" / "test_transformers_gpu.py",

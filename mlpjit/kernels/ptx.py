@@ -614,6 +614,63 @@ def mma_m16n8k32_e4m3(a: tuple, b: tuple, c: tuple, *, loc=None, ip=None) -> tup
     )
 
 
+@dsl_user_op
+def wgmma_m64n8k32_e4m3(
+    a: tuple, b_desc: Int64, c: tuple, accumulate: bool, *, loc=None, ip=None
+) -> tuple:
+    """wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {d0..d3}, {a0..a3}, b_desc, p;
+    (the warpgroup's 64 x 8 product of A in registers, this warp's 16 rows, and B by a
+    shared-memory descriptor; ``accumulate`` False ignores c). Issue between wgmma_fence
+    and wgmma_commit; the result is valid after wgmma_wait."""
+    ins = [(_I32, v) for v in a] + [(_I64, b_desc)] + [(_F32, v) for v in c]
+    scale_d = 1 if accumulate else 0
+    return _asm(
+        [_F32] * 4,
+        ins,
+        "{\n.reg .pred p;\n"
+        f"setp.ne.b32 p, {scale_d}, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 "
+        "{$0, $1, $2, $3}, {$4, $5, $6, $7}, $8, p, 1, 1;\n}",
+        "=f,=f,=f,=f,r,r,r,r,l,0,1,2,3",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def wgmma_fence(*, loc=None, ip=None) -> None:
+    """wgmma.fence.sync.aligned; (registers and shared memory ready for the next wgmma)."""
+    _asm([], [], "wgmma.fence.sync.aligned;", "~{memory}", side_effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def wgmma_commit(*, loc=None, ip=None) -> None:
+    """wgmma.commit_group.sync.aligned; (the wgmmas issued so far form one group)."""
+    _asm(
+        [], [], "wgmma.commit_group.sync.aligned;", "~{memory}", side_effects=True, loc=loc,
+        ip=ip,
+    )  # fmt: skip
+
+
+@dsl_user_op
+def wgmma_wait(*, loc=None, ip=None) -> None:
+    """wgmma.wait_group.sync.aligned 0; (every committed group done)."""
+    _asm(
+        [], [], "wgmma.wait_group.sync.aligned 0;", "~{memory}", side_effects=True, loc=loc,
+        ip=ip,
+    )  # fmt: skip
+
+
+@dsl_user_op
+def fence_proxy_async_shared(*, loc=None, ip=None) -> None:
+    """fence.proxy.async.shared::cta; (generic-proxy shared stores visible to wgmma/TMA)."""
+    _asm(
+        [], [], "fence.proxy.async.shared::cta;", "~{memory}", side_effects=True, loc=loc,
+        ip=ip,
+    )  # fmt: skip
+
+
 # ---------------------------------------------------------------- conversions
 
 

@@ -1,0 +1,177 @@
+"""A one-warpgroup kernel that checks how sm_90's native FP8 mma takes its operands.
+
+fp8_stream's consumers run ``mma.sync.m16n8k32.e4m3``, which sm_90 emulates (FP8 unpacks,
+two f16 HMMAs and adds per mma); ``wgmma.mma_async.m64n8k32.f32.e4m3.e4m3`` is one
+instruction per 64 rows x 32 K (docs/KERNEL_NOTES.md, "What fp8_stream's own work costs").
+This probe computes ``out = a . b^T`` for a 64 x k e4m3 matrix ``a`` and an 8 x k e4m3
+matrix ``b`` with it, taking A from registers in mma.sync's per-warp m16n8k32 fragment
+(warp w holds rows 16 w + lane / 4 and + 8, K bytes 4 (lane % 4) .. + 3 and + 16 of each
+32-K step) and B from shared memory by a descriptor in the no-swizzle K-major layout (8
+tokens x 16 bytes per core matrix, the step's two K halves a leading-byte offset apart, the
+stride-byte offset unused with 8 tokens). tests/gpu/test_wgmma_probe_gpu.py checks on a GPU
+that this reproduces a . b^T exactly (it does on the H100: docs/KERNEL_NOTES.md): the facts
+a wgmma consumer for fp8_stream builds on.
+
+Compile parameter (ProbeParams): ``k`` (a multiple of 32, at most 256: every A fragment is
+loaded before the first wgmma). Kernel parameters: ``out`` (float32 [64, 8]), ``a`` (e4m3
+[64, k]), ``b`` (e4m3 [8, k]).
+
+Nothing here is imported by ``import mlpjit``; its GPU test imports it to register the
+kernel (``MLPJIT_KERNEL_MODULES`` names it for ``mlpjit warm``).
+"""
+
+# No `from __future__ import annotations`: CuTe DSL evaluates the kernel's annotations.
+from dataclasses import dataclass
+from typing import Any
+
+from mlpjit.jit.binary import KernelBinary, KernelParam
+from mlpjit.jit.spec import KernelSpec, register
+
+__all__ = ["PARAMS", "SPEC", "ProbeParams", "b_offset", "compile_cubin", "descriptor"]
+
+PARAMS = (KernelParam("out", "ptr"), KernelParam("a", "ptr"), KernelParam("b", "ptr"))
+ROWS = 64  # wgmma's M: four warps of 16 rows
+TOKENS = 8  # wgmma's N here
+STEP = 32  # K per wgmma (bytes of e4m3)
+CORE = 128  # a core matrix: 8 rows x 16 bytes
+MAX_K = 256
+
+
+@dataclass(frozen=True)
+class ProbeParams:
+    """k: the K of a and b."""
+
+    k: int
+
+    def __post_init__(self) -> None:
+        if type(self.k) is not int or not STEP <= self.k <= MAX_K or self.k % STEP:
+            raise ValueError(
+                f"wgmma_probe param k must be a multiple of {STEP} in [{STEP}, {MAX_K}], "
+                f"got {self.k!r}"
+            )
+
+    @property
+    def steps(self) -> int:
+        return self.k // STEP
+
+    @property
+    def smem_bytes(self) -> int:
+        """B in shared memory: per step two core matrices (K bytes 0-15, 16-31)."""
+        return self.steps * 2 * CORE
+
+
+def descriptor(smem_address: int) -> int:
+    """The 64-bit wgmma descriptor of a step's B at ``smem_address`` (16-byte aligned): the
+    start address, the leading-byte offset between the two K halves (CORE), a stride-byte
+    offset of a step (unused with 8 tokens), no swizzle. The host twin of the kernel's."""
+    return ((smem_address >> 4) & 0x3FFF) | ((CORE >> 4) << 16) | ((2 * CORE >> 4) << 32)
+
+
+def b_offset(n: int, kk: int) -> int:
+    """Byte of B's token n, K byte kk in shared memory (no swizzle, K-major): step, core
+    matrix of the step's K half, row n of it, byte in the row."""
+    step, within = divmod(kk, STEP)
+    return step * 2 * CORE + (within // 16) * CORE + n * 16 + within % 16
+
+
+SPEC = register(
+    KernelSpec(
+        name="wgmma_probe",
+        builder="mlpjit.kernels.wgmma_probe",
+        params=ProbeParams,
+        sources="mlpjit.kernels.wgmma_probe",
+        archs=("sm_90a",),
+    )
+)
+
+
+def _program(params: ProbeParams) -> Any:
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32, Int64
+
+    from mlpjit.kernels import ptx
+
+    P = params
+    K = P.k
+
+    @cute.kernel
+    def kernel(m_out: cute.Tensor, m_a: cute.Tensor, m_b: cute.Tensor):
+        tid, _, _ = cute.arch.thread_idx()
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        q = lane & 3
+        smem = cutlass.memory.SmemAllocator()
+        s_b = smem.allocate(P.smem_bytes, byte_alignment=128).toint()
+        g_a = Int64(m_a.iterator.toint())
+        g_b = Int64(m_b.iterator.toint())
+        # B into the core-matrix layout, 16 bytes per thread and pass.
+        for c in cutlass.range(tid, TOKENS * (K // 16), 128, unroll=1):
+            n = c // (K // 16)
+            kc = c - n * (K // 16)
+            v = ptx.ld_global_v4(g_b + Int64(n * K + kc * 16))
+            dst = s_b + (kc // 2) * (2 * CORE) + (kc % 2) * CORE + n * 16
+            ptx.st_shared_v4(dst, v[0], v[1], v[2], v[3])
+        ptx.fence_proxy_async_shared()
+        cute.arch.sync_threads()
+        # A: mma.sync's m16n8k32 fragment of this warp's 16 rows, every step, before the
+        # first wgmma (a register written after wgmma_fence would need another fence).
+        row0 = Int64(warp * 16 + g) * K
+        row1 = row0 + 8 * K
+        frags = []
+        for s in cutlass.range_constexpr(P.steps):
+            words = []
+            for row, half in ((row0, 0), (row1, 0), (row0, 16), (row1, 16)):
+                addr = g_a + row + Int64(s * STEP + half + q * 4)
+                words.append(ptx.f32_as_i32(ptx.ld_global_nc_f32(addr)))
+            frags.append(words)
+        zero = Float32(0.0)
+        acc = (zero, zero, zero, zero)
+        ptx.wgmma_fence()
+        for s in cutlass.range_constexpr(P.steps):
+            start = (s_b + s * 2 * CORE) >> 4
+            desc = (
+                Int64(start & 0x3FFF)
+                | Int64((CORE >> 4) << 16)
+                | (Int64((2 * CORE) >> 4) << Int64(32))
+            )
+            acc = ptx.wgmma_m64n8k32_e4m3(tuple(frags[s]), desc, acc, s > 0)
+        ptx.wgmma_commit()
+        ptx.wgmma_wait()
+        # D: rows 16 w + lane / 4 (d0, d1) and + 8 (d2, d3), tokens 2 (lane % 4) and + 1.
+        r0 = warp * 16 + g
+        for i in cutlass.range_constexpr(4):
+            row = r0 + (i // 2) * 8
+            m_out[row * TOKENS + q * 2 + i % 2] = acc[i]
+
+    @cute.jit
+    def launch(m_out: cute.Tensor, m_a: cute.Tensor, m_b: cute.Tensor, stream: Any):
+        kernel(m_out, m_a, m_b).launch(
+            grid=[1, 1, 1], block=[128, 1, 1], smem=P.smem_bytes, stream=stream
+        )
+
+    return launch
+
+
+def compile_cubin(params: ProbeParams, arch: str) -> KernelBinary:
+    """Compile the probe for ``arch`` ("sm_90a") on any machine, GPU or not."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from mlpjit.kernels.cubin import compile_to_cubin, row_major_tensor
+
+    m_out = row_major_tensor(cutlass.Float32, (ROWS * TOKENS,))
+    m_a = row_major_tensor(cutlass.Uint8, (ROWS * params.k,))
+    m_b = row_major_tensor(cutlass.Uint8, (TOKENS * params.k,))
+    stream = cute.runtime.make_fake_stream()
+    cubin, symbol = compile_to_cubin(_program(params), m_out, m_a, m_b, stream, arch=arch)
+    return KernelBinary(
+        cubin=cubin,
+        symbol=symbol,
+        grid=(1, 1, 1),
+        block=(128, 1, 1),
+        smem_bytes=params.smem_bytes,
+        pdl=False,
+        params=PARAMS,
+    )

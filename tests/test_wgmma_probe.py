@@ -1,0 +1,54 @@
+"""The wgmma probe without a GPU: its params, B's shared-memory layout, and its SASS (one
+native FP8 wgmma per 32 K, no spills)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from mlpjit.kernels.wgmma_probe import CORE, ProbeParams, b_offset, descriptor
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(k=48), r"k must be a multiple of 32 in \[32, 256\], got 48"),
+        (dict(k=288), "k must be a multiple of 32"),
+        (dict(k=64.0), "k must be a multiple of 32"),
+    ],
+)
+def test_params_refuse_what_the_probe_cannot_take(change, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        ProbeParams(**change)
+
+
+def test_b_layout_is_core_matrices_of_8_tokens_by_16_bytes() -> None:
+    k = 96
+    offsets = {b_offset(n, kk) for n in range(8) for kk in range(k)}
+    assert offsets == set(range(ProbeParams(k).smem_bytes))  # every byte once, no gaps
+    assert b_offset(0, 16) - b_offset(0, 0) == CORE  # the step's second K half
+    assert b_offset(1, 0) - b_offset(0, 0) == 16  # the next token: the next 16-byte row
+    assert b_offset(0, 32) == 2 * CORE  # the next step
+
+
+def test_descriptor_fields() -> None:
+    desc = descriptor(0x1A40)
+    assert desc & 0x3FFF == 0x1A4  # start address / 16
+    assert (desc >> 16) & 0x3FFF == CORE // 16  # leading offset: the step's second K half
+    assert (desc >> 32) & 0x3FFF == 2 * CORE // 16  # stride offset (unused with 8 tokens)
+    assert desc >> 62 == 0  # no swizzle
+
+
+@pytest.mark.parametrize("k", [32, 256])
+def test_probe_compiles_to_one_native_fp8_wgmma_per_step(k: int) -> None:
+    pytest.importorskip("cutlass")
+    from mlpjit.kernels.wgmma_probe import compile_cubin
+    from mlpjit.testing.cubin_info import sass_facts
+
+    facts = sass_facts(compile_cubin(ProbeParams(k), "sm_90a").cubin)
+    count = Counter(facts.ops)
+    assert facts.local == 0 and facts.stack == 0, "spills"
+    assert sum(n for op, n in count.items() if op.startswith("QGMMA.64")) == k // 32
+    assert count["WARPGROUP.ARRIVE"] == 1
+    assert not any(op.startswith(("HMMA", "F2FP.F16.E4M3.UNPACK")) for op in count)
