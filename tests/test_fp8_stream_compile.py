@@ -123,7 +123,7 @@ def test_ablated_builds_leave_out_only_their_part(tokens) -> None:
     its part: 'mma' every FP8 mma, 'x' the loads and quantization of x."""
     counts = {}
     for ablate in ("", "x", "mma"):
-        params, binary, f = _compiled(3072, 6144, tokens, ablate=ablate)
+        _, _, f = _compiled(3072, 6144, tokens, ablate=ablate)
         assert f.stack == 0 and f.local == 0, "spills"
         count = Counter(f.ops)
         assert count["UBLKCP.S.G"] == 1 and count["ACQBULK"] == 2 and count["PREEXIT"] == 1

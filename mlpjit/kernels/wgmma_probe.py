@@ -63,7 +63,8 @@ class ProbeParams:
 def descriptor(smem_address: int) -> int:
     """The 64-bit wgmma descriptor of a step's B at ``smem_address`` (16-byte aligned): the
     start address, the leading-byte offset between the two K halves (CORE), a stride-byte
-    offset of a step (unused with 8 tokens), no swizzle. The host twin of the kernel's."""
+    offset of a step (unused with 8 tokens), no swizzle. The kernel ORs its start address
+    into ``descriptor(0)``."""
     return ((smem_address >> 4) & 0x3FFF) | ((CORE >> 4) << 16) | ((2 * CORE >> 4) << 32)
 
 
@@ -111,7 +112,7 @@ def _program(params: ProbeParams) -> Any:
             n = c // (K // 16)
             kc = c - n * (K // 16)
             v = ptx.ld_global_v4(g_b + Int64(n * K + kc * 16))
-            dst = s_b + (kc // 2) * (2 * CORE) + (kc % 2) * CORE + n * 16
+            dst = s_b + (kc // 2) * (2 * CORE) + (kc % 2) * CORE + n * 16  # b_offset(n, 16 kc)
             ptx.st_shared_v4(dst, v[0], v[1], v[2], v[3])
         ptx.fence_proxy_async_shared()
         cute.arch.sync_threads()
@@ -131,11 +132,7 @@ def _program(params: ProbeParams) -> Any:
         ptx.wgmma_fence()
         for s in cutlass.range_constexpr(P.steps):
             start = (s_b + s * 2 * CORE) >> 4
-            desc = (
-                Int64(start & 0x3FFF)
-                | Int64((CORE >> 4) << 16)
-                | (Int64((2 * CORE) >> 4) << Int64(32))
-            )
+            desc = Int64(start & 0x3FFF) | Int64(descriptor(0))
             acc = ptx.wgmma_m64n8k32_e4m3(tuple(frags[s]), desc, acc, s > 0)
         ptx.wgmma_commit()
         ptx.wgmma_wait()

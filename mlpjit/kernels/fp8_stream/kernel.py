@@ -462,7 +462,7 @@ class Fp8Stream:
 
         if cutlass.const_expr(self.share_x):
             self.quantize_x_across_cluster(g_x, s_base, cta, warp, lane)
-        elif cutlass.const_expr("x" not in self.ablate.split("+")):
+        elif cutlass.const_expr(not self.leaves_out_x):
             self.quantize_x(g_x, s_x, s_xsc, b0, b1, warp, lane)
         cute.arch.cp_async_wait_group(0)
         ptx.bar_sync(_CONSUMERS, 32 * W)
@@ -567,7 +567,7 @@ class Fp8Stream:
     ):
         """Block ``blk`` of the stage (K block kb), as the lane's four sums: 2 x 2 mmas (two
         independent chains, one per 64-K step), scaled by w_scale * x_scale."""
-        if cutlass.const_expr("mma" in self.ablate.split("+")):
+        if cutlass.const_expr(self.leaves_out_mma):
             zero = Float32(0.0)
             return [zero, zero, zero, zero]
         KB = self.kblocks

@@ -126,7 +126,7 @@ class StreamParams:
             raise ValueError(
                 f"ablate must be one of {', '.join(map(repr, ABLATIONS))}, got {self.ablate!r}"
             )
-        if "x" in self.ablate.split("+") and self.share_x:
+        if self.leaves_out_x and self.share_x:
             raise ValueError("ablate='x' needs share_x=False (the cluster's exchange waits for x)")
         if self.k % BLOCK:
             raise ValueError(f"k must be a multiple of {BLOCK}, got {self.k}")
@@ -149,6 +149,16 @@ class StreamParams:
                 f"and {self.tokens} tokens, more than {budget} B at ctas_per_sm="
                 f"{self.ctas_per_sm}; lower stages or warps"
             )
+
+    @property
+    def leaves_out_x(self) -> bool:
+        """An ablated build without x's load and quantization ("x", "x+mma")."""
+        return "x" in self.ablate.split("+")
+
+    @property
+    def leaves_out_mma(self) -> bool:
+        """An ablated build without the consumers' math ("mma", "x+mma")."""
+        return "mma" in self.ablate.split("+")
 
     # Geometry: Python constants, compiled into the kernel.
     @property
