@@ -16,6 +16,7 @@ from mlpjit.kernels.wgmma_probe import CORE, ProbeParams, b_offset, descriptor
         (dict(k=48), r"k must be a multiple of 32 in \[32, 256\], got 48"),
         (dict(k=288), "k must be a multiple of 32"),
         (dict(k=64.0), "k must be a multiple of 32"),
+        (dict(k=64, n=24), "n must be one of 8, 16, 32, got 24"),
     ],
 )
 def test_params_refuse_what_the_probe_cannot_take(change, message) -> None:
@@ -23,32 +24,36 @@ def test_params_refuse_what_the_probe_cannot_take(change, message) -> None:
         ProbeParams(**change)
 
 
-def test_b_layout_is_core_matrices_of_8_tokens_by_16_bytes() -> None:
-    k = 96
-    offsets = {b_offset(n, kk) for n in range(8) for kk in range(k)}
-    assert offsets == set(range(ProbeParams(k).smem_bytes))  # every byte once, no gaps
-    assert b_offset(0, 16) - b_offset(0, 0) == CORE  # the step's second K half
-    assert b_offset(1, 0) - b_offset(0, 0) == 16  # the next token: the next 16-byte row
-    assert b_offset(0, 32) == 2 * CORE  # the next step
+@pytest.mark.parametrize("n", [8, 32])
+def test_b_layout_is_core_matrices_of_8_tokens_by_16_bytes(n: int) -> None:
+    params = ProbeParams(96, n)
+    gb = params.group_bytes
+    offsets = {b_offset(t, kk, gb) for t in range(n) for kk in range(params.k)}
+    assert offsets == set(range(params.smem_bytes))  # every byte once, no gaps
+    assert b_offset(0, 16, gb) - b_offset(0, 0, gb) == CORE  # the step's second K half
+    assert b_offset(1, 0, gb) - b_offset(0, 0, gb) == 16  # the next token: the next row
+    assert b_offset(0, 32, gb) == 2 * CORE  # the next step
+    assert b_offset(n - 1, 0, gb) == (n // 8 - 1) * gb + 7 * 16  # the last group's last row
 
 
 def test_descriptor_fields() -> None:
-    desc = descriptor(0x1A40)
+    desc = descriptor(0x1A40, 1024)
     assert desc & 0x3FFF == 0x1A4  # start address / 16
     assert (desc >> 16) & 0x3FFF == CORE // 16  # leading offset: the step's second K half
-    assert (desc >> 32) & 0x3FFF == 2 * CORE // 16  # stride offset (unused with 8 tokens)
+    assert (desc >> 32) & 0x3FFF == 1024 // 16  # stride offset: the next 8 tokens
     assert desc >> 62 == 0  # no swizzle
 
 
-@pytest.mark.parametrize("k", [32, 256])
-def test_probe_compiles_to_one_native_fp8_wgmma_per_step(k: int) -> None:
+@pytest.mark.parametrize(("k", "n"), [(32, 8), (256, 8), (128, 32)])
+def test_probe_compiles_to_one_native_fp8_wgmma_per_step(k: int, n: int) -> None:
     pytest.importorskip("cutlass")
     from mlpjit.kernels.wgmma_probe import compile_cubin
     from mlpjit.testing.cubin_info import sass_facts
 
-    facts = sass_facts(compile_cubin(ProbeParams(k), "sm_90a").cubin)
+    facts = sass_facts(compile_cubin(ProbeParams(k, n), "sm_90a").cubin)
     count = Counter(facts.ops)
     assert facts.local == 0 and facts.stack == 0, "spills"
-    assert sum(n for op, n in count.items() if op.startswith("QGMMA.64")) == k // 32
+    assert count["QGMMA.64"] == k // 32
+    assert facts.sass.count(f"QGMMA.64x{n}x32.F32.E4M3.E4M3 ") == k // 32
     assert count["WARPGROUP.ARRIVE"] == 1
     assert not any(op.startswith(("HMMA", "F2FP.F16.E4M3.UNPACK")) for op in count)

@@ -270,6 +270,20 @@ def ld_global_v4(addr: Int64, *, loc=None, ip=None) -> tuple:
 
 
 @dsl_user_op
+def ld_global_v2(addr: Int64, *, loc=None, ip=None) -> tuple:
+    """ld.global.v2.u32 {r0, r1}, [addr]; (coherent: data written by the previous kernel)."""
+    return _asm(
+        [_I32] * 2,
+        [(_I64, addr)],
+        "ld.global.v2.u32 {$0, $1}, [$2];",
+        "=r,=r,l,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
 def st_global_b16(addr: Int64, value: Int16, *, loc=None, ip=None) -> None:
     """st.global.b16 [addr], h;"""
     _asm(
@@ -615,23 +629,28 @@ def mma_m16n8k32_e4m3(a: tuple, b: tuple, c: tuple, *, loc=None, ip=None) -> tup
 
 
 @dsl_user_op
-def wgmma_m64n8k32_e4m3(
+def wgmma_k32_e4m3(
     a: tuple, b_desc: Int64, c: tuple, accumulate: bool, *, loc=None, ip=None
 ) -> tuple:
-    """wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {d0..d3}, {a0..a3}, b_desc, p;
-    (the warpgroup's 64 x 8 product of A in registers, this warp's 16 rows, and B by a
-    shared-memory descriptor; ``accumulate`` False ignores c). Issue between wgmma_fence
-    and wgmma_commit; the result is valid after wgmma_wait."""
+    """wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3 {d..}, {a0..a3}, b_desc, p;
+    with N = 2 len(c) (8, 16 or 32): the warpgroup's 64 x N product of A in registers (this
+    warp's 16 rows) and B by a shared-memory descriptor; ``accumulate`` False ignores c.
+    Issue between wgmma_fence and wgmma_commit; the result is valid after wgmma_wait."""
+    outs = len(c)
+    if outs not in (4, 8, 16):
+        raise ValueError(f"wgmma_k32_e4m3 takes 4, 8 or 16 accumulators (N 8-32), got {outs}")
     ins = [(_I32, v) for v in a] + [(_I64, b_desc)] + [(_F32, v) for v in c]
     scale_d = 1 if accumulate else 0
+    d = ", ".join(f"${i}" for i in range(outs))
+    a_regs = ", ".join(f"${outs + i}" for i in range(4))
     return _asm(
-        [_F32] * 4,
+        [_F32] * outs,
         ins,
         "{\n.reg .pred p;\n"
         f"setp.ne.b32 p, {scale_d}, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 "
-        "{$0, $1, $2, $3}, {$4, $5, $6, $7}, $8, p, 1, 1;\n}",
-        "=f,=f,=f,=f,r,r,r,r,l,0,1,2,3",
+        f"wgmma.mma_async.sync.aligned.m64n{2 * outs}k32.f32.e4m3.e4m3 "
+        f"{{{d}}}, {{{a_regs}}}, ${outs + 4}, p, 1, 1;\n}}",
+        ",".join(["=f"] * outs + ["r"] * 4 + ["l"] + [str(i) for i in range(outs)]),
         side_effects=True,
         loc=loc,
         ip=ip,
@@ -1072,6 +1091,20 @@ def ld_relaxed_gpu_v4(addr: Int64, *, loc=None, ip=None) -> tuple:
         [(_I64, addr)],
         "ld.relaxed.gpu.global.v4.u32 {$0, $1, $2, $3}, [$4];",
         "=r,=r,=r,=r,l,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def ld_relaxed_gpu_v2(addr: Int64, *, loc=None, ip=None) -> tuple:
+    """ld.relaxed.gpu.global.v2.u32 {r0, r1}, [addr]; (written in this launch: not from L1)"""
+    return _asm(
+        [_I32] * 2,
+        [(_I64, addr)],
+        "ld.relaxed.gpu.global.v2.u32 {$0, $1}, [$2];",
+        "=r,=r,l,~{memory}",
         side_effects=True,
         loc=loc,
         ip=ip,

@@ -3,18 +3,18 @@
 fp8_stream's consumers run ``mma.sync.m16n8k32.e4m3``, which sm_90 emulates (FP8 unpacks,
 two f16 HMMAs and adds per mma); ``wgmma.mma_async.m64n8k32.f32.e4m3.e4m3`` is one
 instruction per 64 rows x 32 K (docs/KERNEL_NOTES.md, "What fp8_stream's own work costs").
-This probe computes ``out = a . b^T`` for a 64 x k e4m3 matrix ``a`` and an 8 x k e4m3
-matrix ``b`` with it, taking A from registers in mma.sync's per-warp m16n8k32 fragment
-(warp w holds rows 16 w + lane / 4 and + 8, K bytes 4 (lane % 4) .. + 3 and + 16 of each
-32-K step) and B from shared memory by a descriptor in the no-swizzle K-major layout (8
-tokens x 16 bytes per core matrix, the step's two K halves a leading-byte offset apart, the
-stride-byte offset unused with 8 tokens). tests/gpu/test_wgmma_probe_gpu.py checks on a GPU
-that this reproduces a . b^T exactly (it does on the H100: docs/KERNEL_NOTES.md): the facts
-a wgmma consumer for fp8_stream builds on.
+This probe computes ``out = a . b^T`` for a 64 x k e4m3 matrix ``a`` and an n x k e4m3
+matrix ``b`` (n 8, 16 or 32) with ``wgmma.mma_async.m64nNk32``, taking A from registers in
+mma.sync's per-warp m16n8k32 fragment (warp w holds rows 16 w + lane / 4 and + 8, K bytes
+4 (lane % 4) .. + 3 and + 16 of each 32-K step) and B from shared memory by a descriptor
+in the no-swizzle K-major layout (8 tokens x 16 bytes per core matrix, the step's two K
+halves a leading-byte offset apart, each group of 8 tokens holding all of its K, the groups
+a stride-byte offset apart). tests/gpu/test_wgmma_probe_gpu.py checks on a GPU that this
+reproduces a . b^T exactly (it does on the H100: docs/KERNEL_NOTES.md).
 
-Compile parameter (ProbeParams): ``k`` (a multiple of 32, at most 256: every A fragment is
-loaded before the first wgmma). Kernel parameters: ``out`` (float32 [64, 8]), ``a`` (e4m3
-[64, k]), ``b`` (e4m3 [8, k]).
+Compile parameters (ProbeParams): ``k`` (a multiple of 32, at most 256: every A fragment
+is loaded before the first wgmma) and ``n`` (8, 16 or 32). Kernel parameters: ``out``
+(float32 [64, n]), ``a`` (e4m3 [64, k]), ``b`` (e4m3 [n, k]).
 
 Nothing here is imported by ``import mlpjit``; its GPU test imports it to register the
 kernel (``MLPJIT_KERNEL_MODULES`` names it for ``mlpjit warm``).
@@ -31,7 +31,8 @@ __all__ = ["PARAMS", "SPEC", "ProbeParams", "b_offset", "compile_cubin", "descri
 
 PARAMS = (KernelParam("out", "ptr"), KernelParam("a", "ptr"), KernelParam("b", "ptr"))
 ROWS = 64  # wgmma's M: four warps of 16 rows
-TOKENS = 8  # wgmma's N here
+GROUP = 8  # B rows (tokens) of one core matrix
+NS = (8, 16, 32)  # wgmma's N here
 STEP = 32  # K per wgmma (bytes of e4m3)
 CORE = 128  # a core matrix: 8 rows x 16 bytes
 MAX_K = 256
@@ -39,9 +40,10 @@ MAX_K = 256
 
 @dataclass(frozen=True)
 class ProbeParams:
-    """k: the K of a and b."""
+    """k: the K of a and b; n: b's rows (wgmma's N)."""
 
     k: int
+    n: int = 8
 
     def __post_init__(self) -> None:
         if type(self.k) is not int or not STEP <= self.k <= MAX_K or self.k % STEP:
@@ -49,30 +51,41 @@ class ProbeParams:
                 f"wgmma_probe param k must be a multiple of {STEP} in [{STEP}, {MAX_K}], "
                 f"got {self.k!r}"
             )
+        if type(self.n) is not int or self.n not in NS:
+            raise ValueError(
+                f"wgmma_probe param n must be one of {', '.join(map(str, NS))}, got {self.n!r}"
+            )
 
     @property
     def steps(self) -> int:
         return self.k // STEP
 
     @property
-    def smem_bytes(self) -> int:
-        """B in shared memory: per step two core matrices (K bytes 0-15, 16-31)."""
+    def group_bytes(self) -> int:
+        """One group of 8 tokens: per step two core matrices (K bytes 0-15, 16-31)."""
         return self.steps * 2 * CORE
 
+    @property
+    def smem_bytes(self) -> int:
+        return self.n // GROUP * self.group_bytes
 
-def descriptor(smem_address: int) -> int:
+
+def descriptor(smem_address: int, group_bytes: int) -> int:
     """The 64-bit wgmma descriptor of a step's B at ``smem_address`` (16-byte aligned): the
-    start address, the leading-byte offset between the two K halves (CORE), a stride-byte
-    offset of a step (unused with 8 tokens), no swizzle. The kernel ORs its start address
-    into ``descriptor(0)``."""
-    return ((smem_address >> 4) & 0x3FFF) | ((CORE >> 4) << 16) | ((2 * CORE >> 4) << 32)
+    start address, the leading-byte offset between the step's two K halves (CORE), the
+    stride-byte offset between groups of 8 tokens, no swizzle. The kernel ORs its start
+    address into ``descriptor(0, group_bytes)``."""
+    return (
+        ((smem_address >> 4) & 0x3FFF) | ((CORE >> 4) << 16) | ((group_bytes >> 4) << 32)
+    )
 
 
-def b_offset(n: int, kk: int) -> int:
-    """Byte of B's token n, K byte kk in shared memory (no swizzle, K-major): step, core
-    matrix of the step's K half, row n of it, byte in the row."""
+def b_offset(n: int, kk: int, group_bytes: int) -> int:
+    """Byte of B's token n, K byte kk in shared memory (no swizzle, K-major): n's group of
+    8 tokens, the step, the core matrix of the step's K half, row n % 8 of it, the byte."""
     step, within = divmod(kk, STEP)
-    return step * 2 * CORE + (within // 16) * CORE + n * 16 + within % 16
+    group, row = divmod(n, GROUP)
+    return group * group_bytes + step * 2 * CORE + (within // 16) * CORE + row * 16 + within % 16
 
 
 SPEC = register(
@@ -95,6 +108,8 @@ def _program(params: ProbeParams) -> Any:
 
     P = params
     K = P.k
+    N = P.n
+    GB = P.group_bytes
 
     @cute.kernel
     def kernel(m_out: cute.Tensor, m_a: cute.Tensor, m_b: cute.Tensor):
@@ -108,11 +123,12 @@ def _program(params: ProbeParams) -> Any:
         g_a = Int64(m_a.iterator.toint())
         g_b = Int64(m_b.iterator.toint())
         # B into the core-matrix layout, 16 bytes per thread and pass.
-        for c in cutlass.range(tid, TOKENS * (K // 16), 128, unroll=1):
+        for c in cutlass.range(tid, N * (K // 16), 128, unroll=1):
             n = c // (K // 16)
             kc = c - n * (K // 16)
             v = ptx.ld_global_v4(g_b + Int64(n * K + kc * 16))
-            dst = s_b + (kc // 2) * (2 * CORE) + (kc % 2) * CORE + n * 16  # b_offset(n, 16 kc)
+            # b_offset(n, 16 kc, GB)
+            dst = s_b + (n >> 3) * GB + (kc // 2) * (2 * CORE) + (kc % 2) * CORE + (n & 7) * 16
             ptx.st_shared_v4(dst, v[0], v[1], v[2], v[3])
         ptx.fence_proxy_async_shared()
         cute.arch.sync_threads()
@@ -127,20 +143,20 @@ def _program(params: ProbeParams) -> Any:
                 addr = g_a + row + Int64(s * STEP + half + q * 4)
                 words.append(ptx.f32_as_i32(ptx.ld_global_nc_f32(addr)))
             frags.append(words)
-        zero = Float32(0.0)
-        acc = (zero, zero, zero, zero)
+        acc = tuple(Float32(0.0) for _ in range(N // 2))
         ptx.wgmma_fence()
         for s in cutlass.range_constexpr(P.steps):
             start = (s_b + s * 2 * CORE) >> 4
-            desc = Int64(start & 0x3FFF) | Int64(descriptor(0))
-            acc = ptx.wgmma_m64n8k32_e4m3(tuple(frags[s]), desc, acc, s > 0)
+            desc = Int64(start & 0x3FFF) | Int64(descriptor(0, GB))
+            acc = ptx.wgmma_k32_e4m3(tuple(frags[s]), desc, acc, s > 0)
         ptx.wgmma_commit()
         ptx.wgmma_wait()
-        # D: rows 16 w + lane / 4 (d0, d1) and + 8 (d2, d3), tokens 2 (lane % 4) and + 1.
+        # D: rows 16 w + lane / 4 (d[4j], d[4j + 1]) and + 8 (d[4j + 2], d[4j + 3]), tokens
+        # 8 j + 2 (lane % 4) and + 1.
         r0 = warp * 16 + g
-        for i in cutlass.range_constexpr(4):
-            row = r0 + (i // 2) * 8
-            m_out[row * TOKENS + q * 2 + i % 2] = acc[i]
+        for i in cutlass.range_constexpr(N // 2):
+            row = r0 + ((i // 2) % 2) * 8
+            m_out[row * N + (i // 4) * 8 + q * 2 + i % 2] = acc[i]
 
     @cute.jit
     def launch(m_out: cute.Tensor, m_a: cute.Tensor, m_b: cute.Tensor, stream: Any):
@@ -158,9 +174,9 @@ def compile_cubin(params: ProbeParams, arch: str) -> KernelBinary:
 
     from mlpjit.kernels.cubin import compile_to_cubin, row_major_tensor
 
-    m_out = row_major_tensor(cutlass.Float32, (ROWS * TOKENS,))
+    m_out = row_major_tensor(cutlass.Float32, (ROWS * params.n,))
     m_a = row_major_tensor(cutlass.Uint8, (ROWS * params.k,))
-    m_b = row_major_tensor(cutlass.Uint8, (TOKENS * params.k,))
+    m_b = row_major_tensor(cutlass.Uint8, (params.n * params.k,))
     stream = cute.runtime.make_fake_stream()
     cubin, symbol = compile_to_cubin(_program(params), m_out, m_a, m_b, stream, arch=arch)
     return KernelBinary(

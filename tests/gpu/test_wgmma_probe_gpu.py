@@ -1,4 +1,4 @@
-"""The wgmma probe on the GPU: wgmma.m64n8k32.e4m3 with A in mma.sync's per-warp fragment
+"""The wgmma probe on the GPU: wgmma.m64nNk32.e4m3 with A in mma.sync's per-warp fragment
 and B in the no-swizzle K-major layout, the step's two K halves a leading-byte offset
 apart, reproduces a . b^T exactly (small integers, halves and quarters: every product and
 sum is exact in float32). What a wgmma consumer for fp8_stream takes as given."""
@@ -13,7 +13,8 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-KS = [32, 128, 256]
+# (k, n): n = 32 is fp8_stream's wgmma consumer (four K blocks side by side as B's rows)
+CASES = [(32, 8), (128, 8), (256, 8), (128, 32), (64, 16)]
 
 
 def kernel_requests(arch: str = "sm_90a") -> list:
@@ -21,33 +22,33 @@ def kernel_requests(arch: str = "sm_90a") -> list:
     from mlpjit.jit.spec import KernelRequest
     from mlpjit.kernels.wgmma_probe import SPEC, ProbeParams
 
-    return [KernelRequest(SPEC.name, SPEC.key_params(ProbeParams(k)), arch) for k in KS]
+    return [KernelRequest(SPEC.name, SPEC.key_params(ProbeParams(k, n)), arch) for k, n in CASES]
 
 
-def _run(k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _run(k: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     from mlpjit.jit.launcher import load_kernel
     from mlpjit.jit.manager import default_manager
     from mlpjit.jit.spec import KernelRequest
-    from mlpjit.kernels.wgmma_probe import ROWS, SPEC, TOKENS, ProbeParams
+    from mlpjit.kernels.wgmma_probe import ROWS, SPEC, ProbeParams
 
-    request = KernelRequest(SPEC.name, SPEC.key_params(ProbeParams(k)), "sm_90a")
+    request = KernelRequest(SPEC.name, SPEC.key_params(ProbeParams(k, n)), "sm_90a")
     kernel = load_kernel(default_manager().get(request), torch.device("cuda", 0))
     gen = torch.Generator(device="cuda").manual_seed(seed)
     a = torch.randint(-4, 5, (ROWS, k), generator=gen, device="cuda").float()
-    b = torch.randint(-4, 5, (TOKENS, k), generator=gen, device="cuda").float()
+    b = torch.randint(-4, 5, (n, k), generator=gen, device="cuda").float()
     a[:, 7::29] *= 0.5  # some halves and quarters: still exact, not only integers
     b[:, 3::31] *= 0.25
-    out = torch.full((ROWS * TOKENS,), float("nan"), device="cuda")
+    out = torch.full((ROWS * n,), float("nan"), device="cuda")
     a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
     kernel.launch([out, a8.view(torch.uint8), b8.view(torch.uint8)])
     torch.cuda.synchronize()
-    return out.view(ROWS, TOKENS), a8.float() @ b8.float().T
+    return out.view(ROWS, n), a8.float() @ b8.float().T
 
 
-@pytest.mark.parametrize("k", KS)
-def test_wgmma_with_mma_sync_fragments_and_lbo_layout_is_exact(k: int) -> None:
+@pytest.mark.parametrize(("k", "n"), CASES)
+def test_wgmma_with_mma_sync_fragments_and_lbo_layout_is_exact(k: int, n: int) -> None:
     for seed in range(3):
-        got, want = _run(k, seed)
+        got, want = _run(k, n, seed)
         bad = (got != want).sum().item()
-        print(f"\n[wgmma_probe] k={k} seed={seed} mismatches={bad} of {got.numel()}")
+        print(f"\n[wgmma_probe] k={k} n={n} seed={seed} mismatches={bad} of {got.numel()}")
         assert bad == 0
