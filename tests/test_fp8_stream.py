@@ -13,7 +13,6 @@ from mlpjit.kernels.fp8_stream.params import (
     MAX_WARPS,
     TILE_ROWS,
     TRACE_POINTS,
-    X_BLOCK_BYTES,
     StreamParams,
     workspace_bytes,
 )
@@ -46,8 +45,6 @@ BASE = dict(rows=3072, k=6144, tokens=8, swiglu=True, limit=None, ue8m0=True)
         (dict(ablate="w"), "ablate must be one of '', 'x', 'mma', 'x\\+mma', got 'w'"),
         (dict(ablate=None), "ablate must be one of .* got None"),
         (dict(ablate="x", share_x=True, cluster=2), "ablate='x' needs share_x=False"),
-        (dict(wgmma=1), "wgmma must be a bool"),
-        (dict(wgmma=True, warps=6), "wgmma needs warps a multiple of 4 .* got 6"),
     ],
 )
 def test_params_refuse_what_the_kernel_cannot_take(change, message) -> None:
@@ -199,36 +196,6 @@ def test_shared_x_is_quantized_once_per_cluster(tokens, cluster) -> None:
     assert shared.smem_x_bar == shared.smem_split_bar + 8 < shared.smem_bytes
     assert shared.smem_bytes - alone.smem_bytes >= tokens * (56 - alone.x_blocks_max) * BLOCK
     assert "share_x" not in SPEC.key_params(alone) and SPEC.key_params(shared)["share_x"]
-
-
-@pytest.mark.parametrize("share_x", [False, True])
-def test_wgmma_x_holds_core_matrix_blocks_and_the_first_three_again(share_x: bool) -> None:
-    # GLM-5 TP 8 gate_up (48 K blocks), 1 token: every K block of x is 8 tokens x 128 bytes
-    # (wgmma's B rows), and a range that wraps past K holds its first three blocks again.
-    base = dict(BASE, tokens=1, stages=3, cluster=2, share_x=share_x)
-    plain = StreamParams(**base)
-    wg = StreamParams(**base, wgmma=True)
-    assert plain.max_blocks_per_cta == wg.max_blocks_per_cta == 72  # 3 tiles per cluster
-    assert wg.x_blocks_max == 48 + 3 and wg.x_slots == 48 + 3
-    assert wg.x_bytes == 51 * X_BLOCK_BYTES and plain.x_bytes == 1 * plain.x_row
-    assert wg.x_chunks == -(-51 // (2 if share_x else 1))
-    assert wg.smem_ring - wg.smem_x >= 51 * 1024
-    # A range under one tile holds its own blocks and room for three past its end.
-    small = StreamParams(**dict(BASE, rows=512, k=7168, tokens=8, stages=3, cluster=8,
-                                wgmma=True))  # fmt: skip
-    assert small.max_blocks_per_cta == 21  # 2 tiles per cluster of 8 (15 clusters)
-    assert small.x_blocks_max == 21 and small.x_slots == 24
-    assert SPEC.key_params(wg)["wgmma"] is True and "wgmma" not in SPEC.key_params(plain)
-
-
-def test_wgmma_stage_shape_takes_whole_warpgroups() -> None:
-    for blocks in range(1, 200):
-        warps, per_warp = plan.stage_shape(blocks * BLOCK, wgmma=True)
-        assert warps % 4 == 0 and warps * per_warp <= max(16, plan.WHOLE_TILE_STAGE_MAX)
-    assert plan.stage_shape(12 * BLOCK, wgmma=True) == (12, 1)
-    assert plan.stage_shape(13 * BLOCK, wgmma=True) == (8, 2)
-    p = plan.stream_params(3072, 1664, 8, swiglu=False, limit=None, ue8m0=True, wgmma=True)
-    assert (p.warps, p.blocks_per_warp, p.wgmma) == (8, 2, True)
 
 
 def test_choose_cluster_takes_the_busiest_cta_with_fewest_blocks() -> None:

@@ -133,25 +133,3 @@ def test_ablated_builds_leave_out_only_their_part(tokens) -> None:
     quantized = [op for op in counts[""] if op.startswith("F2FP.SATFINITE.E4M3")]
     assert quantized and not any(counts["x"][op] for op in quantized)
     assert all(counts["mma"][op] for op in quantized)
-
-
-@pytest.mark.parametrize(
-    ("rows", "k", "tokens", "options"),
-    [
-        (3072, 6144, 1, dict(cluster=0)),
-        (3072, 6144, 8, dict(cluster=2, share_x=True)),
-        (1152, 896, 3, dict(warps=4, blocks_per_warp=3)),  # stages over three 7-block tiles
-    ],
-)
-def test_wgmma_consumers_issue_native_fp8_wgmma_only(rows, k, tokens, options) -> None:
-    """wgmma: one QGMMA.64x32x32 per 32 K of each block a warp takes in a stage, no emulated
-    FP8 mma (HMMA, unpacks), one warpgroup fence and wait per stage, no spills."""
-    params, _, f = _compiled(rows, k, tokens, wgmma=True, **options)
-    count = Counter(f.ops)
-    assert f.stack == 0 and f.local == 0, "spills"
-    assert count["QGMMA.64"] == 4 * params.blocks_per_warp
-    assert f.sass.count("QGMMA.64x32x32.F32.E4M3.E4M3 ") == 4 * params.blocks_per_warp
-    assert count["WARPGROUP.ARRIVE"] == 1 and count["WARPGROUP.DEPBAR.LE"] == 1
-    assert not any(op.startswith(("HMMA", "F2FP.F16.E4M3.UNPACK")) for op in count)
-    assert count["UBLKCP.S.G"] == 1 and count["ACQBULK"] == 2 and count["PREEXIT"] == 1
-    assert any(op.startswith("FENCE.VIEW.ASYNC.S") for op in count), "x: proxy fence"

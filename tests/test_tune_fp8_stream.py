@@ -16,21 +16,17 @@ def tune():
 
 def test_variants_parse(tune) -> None:
     assert tune.parse_variant("gemv") is None
-    assert tune.parse_variant("16x0") == (16, 0, 1, 1, "", 0, False, "", False, 0)
-    assert tune.parse_variant("8x3b2c2") == (8, 3, 2, 2, "", 0, False, "", False, 0)
-    assert tune.parse_variant("8x0b2g") == (8, 0, 2, 1, "g", 0, False, "", False, 0)
-    assert tune.parse_variant("8x0b2c1d") == (8, 0, 2, 1, "d", 0, False, "", False, 0)
-    assert tune.parse_variant("8x0b2k2") == (8, 0, 2, 1, "", 2, False, "", False, 0)
+    assert tune.parse_variant("16x0") == (16, 0, 1, 1, "", 0, False, "")
+    assert tune.parse_variant("8x3b2c2") == (8, 3, 2, 2, "", 0, False, "")
+    assert tune.parse_variant("8x0b2g") == (8, 0, 2, 1, "g", 0, False, "")
+    assert tune.parse_variant("8x0b2c1d") == (8, 0, 2, 1, "d", 0, False, "")
+    assert tune.parse_variant("8x0b2k2") == (8, 0, 2, 1, "", 2, False, "")
+    assert tune.parse_variant("8x0b2kad") == (8, 0, 2, 1, "d", tune.CLUSTER_AUTO, False, "")
+    assert tune.parse_variant("8x3b2k2s") == (8, 3, 2, 1, "", 2, True, "")
+    assert tune.parse_variant("8x0b2kasg") == (8, 0, 2, 1, "g", tune.CLUSTER_AUTO, True, "")
     auto = tune.CLUSTER_AUTO
-    assert tune.parse_variant("8x0b2kad") == (8, 0, 2, 1, "d", auto, False, "", False, 0)
-    assert tune.parse_variant("8x3b2k2s") == (8, 3, 2, 1, "", 2, True, "", False, 0)
-    assert tune.parse_variant("8x0b2kasg") == (8, 0, 2, 1, "g", auto, True, "", False, 0)
-    assert tune.parse_variant("0x0ka-mma") == (0, 0, 0, 1, "", auto, False, "mma", False, 0)
-    assert tune.parse_variant("8x0b2kad-x+mma") == (8, 0, 2, 1, "d", auto, False, "x+mma", False, 0)
-    assert tune.parse_variant("0x0kasw") == (0, 0, 0, 1, "", auto, True, "", True, 0)
-    assert tune.parse_variant("8x0b2k2wg-mma") == (8, 0, 2, 1, "g", 2, False, "mma", True, 0)
-    assert tune.parse_variant("0x0f2kas").x_first == 2
-    assert tune.parse_variant("8x3b2c1f10w").x_first == 10
+    assert tune.parse_variant("0x0ka-mma") == (0, 0, 0, 1, "", auto, False, "mma")
+    assert tune.parse_variant("8x0b2kad-x+mma") == (8, 0, 2, 1, "d", auto, False, "x+mma")
     assert tune.parse_variant("g0") == ("g", 0)
     assert tune.parse_variant("d12") == ("d", 12)
     assert tune.parse_variant("L") == ("L", 0, 0, 0, 0)
@@ -49,16 +45,11 @@ def test_variants_parse(tune) -> None:
         "0x0c1ka-x",
         "8x0b2c1k2g-mma",
         "8x0b2c1-x+mma",
-        "0x0c1kasw",
-        "0x0c1f2ka",
-        "8x3b2c1f3k2sw-mma",
-        "8x0b2c1k2wd-x",
     ):
         assert tune.variant_label(tune.parse_variant(text)) == text
     bad_layers = ("L8", "L8b", "Lb1", "L8x1", "L8b1s3", "Ls3x4", "Lt")
     bad_streams = ("8x0gd", "8x0b2e", "8x0b2k", "8x0b2kb", "8x0b2dk2", "8x0b2s", "8x0b2k2sd2",
-                   "8x0-m", "8x0b2-x-mma", "8x0b2-mma+x", "8x0b2-xg", "8x0b2gw",
-                   "8x0b2ww", "8x0b2f", "8x0b2kaf2")  # fmt: skip
+                   "8x0-m", "8x0b2-x-mma", "8x0b2-mma+x", "8x0b2-xg")  # fmt: skip
     for bad in ("", "16", "x4", "8x0b", "8x0c2b2", "gemv2", "g", "x1", *bad_streams, *bad_layers):
         with pytest.raises(ValueError, match="variant must be"):
             tune.parse_variant(bad)
@@ -173,22 +164,6 @@ def test_cluster_variants_request_the_cluster_form(tune) -> None:
     assert plan.choose_cluster(5632, 6144) == 1
     shared = tune.layer_requests(6144, 2816, 8, tune.parse_variant("8x0b2kas"))
     assert [(r.params["cluster"], r.params["share_x"]) for r in shared] == [(2, True), (2, True)]
-
-
-def test_wgmma_variants_reach_the_stream_requests_only(tune) -> None:
-    plain = tune.layer_requests(6144, 1536, 1, tune.parse_variant("0x0ka"))
-    assert all("wgmma" not in r.params for r in plain)
-    both = tune.layer_requests(6144, 1536, 1, tune.parse_variant("0x0kaw"))
-    assert [r.params["wgmma"] for r in both] == [True, True]
-    down = tune.layer_requests(6144, 1536, 1, tune.parse_variant("0x0kawd"))
-    assert down[0].kernel == "fp8_gemv" and down[1].params["wgmma"] is True
-
-
-def test_x_first_reaches_the_stream_requests_within_their_stages(tune) -> None:
-    reqs = tune.layer_requests(6144, 1536, 1, tune.parse_variant("0x0f2ka"))
-    assert [r.params["x_first"] for r in reqs] == [2, 2]
-    deep = tune.layer_requests(6144, 1536, 1, tune.parse_variant("0x3f9ka"))
-    assert [r.params["x_first"] for r in deep] == [3, 3]  # at most the ring's stages
 
 
 def test_ablated_variants_reach_the_stream_requests_only(tune) -> None:

@@ -32,8 +32,7 @@ DEFAULT_SHAPES = (
 
 
 _VARIANT = re.compile(
-    r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?(?:f(\d+))?(?:k(\d|a)(s)?)?(w)?([gd])?"
-    r"(?:-(x|mma|x\+mma))?$"
+    r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?(?:k(\d|a)(s)?)?([gd])?(?:-(x|mma|x\+mma))?$"
 )
 CLUSTER_AUTO = -1  # a WxR variant's 'ka': fp8_stream's planner chooses the cluster size
 
@@ -49,8 +48,6 @@ class StreamVariant(NamedTuple):
     cluster: int  # 0 the grid-wide form, CLUSTER_AUTO the planner's cluster size
     share_x: bool
     ablate: str
-    wgmma: bool = False
-    x_first: int = 0
 
 _ALTERNATIVE = re.compile(r"^([gd])(\d+)$")
 _LAYER = re.compile(r"^L(?:(\d+)b(\d)(?:s(\d+)x(\d+))?)?$")
@@ -70,11 +67,9 @@ def parse_variant(text: str) -> tuple | None:
     ('8x0b2g', '8x0b2d') takes fp8_stream for that half only (gate_up or down) and
     fp8_gemv's planned kernel for the other; 'kN' before it takes fp8_stream's cluster form
     with clusters of N CTAs ('ka': the size choose_cluster picks), and 'kNs' / 'kas' with x
-    quantized once per cluster (share_x; 'kas': clusters of at least 2); 'fN' after the
-    knobs fills N ring stages, then waits for x (StreamParams.x_first: '0x0f2ka'); 'w'
-    before the half takes the consumers' native FP8 wgmma ('0x0kaw'; StreamParams.wgmma); a
-    trailing '-x', '-mma' or '-x+mma' compiles fp8_stream with that part of the work left
-    out (ablate: '0x0ka-mma'): a StreamVariant."""
+    quantized once per cluster (share_x; 'kas': clusters of at least 2); a trailing '-x',
+    '-mma' or '-x+mma' compiles fp8_stream with that part of the work left out (ablate:
+    '0x0ka-mma'): a StreamVariant."""
     if text == "gemv":
         return None
     layer = _LAYER.match(text)
@@ -87,10 +82,10 @@ def parse_variant(text: str) -> tuple | None:
     if match is None:
         raise ValueError(
             f"variant must be 'gemv', gN, dN, L[WbB[sGxD]] or "
-            f"WxR[bB][cC][fN][kN[s]|ka[s]][w][g|d][-x|-mma|-x+mma] (g0, L, L8b1s3x4, 16x0, "
-            f"8x0b2c2, 8x0b2k2, 8x0b2kad, 8x3b2k2s, 0x0f2ka, 0x0kaw, 0x0ka-mma), got {text!r}"
+            f"WxR[bB][cC][kN[s]|ka[s]][g|d][-x|-mma|-x+mma] (g0, L, L8b1s3x4, 16x0, 8x0b2c2, "
+            f"8x0b2k2, 8x0b2kad, 8x3b2k2s, 0x0ka-mma), got {text!r}"
         )
-    warps, stages, bpw, cps, first, cluster, share, wgmma, half, ablate = match.groups()
+    warps, stages, bpw, cps, cluster, share, half, ablate = match.groups()
     if warps == "0" and bpw:
         raise ValueError(f"variant {text!r}: 0 warps takes the planner's stage shape; drop b{bpw}")
     if share and cluster == "1":
@@ -106,7 +101,7 @@ def parse_variant(text: str) -> tuple | None:
     bpw = int(bpw or (0 if warps == "0" else 1))
     return StreamVariant(
         int(warps), int(stages), bpw, int(cps or 1), half or "", cluster, bool(share),
-        ablate or "", bool(wgmma), int(first or 0),
+        ablate or "",
     )  # fmt: skip
 
 
@@ -120,11 +115,10 @@ def variant_label(variant: tuple | None) -> str:
         return f"{variant[0]}{variant[1]}"
     v = StreamVariant(*variant)
     kind = {0: "", CLUSTER_AUTO: "ka"}.get(v.cluster, f"k{v.cluster}")
-    kind += ("s" if v.share_x else "") + ("w" if v.wgmma else "")
+    kind += "s" if v.share_x else ""
     shape = f"b{v.blocks_per_warp}" if v.warps else ""
-    first = f"f{v.x_first}" if v.x_first else ""
     left_out = f"-{v.ablate}" if v.ablate else ""
-    return f"{v.warps}x{v.stages}{shape}c{v.ctas_per_sm}{first}{kind}{v.half}{left_out}"
+    return f"{v.warps}x{v.stages}{shape}c{v.ctas_per_sm}{kind}{v.half}{left_out}"
 
 
 def gemv_alternatives(rows: int, k: int, tokens: int, swiglu: bool) -> list:
@@ -200,8 +194,6 @@ def layer_requests(
         blocks_per_warp=v.blocks_per_warp or None,
         ctas_per_sm=v.ctas_per_sm,
         ablate=v.ablate,
-        wgmma=v.wgmma,
-        x_first=v.x_first,
     )
     requests = []
     for name, rows, k, swiglu in (("g", 2 * inter, hidden, True), ("d", hidden, inter, False)):

@@ -270,20 +270,6 @@ def ld_global_v4(addr: Int64, *, loc=None, ip=None) -> tuple:
 
 
 @dsl_user_op
-def ld_global_v2(addr: Int64, *, loc=None, ip=None) -> tuple:
-    """ld.global.v2.u32 {r0, r1}, [addr]; (coherent: data written by the previous kernel)."""
-    return _asm(
-        [_I32] * 2,
-        [(_I64, addr)],
-        "ld.global.v2.u32 {$0, $1}, [$2];",
-        "=r,=r,l,~{memory}",
-        side_effects=True,
-        loc=loc,
-        ip=ip,
-    )
-
-
-@dsl_user_op
 def st_global_b16(addr: Int64, value: Int16, *, loc=None, ip=None) -> None:
     """st.global.b16 [addr], h;"""
     _asm(
@@ -1091,20 +1077,6 @@ def ld_relaxed_gpu_v4(addr: Int64, *, loc=None, ip=None) -> tuple:
         [(_I64, addr)],
         "ld.relaxed.gpu.global.v4.u32 {$0, $1, $2, $3}, [$4];",
         "=r,=r,=r,=r,l,~{memory}",
-        side_effects=True,
-        loc=loc,
-        ip=ip,
-    )
-
-
-@dsl_user_op
-def ld_relaxed_gpu_v2(addr: Int64, *, loc=None, ip=None) -> tuple:
-    """ld.relaxed.gpu.global.v2.u32 {r0, r1}, [addr]; (written in this launch: not from L1)"""
-    return _asm(
-        [_I32] * 2,
-        [(_I64, addr)],
-        "ld.relaxed.gpu.global.v2.u32 {$0, $1}, [$2];",
-        "=r,=r,l,~{memory}",
         side_effects=True,
         loc=loc,
         ip=ip,

@@ -50,12 +50,10 @@ CASES = (
 )  # fmt: skip
 
 
-# (shape, cluster, wgmma): the grid-wide form and the cluster form (negative: with share_x),
-# with mma.sync or wgmma consumers
-GRAPH_CASES = (("odd-24x13", 0, False), ("dsv3-shared-tp8-gate_up", 0, False),
-               ("odd-24x13", 4, False), ("dsv3-shared-tp8-gate_up", 8, False),
-               ("odd-24x13", -2, False), ("dsv3-shared-tp8-gate_up", -8, False),
-               ("odd-24x13", 0, True), ("prime-72x7", -4, True))  # fmt: skip
+# (shape, cluster): the grid-wide form and the cluster form (negative: with share_x)
+GRAPH_CASES = (("odd-24x13", 0), ("dsv3-shared-tp8-gate_up", 0), ("odd-24x13", 4),
+               ("dsv3-shared-tp8-gate_up", 8), ("odd-24x13", -2),
+               ("dsv3-shared-tp8-gate_up", -8))  # fmt: skip
 # Two blocks per consumer warp and stage, and two CTAs per SM (knobs beside the default).
 KNOB_CASES = [
     (s, m, True, None, dict(warps=8, blocks_per_warp=2, ctas_per_sm=c))
@@ -112,22 +110,20 @@ def _request(shape: str, m: int, ue8m0: bool, limit: float | None, knobs=None, a
 def kernel_requests(arch: str = ARCH) -> list:
     """Every compile request of these tests (for warming a cache on a machine without GPU)."""
     seen = []
-    graph_cases = [_graph_case(*case) for case in GRAPH_CASES]
-    for case in ALL_CASES + graph_cases:
+    graph_cases = [_graph_case(s, c) for s, c in GRAPH_CASES]
+    for case in CASES + graph_cases + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES:
         r = _request(*case, arch=arch)
         if r not in seen:
             seen.append(r)
     return seen
 
 
-def _graph_case(shape: str, cluster: int, wgmma: bool):
+def _graph_case(shape: str, cluster: int):
     """cluster 0: the grid-wide form; > 0: the cluster form; < 0: clusters of -cluster with
     x quantized once per cluster."""
     knobs = dict(cluster=abs(cluster)) if cluster else {}
     if cluster < 0:
         knobs.update(share_x=True, stages=3)
-    if wgmma:
-        knobs.update(wgmma=True)
     return (shape, 4, True, None, knobs)
 
 
@@ -158,39 +154,7 @@ def _case_id(case) -> str:
     return f"{s}-t{m}-{'ue8m0' if u else 'f32'}-lim{lim}{extra}"
 
 
-# wgmma consumers (four warps' consecutive K blocks side by side as B's 32 rows, x in the
-# core-matrix layout with the first three blocks repeated past K): every shape at 1 and 8
-# tokens with the planner's knobs (the cluster form), the grid-wide form (ranges inside one
-# tile, ranges over many tiles), shared x, both scale rules, the clamp, and stage shapes
-# where a warpgroup's blocks span two or three tiles (4 x 3 over 7-block tiles, 12 x 1).
-WGMMA = dict(wgmma=True)
-WGMMA_CASES = (
-    [(s, m, True, None, WGMMA) for s in SHAPES for m in (1, 8)]
-    + [(s, m, u, lim, dict(WGMMA, cluster=0)) for s, m, u, lim in (
-        ("odd-24x13", 3, False, None), ("prime-72x7", 8, True, None),
-        ("dsv3-shared-tp8-gate_up", 1, True, LIMIT), ("tiny-8x5", 5, True, None),
-        ("glm5-tp8-gate_up", 2, False, LIMIT))]
-    + [(s, m, u, lim, dict(WGMMA, cluster=c, share_x=True, stages=3)) for s, m, u, lim, c in (
-        ("odd-24x13", 3, True, None, 2), ("prime-72x7", 7, False, None, 4),
-        ("glm5-tp8-gate_up", 8, True, LIMIT, 2), ("dsv3-shared-tp8-gate_up", 6, True, None, 8),
-        ("dsv3-tp8-down", 8, False, None, 2))]
-    + [(s, m, True, None, dict(WGMMA, warps=w, blocks_per_warp=b)) for s, m, w, b in (
-        ("prime-72x7", 1, 4, 3), ("odd-24x13", 8, 4, 1), ("glm5-tp8-down", 4, 12, 1),
-        ("odd-swiglu-8x13", 2, 16, 1))]
-)  # fmt: skip
-
-# x_first: the producer fills that many stages, then waits until x is in shared memory;
-# a range of fewer stages never waits (tiny-8x5: one block per CTA).
-X_FIRST_CASES = [
-    (s, m, u, lim, dict(knobs, x_first=f)) for s, m, u, lim, knobs, f in (
-        ("glm5-tp8-gate_up", 1, True, None, {}, 2), ("prime-72x7", 3, False, None,
-        dict(cluster=0), 1), ("dsv3-shared-tp8-gate_up", 8, True, LIMIT,
-        dict(cluster=8, share_x=True, stages=3), 3), ("tiny-8x5", 1, True, None, {}, 2),
-        ("glm5-tp8-down", 8, True, None, WGMMA, 2), ("odd-24x13", 6, True, None,
-        dict(cluster=2, share_x=True, stages=3), 1))
-]  # fmt: skip
-
-ALL_CASES = CASES + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES + WGMMA_CASES + X_FIRST_CASES
+ALL_CASES = CASES + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=[_case_id(c) for c in ALL_CASES])
@@ -215,13 +179,11 @@ def test_stream_matches_reference_and_repeats_bit_for_bit(case) -> None:
     assert not work[-(SHAPES[shape][0] // 16) * 4 :].any(), "arrival counters left non-zero"
 
 
-@pytest.mark.parametrize(("shape", "cluster", "wgmma"), GRAPH_CASES)
-def test_graph_replays_equal_eager_and_two_streams_agree(
-    shape: str, cluster: int, wgmma: bool
-) -> None:
+@pytest.mark.parametrize(("shape", "cluster"), GRAPH_CASES)
+def test_graph_replays_equal_eager_and_two_streams_agree(shape: str, cluster: int) -> None:
     m = 4
     swiglu, w, w_scale, x, cols = _inputs(shape, m)
-    kernel = _kernel(_request(*_graph_case(shape, cluster, wgmma)))
+    kernel = _kernel(_request(*_graph_case(shape, cluster)))
     eager = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
     kernel.launch([eager, x, w, w_scale, _workspace(shape)])
     torch.cuda.synchronize()
@@ -251,7 +213,4 @@ def test_graph_replays_equal_eager_and_two_streams_agree(
                 kernel.launch([out, x, w, w_scale, wk])
     torch.cuda.synchronize()
     assert all(torch.equal(o, eager) for o in outs)
-    print(
-        f"\n[fp8_stream] {shape} cluster={cluster} wgmma={wgmma} graph and two streams "
-        "identical to eager"
-    )
+    print(f"\n[fp8_stream] {shape} cluster={cluster} graph and two streams identical to eager")

@@ -62,11 +62,7 @@ from mlpjit.kernels.fp8_stream.params import (
     SLOT_BYTES,
     TILE_ROWS,
     TRACE_POINTS,
-    WARPGROUP,
-    X_BLOCK_BYTES,
-    X_CORE,
     X_PASSES_MAX,
-    X_STEP_BYTES,
     StreamParams,
 )
 from mlpjit.kernels.numerics import quantize16, swiglu
@@ -75,9 +71,6 @@ __all__ = ["Fp8Stream", "compile_cubin"]
 
 _CONSUMERS = 1  # named barrier of the consumer warps (0 is __syncthreads)
 _SLOT_BATCH = 4  # split-tile partials the last CTA loads at once
-# wgmma's B descriptor of x less its start address: leading-byte offset the step's second
-# K half, stride-byte offset the next K block (the next 8 of B's rows), no swizzle
-_X_DESC = ((X_CORE >> 4) << 16) | ((X_BLOCK_BYTES >> 4) << 32)
 
 
 class Fp8Stream:
@@ -189,8 +182,6 @@ class Fp8Stream:
         for i in cutlass.range_constexpr(PARTIAL_BUFFERS):
             ptx.mbarrier_init(self.handed_bar(s_base, i), 32 * self.warps)
             ptx.mbarrier_init(self.taken_bar(s_base, i), 32)
-        if cutlass.const_expr(self.x_first > 0):
-            ptx.mbarrier_init(s_base + self.smem_x_ready_bar, 1)
 
     @cute.jit
     def expect_split_partials(self, s_base: Int32, cta: Int32, b0: Int32, b1: Int32):
@@ -208,7 +199,7 @@ class Fp8Stream:
         """One thread, share_x: the mbarrier that counts the x chunks (values and scale) the
         cluster's other CTAs quantize for us: every chunk but ours (rank r: r, r + C, ...)."""
         C = self.cluster
-        chunks = self.tokens * self.x_blocks_max
+        chunks = self.tokens * self.kblocks
         ours = (chunks - cta % C + C - 1) // C
         bar = s_base + self.smem_x_bar
         ptx.mbarrier_init(bar, 1)
@@ -379,16 +370,11 @@ class Fp8Stream:
         slot = Int32(0)
         phase = Int32(0)
         again = Int32(0)  # 1 once the ring has wrapped: slots must be released first
-        filled = Int32(0)  # stages filled so far (x_first: x must be ready after that many)
         for i_seg in cutlass.range(3, unroll=1):  # a runtime loop: one copy of the body
             start, stop = self.segment(b0, b1, i_seg)
             pos = start
             while pos < stop:
                 n = cutlass.min(stop - pos, SB)
-                if cutlass.const_expr(self.x_first > 0):
-                    if filled == self.x_first:
-                        ptx.mbarrier_wait(s_base + self.smem_x_ready_bar, Int32(0))
-                    filled = filled + 1
                 if again != 0:
                     ptx.mbarrier_wait(self.empty_bar(s_base, slot), phase ^ 1)
                 if lane == 0:
@@ -478,14 +464,10 @@ class Fp8Stream:
             self.quantize_x_across_cluster(g_x, s_base, cta, warp, lane)
         elif cutlass.const_expr(not self.leaves_out_x):
             self.quantize_x(g_x, s_x, s_xsc, b0, b1, warp, lane)
-        if cutlass.const_expr(self.wgmma):
-            ptx.fence_proxy_async_shared()  # x's stores, then the wgmmas' reads of them
         cute.arch.cp_async_wait_group(0)
         ptx.bar_sync(_CONSUMERS, 32 * W)
         if warp * 32 + lane == 0:
             self.stamp(g_work, cta, 2)
-            if cutlass.const_expr(self.x_first > 0):
-                ptx.mbarrier_arrive(s_base + self.smem_x_ready_bar)  # the rest of the ring
 
         g = lane >> 2
         q = lane & 3
@@ -511,11 +493,6 @@ class Fp8Stream:
             while pos < stop:
                 n = cutlass.min(stop - pos, self.stage_blocks)
                 ptx.mbarrier_wait(self.full_bar(s_base, slot), phase)
-                sums = []
-                if cutlass.const_expr(self.wgmma):
-                    sums = self.stage_sums_wgmma(
-                        s_ring, slot, pos, n, b0, s_x, s_xs0, s_xs1, s_wsc, warp, g, q
-                    )
                 # Walk the stage's parts (one per tile it touches): the warp's blocks (blocks
                 # warp, warp + warps, ... of the stage) are added to their tile's sums, and
                 # every tile whose share ends here is handed to the epilogue warp, in order.
@@ -529,14 +506,11 @@ class Fp8Stream:
                         blk = warp + j * W
                         if blk >= off:  # noqa: SIM102 (runtime conditions: kept apart)
                             if blk < off + seg:
-                                if cutlass.const_expr(self.wgmma):
-                                    c = sums[j]
-                                else:
-                                    c = self.block_sums(
-                                        s_ring, slot, off, part, seg, blk, kb + blk - off,
-                                        kb_first, s_b, s_xs0, s_xs1,
-                                        s_wsc + (pos + blk - b0) * 8, g, q,
-                                    )  # fmt: skip
+                                c = self.block_sums(
+                                    s_ring, slot, off, part, seg, blk, kb + blk - off,
+                                    kb_first, s_b, s_xs0, s_xs1, s_wsc + (pos + blk - b0) * 8,
+                                    g, q,
+                                )  # fmt: skip
                                 t0 = t0 + c[0]
                                 t1 = t1 + c[1]
                                 t2 = t2 + c[2]
@@ -625,90 +599,6 @@ class Fp8Stream:
         ]
 
     @cute.jit
-    def stage_sums_wgmma(
-        self, s_ring, slot, pos, n, b0, s_x, s_xs0, s_xs1, s_wsc, warp, g, q
-    ):  # fmt: skip
-        """wgmma: the warp's blocks of the stage (warp, warp + warps, ...; valid below n), as
-        [its four sums] per block like block_sums. Per round, the warpgroup's four warps
-        take four consecutive blocks: each loads its own block's A fragment (mma.sync's,
-        from its part of the stage), and one wgmma.m64n32k32 per 32 K multiplies the 64 rows
-        by the four blocks' x, side by side as B's 32 rows (x slots xb .. xb + 3 of the
-        group's first block); each warp keeps the 8 columns of its own block. Blocks past
-        the stage's end compute on a clamped block and are never added."""
-        W = self.warps
-        KB = self.kblocks
-        if cutlass.const_expr(self.leaves_out_mma):
-            zero = Float32(0.0)
-            return [[zero, zero, zero, zero] for _ in range(self.blocks_per_warp)]
-        wi = warp & (WARPGROUP - 1)
-        first_kb = pos % KB
-        seg0 = cutlass.min(KB - first_kb, n)  # blocks of the stage's first part
-        # x slot of block u: (u - b0) mod KB (share_x: u mod KB); slots past KB repeat.
-        x_origin = b0
-        if cutlass.const_expr(self.share_x):
-            x_origin = Int32(0)
-        frags = []
-        descs = []
-        own = []
-        for j in cutlass.range_constexpr(self.blocks_per_warp):
-            p0 = j * W + warp - wi  # the warpgroup's first block of this round
-            p = cutlass.min(p0 + wi, n - 1)
-            off = Int32(0)
-            part = Int32(0)
-            seg = seg0
-            if p >= seg0:  # a later part: whole tiles from seg0 on
-                if cutlass.const_expr(self.stage_tiles <= 2):
-                    part = Int32(1)
-                    off = seg0
-                else:
-                    part = (p - seg0) // KB + 1
-                    off = seg0 + (part - 1) * KB
-                seg = cutlass.min(n - off, KB)
-            stride = seg * BLOCK + ROW_PAD
-            s_a = self.stage_part(s_ring, slot, off, part) + (p - off) * BLOCK + q * 16
-            s_a = s_a + g * stride
-            # A rows g and g + 8, K bytes 16 q .. + 15 of each 64-K half: step 2 h + m
-            # takes words 2 m, 2 m + 1 (x's layout matches: see x_chunk_source)
-            frags.append(
-                [(ptx.ld_shared_v4(s_a + h * 64), ptx.ld_shared_v4(s_a + 8 * stride + h * 64))
-                 for h in range(2)]
-            )  # fmt: skip
-            xb0 = (pos + cutlass.min(p0, n - 1) - x_origin) % KB
-            descs.append(Int64(((s_x + xb0 * X_BLOCK_BYTES) >> 4) & 0x3FFF) | Int64(_X_DESC))
-            xb = xb0 + wi
-            if xb >= KB:
-                xb = xb - KB
-            own.append((xb, s_wsc + (pos + j * W + warp - b0) * 8))
-        zero = Float32(0.0)
-        accs = []
-        ptx.wgmma_fence()
-        for j in cutlass.range_constexpr(self.blocks_per_warp):
-            acc = tuple(zero for _ in range(4 * WARPGROUP))
-            for step in cutlass.range_constexpr(4):
-                lo, hi = frags[j][step // 2]
-                m = step % 2
-                a = (lo[2 * m], hi[2 * m], lo[2 * m + 1], hi[2 * m + 1])
-                desc = descs[j] + Int64(step * (X_STEP_BYTES >> 4))
-                acc = ptx.wgmma_k32_e4m3(a, desc, acc, step > 0)
-            accs.append(acc)
-        ptx.wgmma_commit()
-        ptx.wgmma_wait()
-        sums = []
-        for j in cutlass.range_constexpr(self.blocks_per_warp):
-            acc = accs[j]
-            v0, v1, v2, v3 = acc[0], acc[1], acc[2], acc[3]
-            for w in cutlass.range_constexpr(1, WARPGROUP):  # D columns 8 w ..: block w's
-                if wi == w:
-                    v0, v1, v2, v3 = acc[4 * w], acc[4 * w + 1], acc[4 * w + 2], acc[4 * w + 3]
-            xb, s_ws = own[j]
-            ws0 = ptx.ld_shared_f32(s_ws)
-            ws1 = ptx.ld_shared_f32(s_ws + 4)
-            xs0 = ptx.ld_shared_f32(s_xs0 + xb * 4)
-            xs1 = ptx.ld_shared_f32(s_xs1 + xb * 4)
-            sums.append([v0 * (ws0 * xs0), v1 * (ws0 * xs1), v2 * (ws1 * xs0), v3 * (ws1 * xs1)])
-        return sums
-
-    @cute.jit
     def hand_over(self, s_base, s_part, piece, warp, lane, t0, t1, t2, t3):
         """This tile's share is done: the warp's sums go to the epilogue warp (through
         PARTIAL_BUFFERS buffers in turn); the consumers go on streaming."""
@@ -731,8 +621,6 @@ class Fp8Stream:
         KB = self.kblocks
         W = self.warps
         nb = cutlass.min(b1 - b0, KB)
-        if cutlass.const_expr(self.wgmma):
-            nb = cutlass.min(b1 - b0, KB + WARPGROUP - 1)  # the first three again past KB
         kb_first = b0 % KB
         chunks = nb * T
         sub = lane >> 3
@@ -748,47 +636,21 @@ class Fp8Stream:
                 kb = kb_first + xb
                 if kb >= KB:
                     kb = kb - KB
-                if cutlass.const_expr(self.wgmma):  # noqa: SIM102 (compile-time, then runtime)
-                    if kb >= KB:
-                        kb = kb - KB
-                words = self.load_x_chunk(g_x, t, kb, cl)
+                g_src = g_x + Int64((t * self.k + kb * BLOCK + cl * 16) * 2)
+                if cutlass.const_expr(self.x_after is None):
+                    words = list(ptx.ld_global_v4(g_src)) + list(ptx.ld_global_v4(g_src + 16))
+                else:  # act of this launch: from L2, never a stale L1 line
+                    words = list(ptx.ld_relaxed_gpu_v4(g_src)) + list(
+                        ptx.ld_relaxed_gpu_v4(g_src + 16)
+                    )
                 todo.append((c, t, xb, words))
             for c, t, xb, words in todo:
                 packed, scale = quantize16(words, self.ue8m0)
                 if c < chunks:
-                    s_dst = self.x_chunk_address(s_x, t, xb, cl)
+                    s_dst = s_x + t * self.x_row + xb * BLOCK + cl * 16
                     ptx.st_shared_v4(s_dst, packed[0], packed[1], packed[2], packed[3])
                     if cl == 0:
                         ptx.st_shared_f32(s_xsc + (t * self.x_blocks_max + xb) * 4, scale)
-
-    @cute.jit
-    def load_x_chunk(self, g_x: Int64, t: Int32, kb: Int32, cl: Int32) -> list:
-        """Chunk cl (0-7) of token t's K block kb of x: 16 BF16 values as 8 words. Plain:
-        values 16 cl .. + 15. wgmma: the 16 one row of a B core matrix holds (step 2 h + m,
-        K half e of cl = 4 h + 2 m + e): values 64 h + 8 m + 4 e + 16 i + (0-3), i = 0-3,
-        the K order of the A fragment's 16-byte loads (stage_sums_wgmma)."""
-        if cutlass.const_expr(self.wgmma):
-            g_row = g_x + Int64((t * self.k + kb * BLOCK) * 2)
-            first = 64 * (cl >> 2) + 8 * ((cl >> 1) & 1) + 4 * (cl & 1)
-            words = []
-            for i in cutlass.range_constexpr(4):
-                g_src = g_row + Int64((first + 16 * i) * 2)
-                if cutlass.const_expr(self.x_after is None):
-                    words += list(ptx.ld_global_v2(g_src))
-                else:  # act of this launch: from L2, never a stale L1 line
-                    words += list(ptx.ld_relaxed_gpu_v2(g_src))
-            return words
-        g_src = g_x + Int64((t * self.k + kb * BLOCK + cl * 16) * 2)
-        if cutlass.const_expr(self.x_after is None):
-            return list(ptx.ld_global_v4(g_src)) + list(ptx.ld_global_v4(g_src + 16))
-        return list(ptx.ld_relaxed_gpu_v4(g_src)) + list(ptx.ld_relaxed_gpu_v4(g_src + 16))
-
-    def x_chunk_address(self, s_x, t, xb, cl):
-        """Where chunk cl of token t's x block xb goes in shared memory: its token row, or
-        (wgmma) row t of the core matrix of step cl // 2, K half cl % 2 (load_x_chunk)."""
-        if self.wgmma:
-            return s_x + xb * X_BLOCK_BYTES + (cl >> 1) * X_STEP_BYTES + (cl & 1) * X_CORE + t * 16
-        return s_x + t * self.x_row + xb * BLOCK + cl * 16
 
     @cute.jit
     def quantize_x_across_cluster(self, g_x: Int64, s_base: Int32, cta: Int32, warp, lane):
@@ -799,7 +661,7 @@ class Fp8Stream:
         T = self.tokens
         C = self.cluster
         W = self.warps
-        chunks = T * self.x_blocks_max
+        chunks = T * self.kblocks
         s_x = s_base + self.smem_x
         s_xsc = s_base + self.smem_xscales
         bar = s_base + self.smem_x_bar
@@ -817,18 +679,15 @@ class Fp8Stream:
                 c = ((j * W + warp) * 4 + sub) * C + rank
                 cc = cutlass.min(c, chunks - 1)  # past the end: a valid re-read, not stored
                 t = cc % T
-                xb = cc // T  # wgmma: slots past K repeat its first blocks
-                kb = xb
-                if cutlass.const_expr(self.wgmma):  # noqa: SIM102 (compile-time, then runtime)
-                    if kb >= self.kblocks:
-                        kb = kb - self.kblocks
-                words = self.load_x_chunk(g_x, t, kb, cl)
-                todo.append((c, t, xb, words))
-            for c, t, xb, words in todo:
+                kb = cc // T
+                g_src = g_x + Int64((t * self.k + kb * BLOCK + cl * 16) * 2)
+                words = list(ptx.ld_global_v4(g_src)) + list(ptx.ld_global_v4(g_src + 16))
+                todo.append((c, t, kb, words))
+            for c, t, kb, words in todo:
                 packed, scale = quantize16(words, self.ue8m0)
                 if c < chunks:
-                    s_dst = self.x_chunk_address(s_x, t, xb, cl)
-                    s_scale = s_xsc + (t * self.x_blocks_max + xb) * 4
+                    s_dst = s_x + t * self.x_row + kb * BLOCK + cl * 16
+                    s_scale = s_xsc + (t * self.kblocks + kb) * 4
                     ptx.st_shared_v4(s_dst, packed[0], packed[1], packed[2], packed[3])
                     for d in cutlass.range_constexpr(1, C):
                         r = (rank + d) % C

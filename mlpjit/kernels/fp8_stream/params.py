@@ -27,10 +27,6 @@ __all__ = [
     "MAX_TOKENS",
     "ROW_PAD",
     "StreamParams",
-    "WARPGROUP",
-    "X_BLOCK_BYTES",
-    "X_CORE",
-    "X_STEP_BYTES",
     "workspace_bytes",
 ]
 
@@ -63,15 +59,6 @@ CLUSTER_SIZES = (0, 1, 2, 4, 8)
 ABLATIONS = ("", "x", "mma", "x+mma")
 # The mbarriers that count a split tile's partials and (share_x) x's chunks from the cluster
 MBARRIER_BYTES = 16
-# ``wgmma``: the four warps of a warpgroup take four consecutive K blocks of a stage, and one
-# wgmma.m64n32k32 per 32 K multiplies their 64 rows by those blocks' x side by side (B's 32
-# rows: 8 tokens x 4 blocks; a warp keeps the 8 columns of its own block). x then lives in
-# shared memory in wgmma's no-swizzle K-major layout: per K block, 4 steps of 32 K, each two
-# core matrices (K bytes 0-15 and 16-31 of the step) of 8 tokens x 16 bytes.
-WARPGROUP = 4  # warps of a warpgroup: K blocks side by side in one wgmma
-X_CORE = 128  # a core matrix: 8 tokens x 16 bytes
-X_STEP_BYTES = 2 * X_CORE  # one 32-K step of x (its two K halves)
-X_BLOCK_BYTES = 4 * X_STEP_BYTES  # one 128-K block of x for 8 tokens
 
 
 def workspace_bytes(rows: int, k: int, sms: int = hopper.SMS, trace: bool = False) -> int:
@@ -118,14 +105,6 @@ class StreamParams:
     # every CTA holds all of x but reads only its share from L2
     share_x: bool = False
     ablate: str = ""  # ABLATIONS: a build that leaves out part of the work (never DenseMlp's)
-    # sm_90's native FP8 mma (wgmma, see WARPGROUP) instead of mma.sync, which sm_90 emulates
-    # with FP8 unpacks and f16 mmas; warps a multiple of WARPGROUP
-    wgmma: bool = False
-    # Ring stages the producer fills before it waits until x is quantized in shared memory
-    # (0: no wait): x's loads, issued after the PDL wait, otherwise queue behind every
-    # weight byte the rings have requested since launch, so the consumers start late and
-    # then work through a full ring
-    x_first: int = 0
 
     def __post_init__(self) -> None:
         check_int("rows", self.rows, TILE_ROWS, MAX_ROWS)
@@ -135,13 +114,12 @@ class StreamParams:
         check_int("stages", self.stages, 2, 16)
         check_int("blocks_per_warp", self.blocks_per_warp, 1, 4)
         check_int("ctas_per_sm", self.ctas_per_sm, 1, 2)
-        check_int("x_first", self.x_first, 0, self.stages)
         if isinstance(self.cluster, bool) or self.cluster not in CLUSTER_SIZES:
             raise ValueError(
                 f"cluster must be one of {', '.join(map(str, CLUSTER_SIZES))}, got {self.cluster!r}"
             )
         hopper.check_sms(self.sms)
-        for name in ("swiglu", "ue8m0", "trace", "share_x", "wgmma"):
+        for name in ("swiglu", "ue8m0", "trace", "share_x"):
             check_bool(name, getattr(self, name))
         object.__setattr__(self, "limit", check_limit(self.limit))
         if not isinstance(self.ablate, str) or self.ablate not in ABLATIONS:
@@ -150,11 +128,6 @@ class StreamParams:
             )
         if self.leaves_out_x and self.share_x:
             raise ValueError("ablate='x' needs share_x=False (the cluster's exchange waits for x)")
-        if self.wgmma and self.warps % WARPGROUP:
-            raise ValueError(
-                f"wgmma needs warps a multiple of {WARPGROUP} (whole warpgroups), got "
-                f"{self.warps}"
-            )
         if self.k % BLOCK:
             raise ValueError(f"k must be a multiple of {BLOCK}, got {self.k}")
         if self.rows % TILE_ROWS:
@@ -302,22 +275,11 @@ class StreamParams:
 
     @property
     def x_blocks_max(self) -> int:
-        """K blocks of x one CTA quantizes at most (its range covers at most that many; all
-        of them with share_x). wgmma: three more where the range wraps past K, repeating
-        the first three, so four consecutive blocks of a stage are four consecutive blocks
-        of x."""
-        wrap = WARPGROUP - 1 if self.wgmma else 0
+        """K blocks of x one CTA holds at most (its range covers at most that many; all of
+        them with share_x)."""
         if self.share_x:
-            return self.kblocks + wrap
-        return min(self.kblocks + wrap, self.max_blocks_per_cta)
-
-    @property
-    def x_slots(self) -> int:
-        """wgmma: K blocks of x in shared memory, x_blocks_max and room for the three a
-        warpgroup's wgmma reads past a range's last block (results it discards)."""
-        if self.share_x:
-            return self.kblocks + WARPGROUP - 1
-        return min(self.kblocks, self.max_blocks_per_cta) + WARPGROUP - 1
+            return self.kblocks
+        return min(self.kblocks, self.max_blocks_per_cta)
 
     @property
     def x_chunks(self) -> int:
@@ -337,13 +299,8 @@ class StreamParams:
     # empty) | warp partials | weight scales | x scales | x | ring | (cluster form) the
     # partials the cluster's other CTAs send for our split tile, and their mbarrier
     @property
-    def smem_x_ready_bar(self) -> int:
-        """x_first: the mbarrier the consumers complete once x is in shared memory."""
-        return 16 * self.stages + 16 * PARTIAL_BUFFERS
-
-    @property
     def smem_partials(self) -> int:
-        return _align(self.smem_x_ready_bar + (8 if self.x_first else 0), 128)
+        return _align(16 * self.stages + 16 * PARTIAL_BUFFERS, 128)
 
     @property
     def smem_wscales(self) -> int:
@@ -358,16 +315,8 @@ class StreamParams:
         return _align(self.smem_xscales + self.tokens * self.x_blocks_max * 4, 128)
 
     @property
-    def x_bytes(self) -> int:
-        """The quantized x in shared memory: token rows, or (wgmma) x_slots core-matrix
-        blocks of 8 tokens."""
-        if self.wgmma:
-            return self.x_slots * X_BLOCK_BYTES
-        return self.tokens * self.x_row
-
-    @property
     def smem_ring(self) -> int:
-        return _align(self.smem_x + self.x_bytes, 128)
+        return _align(self.smem_x + self.tokens * self.x_row, 128)
 
     @property
     def smem_received(self) -> int:
