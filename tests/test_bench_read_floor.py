@@ -16,6 +16,15 @@ def test_parse_config_reads_every_field() -> None:
     assert (c.copy_bytes, c.copies, c.stages, c.warps, c.ctas) == (2048, 16, 4, 12, 264)
     c = parse_config("c32768")
     assert (c.copy_bytes, c.copies, c.stages, c.warps, c.ctas) == (32768, None, None, 8, 132)
+    assert parse_config("r2048x16t").tensor and not parse_config("r2048x16").tensor
+
+
+def test_tensor_configs_take_row_copies_and_two_kernel_chains() -> None:
+    with pytest.raises(ValueError, match="'t' .* takes row copies"):
+        parse_config("c32768t")
+    chains_of = chains(parse_config("r2048x16t"), 6144, 1536)
+    assert list(chains_of) == ["gate_up", "down", "layer"]
+    assert all(p.tensor and p.copies == 16 for ps in chains_of.values() for p in ps)
 
 
 @pytest.mark.parametrize("text", ["", "r2048", "x16", "c", "r2048x16q", "c1024x2"])

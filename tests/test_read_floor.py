@@ -47,6 +47,13 @@ def params(**overrides) -> ReadParams:
             },
             "barrier",
         ),  # fmt: skip
+        ({"tensor": 1}, "tensor"),
+        ({"tensor": True, "copies": 4}, "tensor"),  # not whole 1 KB swizzle atoms
+        (
+            {"tensor": True, "then_nbytes": 6144 * 1536, "then_row_bytes": 1536,
+             "then_copy_bytes": 1536},
+            "tensor",
+        ),  # fmt: skip
     ],
 )
 def test_bad_params_name_the_argument(overrides, named) -> None:
@@ -123,3 +130,18 @@ def test_compiled_one_kernel_layer_meets_at_one_barrier() -> None:
         assert max(i for i, op in enumerate(facts.ops) if op == "UBLKCP.S.G") < facts.ops.index(
             "ACQBULK"
         )
+
+
+def test_compiled_tensor_stages_are_one_tma_copy_each() -> None:
+    """tensor: one 3-D TMA copy site (one lane) instead of row copies, still before the
+    wait, and a third pointer parameter (the tensor map)."""
+    from mlpjit.kernels.read_floor import compile_cubin
+    from mlpjit.testing.cubin_info import cubin_kernel_params, sass_facts
+
+    binary = compile_cubin(params(tensor=True), "sm_90a")
+    facts = sass_facts(binary.cubin)
+    assert facts.stack == 0 and facts.local == 0
+    assert facts.ops.count("UTMALDG.3D") == 1 and "UBLKCP.S.G" not in facts.ops
+    assert facts.ops.index("UTMALDG.3D") < facts.ops.index("ACQBULK")
+    assert [p.name for p in binary.params] == ["out", "buf", "map"]
+    assert [p.size for p in cubin_kernel_params(binary.cubin, binary.symbol)] == [8, 8, 8]

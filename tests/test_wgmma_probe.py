@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from mlpjit.kernels.wgmma_probe import CORE, ProbeParams, b_offset, descriptor
+from mlpjit.kernels.wgmma_probe import CORE, ProbeParams, a_descriptor, b_offset, descriptor
 
 
 @pytest.mark.parametrize(
@@ -17,6 +17,8 @@ from mlpjit.kernels.wgmma_probe import CORE, ProbeParams, b_offset, descriptor
         (dict(k=288), "k must be a multiple of 32"),
         (dict(k=64.0), "k must be a multiple of 32"),
         (dict(k=64, n=24), "n must be one of 8, 16, 32, got 24"),
+        (dict(k=128, a_from="smem"), "a_from must be one of registers, tma, got 'smem'"),
+        (dict(k=64, a_from="tma"), "k must be 128 with a_from='tma', got 64"),
     ],
 )
 def test_params_refuse_what_the_probe_cannot_take(change, message) -> None:
@@ -57,3 +59,25 @@ def test_probe_compiles_to_one_native_fp8_wgmma_per_step(k: int, n: int) -> None
     assert facts.sass.count(f"QGMMA.64x{n}x32.F32.E4M3.E4M3 ") == k // 32
     assert count["WARPGROUP.ARRIVE"] == 1
     assert not any(op.startswith(("HMMA", "F2FP.F16.E4M3.UNPACK")) for op in count)
+
+
+def test_a_descriptor_fields() -> None:
+    desc = a_descriptor(0x2000 + 32)  # an atom's start plus one 32-K step
+    assert desc & 0x3FFF == (0x2000 + 32) >> 4
+    assert (desc >> 32) & 0x3FFF == 1024 // 16  # stride offset: the next 8 rows' atom
+    assert desc >> 62 == 1  # 128-byte swizzle
+
+
+@pytest.mark.parametrize("n", [8, 32])
+def test_tma_probe_copies_a_once_and_reads_it_by_descriptor(n: int) -> None:
+    pytest.importorskip("cutlass")
+    from mlpjit.kernels.wgmma_probe import compile_cubin
+    from mlpjit.testing.cubin_info import sass_facts
+
+    binary = compile_cubin(ProbeParams(128, n, "tma"), "sm_90a")
+    facts = sass_facts(binary.cubin)
+    assert facts.local == 0 and facts.stack == 0, "spills"
+    assert facts.ops.count("UTMALDG.3D") == 1
+    # A by descriptor: no A register operand between the accumulator and the descriptor
+    assert facts.sass.count(f"QGMMA.64x{n}x32.F32.E4M3.E4M3 R24, gdesc[") == 4
+    assert [p.name for p in binary.params] == ["out", "a", "b", "a_map"]

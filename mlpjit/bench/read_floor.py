@@ -11,7 +11,9 @@ A config names the ring of the read_floor kernel (mlpjit.kernels.read_floor):
 - ``c<copy>``: a stage is one bulk copy of ``copy`` consecutive bytes.
 - then optionally ``s<stages>`` (default: as many as fit RING_BUDGET), ``w<warps>``
   (consumer warps, default 8) and ``g<ctas>`` (default: one per SM; never more than the
-  stages to read).
+  stages to read), and ``t``: each stage one TMA tensor copy of the same rows instead of a
+  copy per row, landing in wgmma's 128-byte swizzle (``r2048x16t``; the two-kernel layer
+  and each matrix alone, no one-kernel chains).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ DEFAULT_SHAPES = (
 DEFAULT_CONFIGS = ("r2048x16", "r2048x16s2", "r1024x16", "r4096x16", "c8192", "c32768")
 RING_BUDGET = 200 * 1024  # fp8_stream's rings fill about this much beside x
 MAX_DEFAULT_STAGES = 32
-_CONFIG = re.compile(r"^(?:r(\d+)x(\d+)|c(\d+))(?:s(\d+))?(?:w(\d+))?(?:g(\d+))?$")
+_CONFIG = re.compile(r"^(?:r(\d+)x(\d+)|c(\d+))(?:s(\d+))?(?:w(\d+))?(?:g(\d+))?(t)?$")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class ReadConfig:
     stages: int | None = None
     warps: int = 8
     ctas: int = hopper.SMS
+    tensor: bool = False  # 't': a stage is one TMA tensor copy of the same rows
 
 
 def parse_config(text: str) -> ReadConfig:
@@ -70,9 +73,11 @@ def parse_config(text: str) -> ReadConfig:
     if not m:
         raise ValueError(
             f"config must be r<copy>x<copies> or c<copy>, then optional s<stages> w<warps> "
-            f"g<ctas> (e.g. r2048x16s4, c32768), got {text!r}"
+            f"g<ctas> t (e.g. r2048x16s4, c32768, r2048x16t), got {text!r}"
         )
-    rows_copy, copies, run_copy, stages, warps, ctas = m.groups()
+    rows_copy, copies, run_copy, stages, warps, ctas, tensor = m.groups()
+    if tensor and not copies:
+        raise ValueError(f"config {text!r}: 't' (TMA tensor copies) takes row copies (r...)")
     return ReadConfig(
         text=text,
         copy_bytes=int(rows_copy or run_copy),
@@ -80,6 +85,7 @@ def parse_config(text: str) -> ReadConfig:
         stages=int(stages) if stages else None,
         warps=int(warps) if warps else 8,
         ctas=int(ctas) if ctas else hopper.SMS,
+        tensor=bool(tensor),
     )
 
 
@@ -125,7 +131,7 @@ def read_params(
         stages = max(1, min(MAX_DEFAULT_STAGES, RING_BUDGET // slot))
     return ReadParams(
         nbytes=nbytes, row_bytes=row_bytes, copy_bytes=copy, copies=copies, stages=stages,
-        warps=config.warps, ctas=min(config.ctas, units), **extra,
+        warps=config.warps, ctas=min(config.ctas, units), tensor=config.tensor, **extra,
     )  # fmt: skip
 
 
@@ -142,6 +148,8 @@ def chains(config: ReadConfig, hidden: int, inter: int) -> dict[str, list[ReadPa
     gate_up, down = layer_reads(hidden, inter).values()
     first = read_params(config, *gate_up)
     second = read_params(config, *down)
+    if config.tensor:  # one phase per kernel
+        return {"gate_up": [first], "down": [second], "layer": [first, second]}
     return {
         "gate_up": [first],
         "down": [second],
@@ -184,6 +192,16 @@ def xor_words(t: Any) -> int:
         half = words.numel() // 2
         words = words[:half] ^ words[half:]
     return int(words.item())
+
+
+def _tensor_map(params: ReadParams, buf: Any) -> tuple:  # pragma: no cover - GPU only
+    """(the buffer's tensor map,) for a ``tensor`` kernel, () otherwise."""
+    if not params.tensor:
+        return ()
+    from mlpjit.kernels.tensor_map import weight_block_map
+
+    matrix = buf.view(-1, params.row_bytes)
+    return (weight_block_map(matrix, params.copies, params.copy_bytes // 128),)
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover - GPU only
@@ -229,11 +247,16 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                 ]  # fmt: skip
                 outs = [torch.zeros(p.out_words, dtype=torch.int32, device=device)
                         for p in kernels_params]  # fmt: skip
+                args_of = [
+                    [(buf,) + _tensor_map(p, buf) for p, buf in zip(kernels_params, layer,
+                                                                     strict=True)]
+                    for layer in bufs
+                ]  # fmt: skip
 
-                def chain(bufs=bufs, outs=outs, kernels=kernels):
-                    for layer in bufs:
-                        for kernel, out, buf in zip(kernels, outs, layer, strict=True):
-                            kernel.launch((out, buf))
+                def chain(args_of=args_of, outs=outs, kernels=kernels):
+                    for layer in args_of:
+                        for kernel, out, args in zip(kernels, outs, layer, strict=True):
+                            kernel.launch((out, *args))
 
                 chain()
                 torch.cuda.synchronize()

@@ -616,27 +616,32 @@ def mma_m16n8k32_e4m3(a: tuple, b: tuple, c: tuple, *, loc=None, ip=None) -> tup
 
 @dsl_user_op
 def wgmma_k32_e4m3(
-    a: tuple, b_desc: Int64, c: tuple, accumulate: bool, *, loc=None, ip=None
+    a: tuple | Int64, b_desc: Int64, c: tuple, accumulate: bool, *, loc=None, ip=None
 ) -> tuple:
-    """wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3 {d..}, {a0..a3}, b_desc, p;
-    with N = 2 len(c) (8, 16 or 32): the warpgroup's 64 x N product of A in registers (this
-    warp's 16 rows) and B by a shared-memory descriptor; ``accumulate`` False ignores c.
-    Issue between wgmma_fence and wgmma_commit; the result is valid after wgmma_wait."""
+    """wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3 {d..}, a, b_desc, p;
+    with N = 2 len(c) (8, 16 or 32): the warpgroup's 64 x N product of A and B (K-major, by
+    a shared-memory descriptor); A is four registers (a tuple: this warp's 16 rows in
+    mma.sync's m16n8k32 fragment) or a shared-memory descriptor too (an Int64).
+    ``accumulate`` False ignores c. Issue between wgmma_fence and wgmma_commit; the result
+    is valid after wgmma_wait."""
     outs = len(c)
     if outs not in (4, 8, 16):
         raise ValueError(f"wgmma_k32_e4m3 takes 4, 8 or 16 accumulators (N 8-32), got {outs}")
-    ins = [(_I32, v) for v in a] + [(_I64, b_desc)] + [(_F32, v) for v in c]
+    a_regs = isinstance(a, tuple)
+    a_ins = [(_I32, v) for v in a] if a_regs else [(_I64, a)]
+    ins = a_ins + [(_I64, b_desc)] + [(_F32, v) for v in c]
     scale_d = 1 if accumulate else 0
     d = ", ".join(f"${i}" for i in range(outs))
-    a_regs = ", ".join(f"${outs + i}" for i in range(4))
+    a_operand = "{" + ", ".join(f"${outs + i}" for i in range(4)) + "}" if a_regs else f"${outs}"
+    a_constraints = ["r"] * 4 if a_regs else ["l"]
     return _asm(
         [_F32] * outs,
         ins,
         "{\n.reg .pred p;\n"
         f"setp.ne.b32 p, {scale_d}, 0;\n"
         f"wgmma.mma_async.sync.aligned.m64n{2 * outs}k32.f32.e4m3.e4m3 "
-        f"{{{d}}}, {{{a_regs}}}, ${outs + 4}, p, 1, 1;\n}}",
-        ",".join(["=f"] * outs + ["r"] * 4 + ["l"] + [str(i) for i in range(outs)]),
+        f"{{{d}}}, {a_operand}, ${outs + len(a_ins)}, p, 1, 1;\n}}",
+        ",".join(["=f"] * outs + a_constraints + ["l"] + [str(i) for i in range(outs)]),
         side_effects=True,
         loc=loc,
         ip=ip,
@@ -1002,6 +1007,29 @@ def cp_async_bulk_g2s(
         [(_I32, smem), (_I64, gmem), (_I32, nbytes), (_I32, mbar)],
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
         "r,l,r,r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def cp_async_bulk_tensor_3d_g2s(
+    smem: Int32, tensor_map: Int64, c0: Int32, c1: Int32, c2: Int32, mbar: Int32, *, loc=None,
+    ip=None,
+) -> None:  # fmt: skip
+    """cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+    [s], [map, {c0, c1, c2}], [mbar];
+
+    One thread copies the box of the tensor map (a 64-byte aligned map in global memory) at
+    coordinates (c0, c1, c2), innermost first, into shared memory (1 KB aligned for the
+    128-byte swizzle); the mbarrier's transaction count falls by the box's bytes."""
+    _asm(
+        [],
+        [(_I32, smem), (_I64, tensor_map), (_I32, c0), (_I32, c1), (_I32, c2), (_I32, mbar)],
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+        "[$0], [$1, {$2, $3, $4}], [$5];",
+        "r,l,r,r,r,r,~{memory}",
         side_effects=True,
         loc=loc,
         ip=ip,

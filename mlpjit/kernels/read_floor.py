@@ -23,9 +23,15 @@ the consumers wait, between the phases, until every CTA's consumers are done wit
 (an arrival count in global memory, as a layer's down waits for all of act), which the
 producer never waits for.
 
+With ``tensor`` a stage is one TMA tensor copy instead (the same rows and bytes: a box of
+128 bytes x ``copies`` rows x ``copy_bytes`` / 128 K blocks through the map of
+mlpjit.kernels.tensor_map.weight_block_map, landing with the 128-byte swizzle that wgmma
+reads A in): whether the copies a descriptor-fed wgmma needs stream as fast as row copies.
+
 Kernel parameters: ``out`` (int32 [ctas * warps * 32 + 1]: each consumer thread's XOR, then
-the barrier's arrival count, which only ever grows: no reset between launches) and ``buf``
-(the bytes; 16-byte aligned).
+the barrier's arrival count, which only ever grows: no reset between launches), ``buf``
+(the bytes; 16-byte aligned) and, with ``tensor``, ``map`` (the buffer's tensor map, as
+rows of ``row_bytes``).
 
 Nothing here is imported by ``import mlpjit``; mlpjit.bench.read_floor imports it to
 register the kernel.
@@ -38,10 +44,12 @@ from typing import Any
 from mlpjit.jit.binary import KernelBinary, KernelParam
 from mlpjit.jit.spec import KernelSpec, register
 from mlpjit.kernels import hopper
+from mlpjit.kernels.tensor_map import MAP_BYTES
 
 __all__ = ["PARAMS", "SPEC", "ReadParams", "compile_cubin"]
 
 PARAMS = (KernelParam("out", "ptr"), KernelParam("buf", "ptr"))
+TENSOR_PARAMS = (*PARAMS, KernelParam("map", "ptr"))
 MAX_BYTES = 1 << 31
 MAX_COPY = 1 << 16
 MAX_COPIES = 32
@@ -74,6 +82,7 @@ class ReadParams:
     then_row_bytes: int = 0
     then_copy_bytes: int = 0
     barrier: bool = False
+    tensor: bool = False  # a stage is one TMA tensor copy (128-byte swizzle), not row copies
 
     def __post_init__(self) -> None:
         _check_int("nbytes", self.nbytes, 16, MAX_BYTES)
@@ -83,6 +92,15 @@ class ReadParams:
         _check_int("ctas", self.ctas, 1, 1 << 16)
         if type(self.barrier) is not bool:
             raise ValueError(f"read_floor param barrier must be a bool, got {self.barrier!r}")
+        if type(self.tensor) is not bool:
+            raise ValueError(f"read_floor param tensor must be a bool, got {self.tensor!r}")
+        if self.tensor and (self.then_nbytes or self.copy_bytes % 128 or self.copies % 8):
+            raise ValueError(
+                "read_floor param tensor takes one phase of copies of whole swizzle atoms "
+                f"(copies a multiple of 8, copy_bytes of 128), got copies={self.copies}, "
+                f"copy_bytes="
+                f"{self.copy_bytes}, then_nbytes={self.then_nbytes}"
+            )
         if self.then_nbytes == 0:
             if self.then_row_bytes or self.then_copy_bytes or self.barrier:
                 raise ValueError(
@@ -207,6 +225,14 @@ def _program(params: ReadParams) -> Any:
 
     @cute.kernel
     def kernel(m_out: cute.Tensor, m_buf: cute.Tensor):
+        body(m_out, m_buf, Int64(0))
+
+    @cute.kernel
+    def tensor_kernel(m_out: cute.Tensor, m_buf: cute.Tensor, m_map: cute.Tensor):
+        body(m_out, m_buf, Int64(m_map.iterator.toint()))
+
+    @cute.jit
+    def body(m_out: cute.Tensor, m_buf: cute.Tensor, g_map: Int64):
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         warp = tid >> 5
@@ -237,7 +263,18 @@ def _program(params: ReadParams) -> Any:
                             full_bar(s_base, slot), Int32(P.copies * copy)
                         )
                     cute.arch.sync_warp()
-                    if lane < P.copies:
+                    if cutlass.const_expr(P.tensor):
+                        if lane == 0:
+                            tile = u // chunks
+                            ptx.cp_async_bulk_tensor_3d_g2s(
+                                s_ring + slot * P.stage_bytes,
+                                g_map,
+                                Int32(0),
+                                tile * P.copies,
+                                (u - tile * chunks) * (copy // 128),
+                                full_bar(s_base, slot),
+                            )
+                    elif lane < P.copies:
                         tile = u // chunks
                         src = (
                             Int64(base)
@@ -299,7 +336,17 @@ def _program(params: ReadParams) -> Any:
             use_pdl=True,
         )
 
-    return launch
+    @cute.jit
+    def tensor_launch(m_out: cute.Tensor, m_buf: cute.Tensor, m_map: cute.Tensor, stream: Any):
+        tensor_kernel(m_out, m_buf, m_map).launch(
+            grid=[P.ctas, 1, 1],
+            block=[P.threads, 1, 1],
+            smem=P.smem_bytes,
+            stream=stream,
+            use_pdl=True,
+        )
+
+    return tensor_launch if P.tensor else launch
 
 
 def compile_cubin(params: ReadParams, arch: str) -> KernelBinary:
@@ -312,7 +359,10 @@ def compile_cubin(params: ReadParams, arch: str) -> KernelBinary:
     m_out = row_major_tensor(cutlass.Int32, (params.out_words,))
     m_buf = row_major_tensor(cutlass.Uint8, (params.total_bytes,))
     stream = cute.runtime.make_fake_stream()
-    cubin, symbol = compile_to_cubin(_program(params), m_out, m_buf, stream, arch=arch)
+    tensors = [m_out, m_buf]
+    if params.tensor:
+        tensors.append(row_major_tensor(cutlass.Uint8, (MAP_BYTES,)))
+    cubin, symbol = compile_to_cubin(_program(params), *tensors, stream, arch=arch)
     return KernelBinary(
         cubin=cubin,
         symbol=symbol,
@@ -320,5 +370,5 @@ def compile_cubin(params: ReadParams, arch: str) -> KernelBinary:
         block=(params.threads, 1, 1),
         smem_bytes=params.smem_bytes,
         pdl=True,
-        params=PARAMS,
+        params=TENSOR_PARAMS if params.tensor else PARAMS,
     )

@@ -26,10 +26,27 @@ from typing import Any
 
 from mlpjit.jit.binary import KernelBinary, KernelParam
 from mlpjit.jit.spec import KernelSpec, register
+from mlpjit.kernels.tensor_map import MAP_BYTES
 
-__all__ = ["PARAMS", "SPEC", "ProbeParams", "b_offset", "compile_cubin", "descriptor"]
+__all__ = [
+    "A_SOURCES",
+    "PARAMS",
+    "SPEC",
+    "ProbeParams",
+    "a_descriptor",
+    "b_offset",
+    "compile_cubin",
+    "descriptor",
+]
 
 PARAMS = (KernelParam("out", "ptr"), KernelParam("a", "ptr"), KernelParam("b", "ptr"))
+# "tma": A by descriptor from a TMA tensor copy with the 128-byte swizzle (one more kernel
+# parameter: the tensor map, mlpjit.kernels.tensor_map.weight_block_map(a, 16, 4))
+A_SOURCES = ("registers", "tma")
+TMA_PARAMS = (*PARAMS, KernelParam("a_map", "ptr"))
+TMA_TILE_ROWS = 16  # tma: a is one 16-row tile of four 128-K blocks, A's 64 rows block-major
+TMA_BLOCKS = 4
+SWIZZLE_ATOM = 1024  # 8 rows x 128 bytes: the 128-byte swizzle's period
 ROWS = 64  # wgmma's M: four warps of 16 rows
 GROUP = 8  # B rows (tokens) of one core matrix
 NS = (8, 16, 32)  # wgmma's N here
@@ -40,10 +57,12 @@ MAX_K = 256
 
 @dataclass(frozen=True)
 class ProbeParams:
-    """k: the K of a and b; n: b's rows (wgmma's N)."""
+    """k: the K of a and b; n: b's rows (wgmma's N); a_from: where A comes from (A_SOURCES;
+    "tma" takes k = 128: a is [16, 512], A's row 16 j + r is a's row r, K block j)."""
 
     k: int
     n: int = 8
+    a_from: str = "registers"
 
     def __post_init__(self) -> None:
         if type(self.k) is not int or not STEP <= self.k <= MAX_K or self.k % STEP:
@@ -55,6 +74,13 @@ class ProbeParams:
             raise ValueError(
                 f"wgmma_probe param n must be one of {', '.join(map(str, NS))}, got {self.n!r}"
             )
+        if not isinstance(self.a_from, str) or self.a_from not in A_SOURCES:
+            raise ValueError(
+                f"wgmma_probe param a_from must be one of {', '.join(A_SOURCES)}, got "
+                f"{self.a_from!r}"
+            )
+        if self.a_from == "tma" and self.k != 128:
+            raise ValueError(f"wgmma_probe param k must be 128 with a_from='tma', got {self.k}")
 
     @property
     def steps(self) -> int:
@@ -66,8 +92,24 @@ class ProbeParams:
         return self.steps * 2 * CORE
 
     @property
-    def smem_bytes(self) -> int:
+    def b_bytes(self) -> int:
         return self.n // GROUP * self.group_bytes
+
+    @property
+    def smem_bytes(self) -> int:
+        """B, then (tma) A's four swizzled blocks and the copy's mbarrier."""
+        if self.a_from == "tma":
+            return self.a_offset + ROWS * self.k + 8
+        return self.b_bytes
+
+    @property
+    def a_offset(self) -> int:
+        """tma: where A starts in shared memory (after B, at a swizzle atom)."""
+        return -(-self.b_bytes // SWIZZLE_ATOM) * SWIZZLE_ATOM
+
+    @property
+    def params(self) -> tuple:
+        return TMA_PARAMS if self.a_from == "tma" else PARAMS
 
 
 def descriptor(smem_address: int, group_bytes: int) -> int:
@@ -77,6 +119,16 @@ def descriptor(smem_address: int, group_bytes: int) -> int:
     address into ``descriptor(0, group_bytes)``."""
     return (
         ((smem_address >> 4) & 0x3FFF) | ((CORE >> 4) << 16) | ((group_bytes >> 4) << 32)
+    )
+
+
+def a_descriptor(smem_address: int) -> int:
+    """The 64-bit wgmma descriptor of a 32-K step of A (K-major, 128-byte swizzle) at
+    ``smem_address``: the start address (a 1 KB atom's start plus the step's 32-byte
+    offset), leading-byte offset 16 (unused by swizzled K-major layouts), stride-byte offset
+    one atom (the next 8 rows), layout type 1 (128-byte swizzle)."""
+    return (
+        ((smem_address >> 4) & 0x3FFF) | (1 << 16) | ((SWIZZLE_ATOM >> 4) << 32) | (1 << 62)
     )
 
 
@@ -102,7 +154,7 @@ SPEC = register(
 def _program(params: ProbeParams) -> Any:
     import cutlass
     import cutlass.cute as cute
-    from cutlass import Float32, Int64
+    from cutlass import Float32, Int32, Int64
 
     from mlpjit.kernels import ptx
 
@@ -121,16 +173,7 @@ def _program(params: ProbeParams) -> Any:
         smem = cutlass.memory.SmemAllocator()
         s_b = smem.allocate(P.smem_bytes, byte_alignment=128).toint()
         g_a = Int64(m_a.iterator.toint())
-        g_b = Int64(m_b.iterator.toint())
-        # B into the core-matrix layout, 16 bytes per thread and pass.
-        for c in cutlass.range(tid, N * (K // 16), 128, unroll=1):
-            n = c // (K // 16)
-            kc = c - n * (K // 16)
-            v = ptx.ld_global_v4(g_b + Int64(n * K + kc * 16))
-            # b_offset(n, 16 kc, GB)
-            dst = s_b + (n >> 3) * GB + (kc // 2) * (2 * CORE) + (kc % 2) * CORE + (n & 7) * 16
-            ptx.st_shared_v4(dst, v[0], v[1], v[2], v[3])
-        ptx.fence_proxy_async_shared()
+        store_b(Int64(m_b.iterator.toint()), s_b, tid)
         cute.arch.sync_threads()
         # A: mma.sync's m16n8k32 fragment of this warp's 16 rows, every step, before the
         # first wgmma (a register written after wgmma_fence would need another fence).
@@ -151,9 +194,24 @@ def _program(params: ProbeParams) -> Any:
             acc = ptx.wgmma_k32_e4m3(tuple(frags[s]), desc, acc, s > 0)
         ptx.wgmma_commit()
         ptx.wgmma_wait()
-        # D: rows 16 w + lane / 4 (d[4j], d[4j + 1]) and + 8 (d[4j + 2], d[4j + 3]), tokens
-        # 8 j + 2 (lane % 4) and + 1.
-        r0 = warp * 16 + g
+        store_d(m_out, acc, warp * 16 + g, q)
+
+    @cute.jit
+    def store_b(g_b: Int64, s_b: Int32, tid: Int32):
+        """B into the core-matrix layout, 16 bytes per thread and pass."""
+        for c in cutlass.range(tid, N * (K // 16), 128, unroll=1):
+            n = c // (K // 16)
+            kc = c - n * (K // 16)
+            v = ptx.ld_global_v4(g_b + Int64(n * K + kc * 16))
+            # b_offset(n, 16 kc, GB)
+            dst = s_b + (n >> 3) * GB + (kc // 2) * (2 * CORE) + (kc % 2) * CORE + (n & 7) * 16
+            ptx.st_shared_v4(dst, v[0], v[1], v[2], v[3])
+        ptx.fence_proxy_async_shared()
+
+    @cute.jit
+    def store_d(m_out: cute.Tensor, acc, r0: Int32, q: Int32):
+        """D: rows r0 = 16 w + lane / 4 (d[4j], d[4j + 1]) and + 8 (d[4j + 2], d[4j + 3]),
+        tokens 8 j + 2 (lane % 4) and + 1."""
         for i in cutlass.range_constexpr(N // 2):
             row = r0 + ((i // 2) % 2) * 8
             m_out[row * N + (i // 4) * 8 + q * 2 + i % 2] = acc[i]
@@ -164,7 +222,49 @@ def _program(params: ProbeParams) -> Any:
             grid=[1, 1, 1], block=[128, 1, 1], smem=P.smem_bytes, stream=stream
         )
 
-    return launch
+    @cute.kernel
+    def tma_kernel(m_out: cute.Tensor, m_a: cute.Tensor, m_b: cute.Tensor, m_map: cute.Tensor):
+        tid, _, _ = cute.arch.thread_idx()
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        q = lane & 3
+        smem = cutlass.memory.SmemAllocator()
+        s_b = smem.allocate(P.smem_bytes, byte_alignment=SWIZZLE_ATOM).toint()
+        s_a = s_b + P.a_offset
+        bar = s_a + ROWS * K
+        if tid == 0:
+            ptx.mbarrier_init(bar, 1)
+            ptx.fence_mbarrier_init()
+        cute.arch.sync_threads()
+        if tid == 0:
+            # A: a's four K blocks of its 16 rows, block-major, each row's 128 bytes swizzled
+            ptx.mbarrier_arrive_expect_tx(bar, ROWS * K)
+            ptx.cp_async_bulk_tensor_3d_g2s(
+                s_a, Int64(m_map.iterator.toint()), Int32(0), Int32(0), Int32(0), bar
+            )
+        store_b(Int64(m_b.iterator.toint()), s_b, tid)
+        cute.arch.sync_threads()
+        ptx.mbarrier_wait(bar, Int32(0))
+        acc = tuple(Float32(0.0) for _ in range(N // 2))
+        ptx.wgmma_fence()
+        for s in cutlass.range_constexpr(P.steps):
+            a_desc = Int64(((s_a + s * STEP) >> 4) & 0x3FFF) | Int64(a_descriptor(0))
+            b_desc = Int64(((s_b + s * 2 * CORE) >> 4) & 0x3FFF) | Int64(descriptor(0, GB))
+            acc = ptx.wgmma_k32_e4m3(a_desc, b_desc, acc, s > 0)
+        ptx.wgmma_commit()
+        ptx.wgmma_wait()
+        store_d(m_out, acc, warp * 16 + g, q)
+
+    @cute.jit
+    def tma_launch(
+        m_out: cute.Tensor, m_a: cute.Tensor, m_b: cute.Tensor, m_map: cute.Tensor, stream: Any
+    ):
+        tma_kernel(m_out, m_a, m_b, m_map).launch(
+            grid=[1, 1, 1], block=[128, 1, 1], smem=P.smem_bytes, stream=stream
+        )
+
+    return tma_launch if P.a_from == "tma" else launch
 
 
 def compile_cubin(params: ProbeParams, arch: str) -> KernelBinary:
@@ -178,7 +278,10 @@ def compile_cubin(params: ProbeParams, arch: str) -> KernelBinary:
     m_a = row_major_tensor(cutlass.Uint8, (ROWS * params.k,))
     m_b = row_major_tensor(cutlass.Uint8, (params.n * params.k,))
     stream = cute.runtime.make_fake_stream()
-    cubin, symbol = compile_to_cubin(_program(params), m_out, m_a, m_b, stream, arch=arch)
+    tensors = [m_out, m_a, m_b]
+    if params.a_from == "tma":
+        tensors.append(row_major_tensor(cutlass.Uint8, (MAP_BYTES,)))
+    cubin, symbol = compile_to_cubin(_program(params), *tensors, stream, arch=arch)
     return KernelBinary(
         cubin=cubin,
         symbol=symbol,
@@ -186,5 +289,5 @@ def compile_cubin(params: ProbeParams, arch: str) -> KernelBinary:
         block=(128, 1, 1),
         smem_bytes=params.smem_bytes,
         pdl=False,
-        params=PARAMS,
+        params=params.params,
     )

@@ -1,7 +1,8 @@
 """read_floor on the GPU: every byte of the buffer read once (the XOR of the words the
 consumer threads read equals the buffer's), in row and contiguous stages, rings that wrap
 many times, CTA counts that do not divide the stages, four consumer warps, two phases with
-and without the grid-wide barrier, in PDL chains launched twice."""
+and without the grid-wide barrier, stages of one TMA tensor copy (the XOR does not see the
+swizzle), in PDL chains launched twice."""
 
 from __future__ import annotations
 
@@ -48,6 +49,13 @@ CASES = {
     "few_warps": dict(
         nbytes=512 * 2048, row_bytes=2048, copy_bytes=1024, copies=8, stages=3, warps=4, ctas=127
     ),  # fmt: skip
+    "tensor_rows": dict(
+        nbytes=3072 * 6144, row_bytes=6144, copy_bytes=2048, copies=16, stages=6, tensor=True
+    ),  # fmt: skip
+    "tensor_short_rows": dict(
+        nbytes=7168 * 256, row_bytes=256, copy_bytes=256, copies=8, stages=3, ctas=131,
+        tensor=True,
+    ),  # fmt: skip
 }
 
 
@@ -81,9 +89,15 @@ def test_every_byte_is_read_once(case) -> None:
             for _ in bufs]  # fmt: skip
     for out in outs:
         out[-1] = 0  # the barrier's arrival count
+    maps = [()] * len(bufs)
+    if params.tensor:
+        from mlpjit.kernels.tensor_map import weight_block_map
+
+        box = (params.copies, params.copy_bytes // 128)
+        maps = [(weight_block_map(b.view(-1, params.row_bytes), *box),) for b in bufs]
     for _ in range(2):  # the count only grows: a second round meets at the next multiple
-        for out, buf in zip(outs, bufs, strict=True):  # a PDL chain of three launches
-            kernel.launch((out, buf))
+        for out, buf, tmap in zip(outs, bufs, maps, strict=True):  # a PDL chain of three
+            kernel.launch((out, buf, *tmap))
     torch.cuda.synchronize()
     for out, buf in zip(outs, bufs, strict=True):
         assert xor_words(out[:-1].view(torch.uint8)) == xor_words(buf)
