@@ -13,6 +13,7 @@ from mlpjit.kernels.fp8_stream.params import (
     MAX_WARPS,
     TILE_ROWS,
     TRACE_POINTS,
+    X_BLOCK_BYTES,
     StreamParams,
     workspace_bytes,
 )
@@ -45,6 +46,8 @@ BASE = dict(rows=3072, k=6144, tokens=8, swiglu=True, limit=None, ue8m0=True)
         (dict(ablate="w"), "ablate must be one of '', 'x', 'mma', 'x\\+mma', got 'w'"),
         (dict(ablate=None), "ablate must be one of .* got None"),
         (dict(ablate="x", share_x=True, cluster=2), "ablate='x' needs share_x=False"),
+        (dict(tma=1), "tma must be a bool"),
+        (dict(tma=True, warps=6), "tma needs warps a multiple of 4 .* got 6"),
     ],
 )
 def test_params_refuse_what_the_kernel_cannot_take(change, message) -> None:
@@ -196,6 +199,38 @@ def test_shared_x_is_quantized_once_per_cluster(tokens, cluster) -> None:
     assert shared.smem_x_bar == shared.smem_split_bar + 8 < shared.smem_bytes
     assert shared.smem_bytes - alone.smem_bytes >= tokens * (56 - alone.x_blocks_max) * BLOCK
     assert "share_x" not in SPEC.key_params(alone) and SPEC.key_params(shared)["share_x"]
+
+
+@pytest.mark.parametrize("share_x", [False, True])
+def test_tma_x_holds_core_matrix_blocks_and_the_first_three_again(share_x: bool) -> None:
+    # GLM-5 TP 8 gate_up (48 K blocks), 1 token: every K block of x is 8 tokens x 128 bytes
+    # (wgmma's B rows), and a range that wraps past K holds its first three blocks again.
+    base = dict(BASE, tokens=1, stages=3, cluster=2, share_x=share_x)
+    plain = StreamParams(**base)
+    tma = StreamParams(**base, tma=True)
+    assert plain.max_blocks_per_cta == tma.max_blocks_per_cta == 72  # 3 tiles per cluster
+    assert tma.x_blocks_max == 48 + 3 and tma.x_slots == 48 + 3
+    assert tma.x_bytes == 51 * X_BLOCK_BYTES and plain.x_bytes == 1 * plain.x_row
+    assert tma.x_chunks == -(-51 // (2 if share_x else 1))
+    # the ring: unpadded 2 KB blocks from a 1 KB boundary (the swizzle's atom)
+    assert tma.stage_bytes == 4 * 2048 and tma.smem_ring % 1024 == 0  # 4 warps x 1 block
+    assert tma.kernel_args == (*plain.kernel_args, "w_map") and tma.tma_box_rows == 8
+    # A range under one tile holds its own blocks and room for three past its end.
+    small = StreamParams(**dict(BASE, rows=512, k=7168, tokens=8, stages=3, cluster=8,
+                                tma=True, swiglu=False))  # fmt: skip
+    assert small.max_blocks_per_cta == 21  # 2 tiles per cluster of 8 (15 clusters)
+    assert small.x_blocks_max == 21 and small.x_slots == 24 and small.tma_box_rows == 16
+    assert SPEC.key_params(tma)["tma"] is True and "tma" not in SPEC.key_params(plain)
+
+
+def test_tma_stage_shape_takes_whole_warpgroups() -> None:
+    for blocks in range(1, 200):
+        warps, per_warp = plan.stage_shape(blocks * BLOCK, whole_warpgroups=True)
+        assert warps % 4 == 0 and warps * per_warp <= max(16, plan.WHOLE_TILE_STAGE_MAX)
+    assert plan.stage_shape(12 * BLOCK, whole_warpgroups=True) == (12, 1)
+    assert plan.stage_shape(13 * BLOCK, whole_warpgroups=True) == (8, 2)
+    p = plan.stream_params(3072, 1664, 8, swiglu=False, limit=None, ue8m0=True, tma=True)
+    assert (p.warps, p.blocks_per_warp, p.tma) == (8, 2, True)
 
 
 def test_choose_cluster_takes_the_busiest_cta_with_fewest_blocks() -> None:

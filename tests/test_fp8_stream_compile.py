@@ -7,6 +7,7 @@ fence or atomic there, no spills) and its parameters match the launcher's list."
 from __future__ import annotations
 
 import functools
+import re
 from collections import Counter
 
 import pytest
@@ -133,3 +134,31 @@ def test_ablated_builds_leave_out_only_their_part(tokens) -> None:
     quantized = [op for op in counts[""] if op.startswith("F2FP.SATFINITE.E4M3")]
     assert quantized and not any(counts["x"][op] for op in quantized)
     assert all(counts["mma"][op] for op in quantized)
+
+
+@pytest.mark.parametrize(
+    ("rows", "k", "tokens", "options"),
+    [
+        (3072, 6144, 1, dict(cluster=0)),
+        (3072, 6144, 8, dict(cluster=2, share_x=True)),
+        (1152, 896, 3, dict(warps=4, blocks_per_warp=3)),  # stages over three 7-block tiles
+    ],
+)
+def test_tma_builds_copy_by_tensor_maps_and_multiply_by_wgmma(rows, k, tokens, options) -> None:
+    """tma: the producer's tensor copies (two per block with SwiGLU: gate and up rows)
+    instead of row copies, still before the PDL wait; one QGMMA.64x32x32 with A by
+    descriptor per 32 K of each round a warpgroup takes, no emulated FP8 mma, one
+    warpgroup fence and wait per stage; a sixth pointer (the map); no spills."""
+    params, binary, f = _compiled(rows, k, tokens, tma=True, **options)
+    count = Counter(f.ops)
+    assert f.stack == 0 and f.local == 0, "spills"
+    assert count["UTMALDG.3D"] == 2 and "UBLKCP.S.G" not in count  # SwiGLU: gate and up
+    assert f.ops.index("UTMALDG.3D") < f.ops.index("ACQBULK")
+    assert count["QGMMA.64"] == 4 * params.blocks_per_warp
+    # A by descriptor: the accumulator, then the descriptor, no A registers between
+    by_descriptor = re.findall(r"QGMMA\.64x32x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[", f.sass)
+    assert len(by_descriptor) == 4 * params.blocks_per_warp
+    assert count["WARPGROUP.ARRIVE"] == 1 and count["WARPGROUP.DEPBAR.LE"] == 1
+    assert not any(op.startswith(("HMMA", "F2FP.F16.E4M3.UNPACK")) for op in count)
+    assert any(op.startswith("FENCE.VIEW.ASYNC.S") for op in count), "x: proxy fence"
+    assert [p.name for p in binary.params] == [*KERNEL_ARGS, "w_map"]

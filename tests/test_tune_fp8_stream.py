@@ -16,17 +16,18 @@ def tune():
 
 def test_variants_parse(tune) -> None:
     assert tune.parse_variant("gemv") is None
-    assert tune.parse_variant("16x0") == (16, 0, 1, 1, "", 0, False, "")
-    assert tune.parse_variant("8x3b2c2") == (8, 3, 2, 2, "", 0, False, "")
-    assert tune.parse_variant("8x0b2g") == (8, 0, 2, 1, "g", 0, False, "")
-    assert tune.parse_variant("8x0b2c1d") == (8, 0, 2, 1, "d", 0, False, "")
-    assert tune.parse_variant("8x0b2k2") == (8, 0, 2, 1, "", 2, False, "")
-    assert tune.parse_variant("8x0b2kad") == (8, 0, 2, 1, "d", tune.CLUSTER_AUTO, False, "")
-    assert tune.parse_variant("8x3b2k2s") == (8, 3, 2, 1, "", 2, True, "")
-    assert tune.parse_variant("8x0b2kasg") == (8, 0, 2, 1, "g", tune.CLUSTER_AUTO, True, "")
+    assert tune.parse_variant("16x0") == (16, 0, 1, 1, "", 0, False, "", False)
+    assert tune.parse_variant("8x3b2c2") == (8, 3, 2, 2, "", 0, False, "", False)
+    assert tune.parse_variant("8x0b2g") == (8, 0, 2, 1, "g", 0, False, "", False)
+    assert tune.parse_variant("8x0b2c1d") == (8, 0, 2, 1, "d", 0, False, "", False)
+    assert tune.parse_variant("8x0b2k2") == (8, 0, 2, 1, "", 2, False, "", False)
+    assert tune.parse_variant("8x0b2kad") == (8, 0, 2, 1, "d", tune.CLUSTER_AUTO, False, "", False)
+    assert tune.parse_variant("8x3b2k2s") == (8, 3, 2, 1, "", 2, True, "", False)
+    assert tune.parse_variant("8x0b2kasg") == (8, 0, 2, 1, "g", tune.CLUSTER_AUTO, True, "", False)
     auto = tune.CLUSTER_AUTO
-    assert tune.parse_variant("0x0ka-mma") == (0, 0, 0, 1, "", auto, False, "mma")
-    assert tune.parse_variant("8x0b2kad-x+mma") == (8, 0, 2, 1, "d", auto, False, "x+mma")
+    assert tune.parse_variant("0x0ka-mma") == (0, 0, 0, 1, "", auto, False, "mma", False)
+    assert tune.parse_variant("8x0b2kad-x+mma") == (8, 0, 2, 1, "d", auto, False, "x+mma", False)
+    assert tune.parse_variant("0x0kast").tma and tune.parse_variant("8x0b2tg").tma
     assert tune.parse_variant("g0") == ("g", 0)
     assert tune.parse_variant("d12") == ("d", 12)
     assert tune.parse_variant("L") == ("L", 0, 0, 0, 0)
@@ -45,11 +46,14 @@ def test_variants_parse(tune) -> None:
         "0x0c1ka-x",
         "8x0b2c1k2g-mma",
         "8x0b2c1-x+mma",
+        "0x0c1kat",
+        "8x3b2c1k2std-mma",
     ):
         assert tune.variant_label(tune.parse_variant(text)) == text
     bad_layers = ("L8", "L8b", "Lb1", "L8x1", "L8b1s3", "Ls3x4", "Lt")
     bad_streams = ("8x0gd", "8x0b2e", "8x0b2k", "8x0b2kb", "8x0b2dk2", "8x0b2s", "8x0b2k2sd2",
-                   "8x0-m", "8x0b2-x-mma", "8x0b2-mma+x", "8x0b2-xg")  # fmt: skip
+                   "8x0-m", "8x0b2-x-mma", "8x0b2-mma+x", "8x0b2-xg", "8x0b2gt",
+                   "8x0b2tt")  # fmt: skip
     for bad in ("", "16", "x4", "8x0b", "8x0c2b2", "gemv2", "g", "x1", *bad_streams, *bad_layers):
         with pytest.raises(ValueError, match="variant must be"):
             tune.parse_variant(bad)
@@ -164,6 +168,15 @@ def test_cluster_variants_request_the_cluster_form(tune) -> None:
     assert plan.choose_cluster(5632, 6144) == 1
     shared = tune.layer_requests(6144, 2816, 8, tune.parse_variant("8x0b2kas"))
     assert [(r.params["cluster"], r.params["share_x"]) for r in shared] == [(2, True), (2, True)]
+
+
+def test_tma_variants_reach_the_stream_requests_only(tune) -> None:
+    plain = tune.layer_requests(6144, 1536, 1, tune.parse_variant("0x0ka"))
+    assert all("tma" not in r.params for r in plain)
+    both = tune.layer_requests(6144, 1536, 1, tune.parse_variant("0x0kat"))
+    assert [r.params["tma"] for r in both] == [True, True]
+    down = tune.layer_requests(6144, 1536, 1, tune.parse_variant("0x0katd"))
+    assert down[0].kernel == "fp8_gemv" and down[1].params["tma"] is True
 
 
 def test_ablated_variants_reach_the_stream_requests_only(tune) -> None:

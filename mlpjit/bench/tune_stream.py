@@ -32,7 +32,7 @@ DEFAULT_SHAPES = (
 
 
 _VARIANT = re.compile(
-    r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?(?:k(\d|a)(s)?)?([gd])?(?:-(x|mma|x\+mma))?$"
+    r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?(?:k(\d|a)(s)?)?(t)?([gd])?(?:-(x|mma|x\+mma))?$"
 )
 CLUSTER_AUTO = -1  # a WxR variant's 'ka': fp8_stream's planner chooses the cluster size
 
@@ -48,6 +48,7 @@ class StreamVariant(NamedTuple):
     cluster: int  # 0 the grid-wide form, CLUSTER_AUTO the planner's cluster size
     share_x: bool
     ablate: str
+    tma: bool = False
 
 _ALTERNATIVE = re.compile(r"^([gd])(\d+)$")
 _LAYER = re.compile(r"^L(?:(\d+)b(\d)(?:s(\d+)x(\d+))?)?$")
@@ -67,9 +68,10 @@ def parse_variant(text: str) -> tuple | None:
     ('8x0b2g', '8x0b2d') takes fp8_stream for that half only (gate_up or down) and
     fp8_gemv's planned kernel for the other; 'kN' before it takes fp8_stream's cluster form
     with clusters of N CTAs ('ka': the size choose_cluster picks), and 'kNs' / 'kas' with x
-    quantized once per cluster (share_x; 'kas': clusters of at least 2); a trailing '-x',
-    '-mma' or '-x+mma' compiles fp8_stream with that part of the work left out (ablate:
-    '0x0ka-mma'): a StreamVariant."""
+    quantized once per cluster (share_x; 'kas': clusters of at least 2); 't' before the half
+    takes TMA tensor copies and wgmma by descriptor ('0x0kat'; StreamParams.tma); a trailing
+    '-x', '-mma' or '-x+mma' compiles fp8_stream with that part of the work left out
+    (ablate: '0x0ka-mma'): a StreamVariant."""
     if text == "gemv":
         return None
     layer = _LAYER.match(text)
@@ -82,10 +84,10 @@ def parse_variant(text: str) -> tuple | None:
     if match is None:
         raise ValueError(
             f"variant must be 'gemv', gN, dN, L[WbB[sGxD]] or "
-            f"WxR[bB][cC][kN[s]|ka[s]][g|d][-x|-mma|-x+mma] (g0, L, L8b1s3x4, 16x0, 8x0b2c2, "
-            f"8x0b2k2, 8x0b2kad, 8x3b2k2s, 0x0ka-mma), got {text!r}"
+            f"WxR[bB][cC][kN[s]|ka[s]][t][g|d][-x|-mma|-x+mma] (g0, L, L8b1s3x4, 16x0, "
+            f"8x0b2c2, 8x0b2k2, 8x0b2kad, 8x3b2k2s, 0x0kat, 0x0ka-mma), got {text!r}"
         )
-    warps, stages, bpw, cps, cluster, share, half, ablate = match.groups()
+    warps, stages, bpw, cps, cluster, share, tma, half, ablate = match.groups()
     if warps == "0" and bpw:
         raise ValueError(f"variant {text!r}: 0 warps takes the planner's stage shape; drop b{bpw}")
     if share and cluster == "1":
@@ -101,7 +103,7 @@ def parse_variant(text: str) -> tuple | None:
     bpw = int(bpw or (0 if warps == "0" else 1))
     return StreamVariant(
         int(warps), int(stages), bpw, int(cps or 1), half or "", cluster, bool(share),
-        ablate or "",
+        ablate or "", bool(tma),
     )  # fmt: skip
 
 
@@ -115,7 +117,7 @@ def variant_label(variant: tuple | None) -> str:
         return f"{variant[0]}{variant[1]}"
     v = StreamVariant(*variant)
     kind = {0: "", CLUSTER_AUTO: "ka"}.get(v.cluster, f"k{v.cluster}")
-    kind += "s" if v.share_x else ""
+    kind += ("s" if v.share_x else "") + ("t" if v.tma else "")
     shape = f"b{v.blocks_per_warp}" if v.warps else ""
     left_out = f"-{v.ablate}" if v.ablate else ""
     return f"{v.warps}x{v.stages}{shape}c{v.ctas_per_sm}{kind}{v.half}{left_out}"
@@ -194,6 +196,7 @@ def layer_requests(
         blocks_per_warp=v.blocks_per_warp or None,
         ctas_per_sm=v.ctas_per_sm,
         ablate=v.ablate,
+        tma=v.tma,
     )
     requests = []
     for name, rows, k, swiglu in (("g", 2 * inter, hidden, True), ("d", hidden, inter, False)):
@@ -292,8 +295,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                         fused.launch([out, act, x, layer["w13"], layer["w13_scale"],
                                       layer["w2"], layer["w2_scale"], work])  # fmt: skip
                 else:
-                    launch = _pair_launcher(kernels, _streamed(variant), hidden, inter, x, act,
-                                            out)  # fmt: skip
+                    launch = _pair_launcher(kernels, reqs, _streamed(variant), hidden, inter, x,
+                                            act, out)  # fmt: skip
 
                 def chain(launch=launch, layers=layers):
                     for layer in layers:
@@ -334,23 +337,38 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
     return rows_out
 
 
-def _pair_launcher(kernels, streamed, hidden, inter, x, act, out):  # pragma: no cover
+def _pair_launcher(kernels, reqs, streamed, hidden, inter, x, act, out):  # pragma: no cover
     """One layer as two launches (fp8_gemv's or fp8_stream's gate_up, then down; streamed:
-    which of the two are fp8_stream's, with a workspace)."""
+    which of the two are fp8_stream's, with a workspace; tma builds take the weight's
+    tensor map too, made once per layer and kept in the layer's dict)."""
     import torch
 
-    from mlpjit.kernels.fp8_stream.params import workspace_bytes
+    from mlpjit.kernels.fp8_stream.params import StreamParams, workspace_bytes
+    from mlpjit.kernels.tensor_map import weight_block_map
 
     gate_up, down = kernels
     extra: tuple[list, list] = ([], [])
+    maps: list[tuple[str, int] | None] = [None, None]
     for half, (rows, k) in enumerate(((2 * inter, hidden), (hidden, inter))):
         if streamed[half]:
             nbytes = workspace_bytes(rows, k)
             extra[half].append(torch.zeros(nbytes, dtype=torch.uint8, device="cuda"))
+            params = StreamParams(**reqs[half].params)
+            if params.tma:
+                maps[half] = (("w13", "w2")[half], params.tma_box_rows)
+
+    def map_of(layer, half):
+        if maps[half] is None:
+            return []
+        name, box_rows = maps[half]
+        key = f"{name}_map{box_rows}"
+        if key not in layer:
+            layer[key] = weight_block_map(layer[name].view(torch.uint8), box_rows, 1)
+        return [layer[key]]
 
     def launch(layer):
-        gate_up.launch([act, x, layer["w13"], layer["w13_scale"], *extra[0]])
-        down.launch([out, act, layer["w2"], layer["w2_scale"], *extra[1]])
+        gate_up.launch([act, x, layer["w13"], layer["w13_scale"], *extra[0], *map_of(layer, 0)])
+        down.launch([out, act, layer["w2"], layer["w2_scale"], *extra[1], *map_of(layer, 1)])
 
     return launch
 

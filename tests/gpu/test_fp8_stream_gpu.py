@@ -50,10 +50,12 @@ CASES = (
 )  # fmt: skip
 
 
-# (shape, cluster): the grid-wide form and the cluster form (negative: with share_x)
-GRAPH_CASES = (("odd-24x13", 0), ("dsv3-shared-tp8-gate_up", 0), ("odd-24x13", 4),
-               ("dsv3-shared-tp8-gate_up", 8), ("odd-24x13", -2),
-               ("dsv3-shared-tp8-gate_up", -8))  # fmt: skip
+# (shape, cluster, tma): the grid-wide form and the cluster form (negative: with share_x),
+# with row copies and mma.sync or TMA copies and wgmma
+GRAPH_CASES = (("odd-24x13", 0, False), ("dsv3-shared-tp8-gate_up", 0, False),
+               ("odd-24x13", 4, False), ("dsv3-shared-tp8-gate_up", 8, False),
+               ("odd-24x13", -2, False), ("dsv3-shared-tp8-gate_up", -8, False),
+               ("odd-24x13", 0, True), ("prime-72x7", -4, True))  # fmt: skip
 # Two blocks per consumer warp and stage, and two CTAs per SM (knobs beside the default).
 KNOB_CASES = [
     (s, m, True, None, dict(warps=8, blocks_per_warp=2, ctas_per_sm=c))
@@ -110,20 +112,22 @@ def _request(shape: str, m: int, ue8m0: bool, limit: float | None, knobs=None, a
 def kernel_requests(arch: str = ARCH) -> list:
     """Every compile request of these tests (for warming a cache on a machine without GPU)."""
     seen = []
-    graph_cases = [_graph_case(s, c) for s, c in GRAPH_CASES]
-    for case in CASES + graph_cases + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES:
+    graph_cases = [_graph_case(*case) for case in GRAPH_CASES]
+    for case in ALL_CASES + graph_cases:
         r = _request(*case, arch=arch)
         if r not in seen:
             seen.append(r)
     return seen
 
 
-def _graph_case(shape: str, cluster: int):
+def _graph_case(shape: str, cluster: int, tma: bool):
     """cluster 0: the grid-wide form; > 0: the cluster form; < 0: clusters of -cluster with
     x quantized once per cluster."""
     knobs = dict(cluster=abs(cluster)) if cluster else {}
     if cluster < 0:
         knobs.update(share_x=True, stages=3)
+    if tma:
+        knobs.update(tma=True)
     return (shape, 4, True, None, knobs)
 
 
@@ -143,6 +147,17 @@ def _kernel(request):
     return load_kernel(default_manager().get(request), torch.device("cuda", 0))
 
 
+def _maps(request, w: torch.Tensor) -> list:
+    """[the weight's tensor map] for a tma build, [] otherwise."""
+    from mlpjit.kernels.fp8_stream.params import StreamParams
+    from mlpjit.kernels.tensor_map import weight_block_map
+
+    params = StreamParams(**request.params)
+    if not params.tma:
+        return []
+    return [weight_block_map(w.view(torch.uint8), params.tma_box_rows, 1)]
+
+
 def _workspace(shape: str) -> torch.Tensor:
     rows, k, _ = SHAPES[shape]
     return torch.zeros(workspace_bytes(rows, k), dtype=torch.uint8, device="cuda")
@@ -154,19 +169,43 @@ def _case_id(case) -> str:
     return f"{s}-t{m}-{'ue8m0' if u else 'f32'}-lim{lim}{extra}"
 
 
-ALL_CASES = CASES + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES
+# tma: the ring filled by TMA tensor copies (128-byte swizzle) and read by wgmma through a
+# descriptor, four warps' consecutive K blocks side by side (x in the core-matrix layout,
+# the first three blocks repeated past K): every shape at 1 and 8 tokens with the planner's
+# knobs (the cluster form), the grid-wide form (ranges inside one tile and over many),
+# shared x, both scale rules, the clamp, and stages over two and three tiles (4 x 3 over
+# 7-block tiles, 12 x 1).
+TMA = dict(tma=True)
+TMA_CASES = (
+    [(s, m, True, None, TMA) for s in SHAPES for m in (1, 8)]
+    + [(s, m, u, lim, dict(TMA, cluster=0)) for s, m, u, lim in (
+        ("odd-24x13", 3, False, None), ("prime-72x7", 8, True, None),
+        ("dsv3-shared-tp8-gate_up", 1, True, LIMIT), ("tiny-8x5", 5, True, None),
+        ("glm5-tp8-gate_up", 2, False, LIMIT))]
+    + [(s, m, u, lim, dict(TMA, cluster=c, share_x=True, stages=3)) for s, m, u, lim, c in (
+        ("odd-24x13", 3, True, None, 2), ("prime-72x7", 7, False, None, 4),
+        ("glm5-tp8-gate_up", 8, True, LIMIT, 2), ("dsv3-shared-tp8-gate_up", 6, True, None, 8),
+        ("dsv3-tp8-down", 8, False, None, 2))]
+    + [(s, m, True, None, dict(TMA, warps=w, blocks_per_warp=b)) for s, m, w, b in (
+        ("prime-72x7", 1, 4, 3), ("odd-24x13", 8, 4, 1), ("glm5-tp8-down", 4, 12, 1),
+        ("odd-swiglu-8x13", 2, 16, 1))]
+)  # fmt: skip
+
+ALL_CASES = CASES + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES + TMA_CASES
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=[_case_id(c) for c in ALL_CASES])
 def test_stream_matches_reference_and_repeats_bit_for_bit(case) -> None:
     shape, m, ue8m0, limit, *knobs = case
     swiglu, w, w_scale, x, cols = _inputs(shape, m)
-    kernel = _kernel(_request(shape, m, ue8m0, limit, *knobs))
+    request = _request(shape, m, ue8m0, limit, *knobs)
+    kernel = _kernel(request)
+    maps = _maps(request, w)
     work = _workspace(shape)
     outs = []
     for _ in range(3):  # the arrival counters must be back at zero after each launch
         out = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kernel.launch([out, x, w, w_scale, work])
+        kernel.launch([out, x, w, w_scale, work, *maps])
         outs.append(out)
     torch.cuda.synchronize()
     want = ref.gemv_reference(x, w, w_scale, swiglu=swiglu, limit=limit, ue8m0=ue8m0)
@@ -179,13 +218,17 @@ def test_stream_matches_reference_and_repeats_bit_for_bit(case) -> None:
     assert not work[-(SHAPES[shape][0] // 16) * 4 :].any(), "arrival counters left non-zero"
 
 
-@pytest.mark.parametrize(("shape", "cluster"), GRAPH_CASES)
-def test_graph_replays_equal_eager_and_two_streams_agree(shape: str, cluster: int) -> None:
+@pytest.mark.parametrize(("shape", "cluster", "tma"), GRAPH_CASES)
+def test_graph_replays_equal_eager_and_two_streams_agree(
+    shape: str, cluster: int, tma: bool
+) -> None:
     m = 4
     swiglu, w, w_scale, x, cols = _inputs(shape, m)
-    kernel = _kernel(_request(*_graph_case(shape, cluster)))
+    request = _request(*_graph_case(shape, cluster, tma))
+    kernel = _kernel(request)
+    maps = _maps(request, w)
     eager = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
-    kernel.launch([eager, x, w, w_scale, _workspace(shape)])
+    kernel.launch([eager, x, w, w_scale, _workspace(shape), *maps])
     torch.cuda.synchronize()
 
     replayed = torch.full_like(eager, float("nan"))
@@ -193,11 +236,11 @@ def test_graph_replays_equal_eager_and_two_streams_agree(shape: str, cluster: in
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        kernel.launch([replayed, x, w, w_scale, work])
+        kernel.launch([replayed, x, w, w_scale, work, *maps])
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        kernel.launch([replayed, x, w, w_scale, work])
+        kernel.launch([replayed, x, w, w_scale, work, *maps])
     for _ in range(5):
         replayed.fill_(float("nan"))
         graph.replay()
@@ -210,7 +253,10 @@ def test_graph_replays_equal_eager_and_two_streams_agree(shape: str, cluster: in
     for _ in range(20):  # concurrent launches, one workspace per stream
         for s, out, wk in zip(streams, outs, works, strict=True):
             with torch.cuda.stream(s):
-                kernel.launch([out, x, w, w_scale, wk])
+                kernel.launch([out, x, w, w_scale, wk, *maps])
     torch.cuda.synchronize()
     assert all(torch.equal(o, eager) for o in outs)
-    print(f"\n[fp8_stream] {shape} cluster={cluster} graph and two streams identical to eager")
+    print(
+        f"\n[fp8_stream] {shape} cluster={cluster} tma={tma} graph and two streams identical "
+        "to eager"
+    )

@@ -56,21 +56,32 @@ from mlpjit.kernels import ptx
 from mlpjit.kernels.cubin import compile_to_cubin, row_major_tensor
 from mlpjit.kernels.fp8_stream.params import (
     BLOCK,
-    KERNEL_ARGS,
     PARTIAL_BUFFERS,
     ROW_PAD,
     SLOT_BYTES,
     TILE_ROWS,
+    TMA_BLOCK_BYTES,
     TRACE_POINTS,
+    WARPGROUP,
+    X_BLOCK_BYTES,
+    X_CORE,
     X_PASSES_MAX,
+    X_STEP_BYTES,
     StreamParams,
 )
 from mlpjit.kernels.numerics import quantize16, swiglu
+from mlpjit.kernels.tensor_map import MAP_BYTES
 
 __all__ = ["Fp8Stream", "compile_cubin"]
 
 _CONSUMERS = 1  # named barrier of the consumer warps (0 is __syncthreads)
 _SLOT_BATCH = 4  # split-tile partials the last CTA loads at once
+# tma: wgmma descriptors less their start addresses. A (the ring, K-major, 128-byte swizzle):
+# stride-byte offset one 1 KB atom (the next 8 rows), leading offset unused, layout type 1.
+# B (x, no swizzle): leading-byte offset the step's second K half, stride-byte offset the
+# next K block (B's next 8 rows).
+_A_DESC = (1 << 16) | ((1024 >> 4) << 32) | (1 << 62)
+_X_DESC = ((X_CORE >> 4) << 16) | ((X_BLOCK_BYTES >> 4) << 32)
 
 
 class Fp8Stream:
@@ -101,6 +112,23 @@ class Fp8Stream:
             raise AttributeError(name)
         return getattr(self.params, name)
 
+    def launch_options(self) -> dict:
+        """The launch's configuration (Python constants)."""
+        extra = {}
+        if self.ctas_per_sm > 1:
+            # Without an explicit carveout the DSL queries the device for min_blocks > 1.
+            extra["preferred_smem_carveout"] = 100
+        if self.cluster_ctas > 1:
+            extra["cluster"] = [self.cluster_ctas, 1, 1]
+        return dict(
+            grid=[self.ctas, 1, 1],
+            block=[self.threads, 1, 1],
+            smem=self.smem_bytes,
+            use_pdl=True,
+            min_blocks_per_mp=self.ctas_per_sm,
+            **extra,
+        )
+
     @cute.jit
     def __call__(
         self,
@@ -111,21 +139,7 @@ class Fp8Stream:
         m_work: cute.Tensor,
         stream: Any,
     ):
-        extra = {}
-        if cutlass.const_expr(self.ctas_per_sm > 1):
-            # Without an explicit carveout the DSL queries the device for min_blocks > 1.
-            extra["preferred_smem_carveout"] = 100
-        if cutlass.const_expr(self.cluster_ctas > 1):
-            extra["cluster"] = [self.cluster_ctas, 1, 1]
-        self.kernel(m_out, m_x, m_w, m_ws, m_work).launch(
-            grid=[self.ctas, 1, 1],
-            block=[self.threads, 1, 1],
-            smem=self.smem_bytes,
-            stream=stream,
-            use_pdl=True,
-            min_blocks_per_mp=self.ctas_per_sm,
-            **extra,
-        )
+        self.kernel(m_out, m_x, m_w, m_ws, m_work).launch(stream=stream, **self.launch_options())
 
     @cute.kernel
     def kernel(
@@ -136,6 +150,46 @@ class Fp8Stream:
         m_ws: cute.Tensor,
         m_work: cute.Tensor,
     ):
+        self.body(m_out, m_x, m_w, m_ws, m_work, Int64(0))
+
+    @cute.jit
+    def with_map(
+        self,
+        m_out: cute.Tensor,
+        m_x: cute.Tensor,
+        m_w: cute.Tensor,
+        m_ws: cute.Tensor,
+        m_work: cute.Tensor,
+        m_map: cute.Tensor,
+        stream: Any,
+    ):
+        """tma's entry: the weight's tensor map as a sixth parameter."""
+        self.tma_kernel(m_out, m_x, m_w, m_ws, m_work, m_map).launch(
+            stream=stream, **self.launch_options()
+        )
+
+    @cute.kernel
+    def tma_kernel(
+        self,
+        m_out: cute.Tensor,
+        m_x: cute.Tensor,
+        m_w: cute.Tensor,
+        m_ws: cute.Tensor,
+        m_work: cute.Tensor,
+        m_map: cute.Tensor,
+    ):
+        self.body(m_out, m_x, m_w, m_ws, m_work, Int64(m_map.iterator.toint()))
+
+    @cute.jit
+    def body(
+        self,
+        m_out: cute.Tensor,
+        m_x: cute.Tensor,
+        m_w: cute.Tensor,
+        m_ws: cute.Tensor,
+        m_work: cute.Tensor,
+        g_map: Int64,
+    ):
         W = self.warps
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
@@ -143,7 +197,7 @@ class Fp8Stream:
         lane = tid & 31
 
         smem = cutlass.memory.SmemAllocator()
-        s_base = smem.allocate(self.smem_bytes, byte_alignment=128).toint()
+        s_base = smem.allocate(self.smem_bytes, byte_alignment=1024 if self.tma else 128).toint()
         b0, b1 = self.cta_range(cta)
 
         if tid == 0:
@@ -159,7 +213,7 @@ class Fp8Stream:
             ptx.cluster_arrive_relaxed()  # "started": the others may send us partials
 
         if warp == W:
-            self.produce(Int64(m_w.iterator.toint()), s_base, b0, b1, lane)
+            self.produce(Int64(m_w.iterator.toint()), g_map, s_base, b0, b1, lane)
             if lane == 0:
                 self.stamp(Int64(m_work.iterator.toint()), cta, 5)
         elif warp == W + 1:
@@ -199,7 +253,7 @@ class Fp8Stream:
         """One thread, share_x: the mbarrier that counts the x chunks (values and scale) the
         cluster's other CTAs quantize for us: every chunk but ours (rank r: r, r + C, ...)."""
         C = self.cluster
-        chunks = self.tokens * self.kblocks
+        chunks = self.tokens * self.x_blocks_max
         ours = (chunks - cta % C + C - 1) // C
         bar = s_base + self.smem_x_bar
         ptx.mbarrier_init(bar, 1)
@@ -359,13 +413,12 @@ class Fp8Stream:
     # ------------------------------------------------------------------ producer warp
 
     @cute.jit
-    def produce(self, g_w: Int64, s_base: Int32, b0: Int32, b1: Int32, lane: Int32):
+    def produce(self, g_w: Int64, g_map: Int64, s_base: Int32, b0: Int32, b1: Int32, lane):
         """Fill the ring: a stage is up to ``warps`` consecutive blocks of a segment; it
         waits for the consumers' release of its slot (from the second round on), announces
-        its bytes and copies, per tile it touches, one weight row per lane."""
+        its bytes and copies its blocks (copy_rows, or with tma copy_blocks)."""
         SB = self.stage_blocks
         R = self.stages
-        KB = self.kblocks
         s_ring = s_base + self.smem_ring
         slot = Int32(0)
         phase = Int32(0)
@@ -382,29 +435,59 @@ class Fp8Stream:
                         self.full_bar(s_base, slot), n * (TILE_ROWS * BLOCK)
                     )
                 cute.arch.sync_warp()
-                off = Int32(0)
-                part = Int32(0)
-                while off < n:
-                    tile = (pos + off) // KB
-                    kb = pos + off - tile * KB
-                    seg = cutlass.min(KB - kb, n - off)
-                    if lane < TILE_ROWS:
-                        row = Int64(self.weight_row(tile, lane))
-                        s_dst = self.stage_part(s_ring, slot, off, part)
-                        ptx.cp_async_bulk_g2s(
-                            s_dst + lane * (seg * BLOCK + ROW_PAD),
-                            g_w + row * self.k + Int64(kb * BLOCK),
-                            seg * BLOCK,
-                            self.full_bar(s_base, slot),
-                        )
-                    off = off + seg
-                    part = part + 1
+                if cutlass.const_expr(self.tma):
+                    self.copy_blocks(g_map, s_ring + slot * self.stage_bytes, pos, n,
+                                     self.full_bar(s_base, slot), lane)  # fmt: skip
+                else:
+                    self.copy_rows(g_w, s_ring, slot, pos, n, self.full_bar(s_base, slot), lane)
                 pos = pos + n
                 slot = slot + 1
                 if slot == R:
                     slot = Int32(0)
                     phase = phase ^ 1
                     again = Int32(1)
+
+    @cute.jit
+    def copy_rows(self, g_w: Int64, s_ring: Int32, slot: Int32, pos: Int32, n: Int32, bar, lane):
+        """The stage's blocks pos .. pos + n - 1: per tile they touch (a part of the slot),
+        one bulk copy per weight row, one row per lane."""
+        KB = self.kblocks
+        off = Int32(0)
+        part = Int32(0)
+        while off < n:
+            tile = (pos + off) // KB
+            kb = pos + off - tile * KB
+            seg = cutlass.min(KB - kb, n - off)
+            if lane < TILE_ROWS:
+                row = Int64(self.weight_row(tile, lane))
+                s_dst = self.stage_part(s_ring, slot, off, part)
+                ptx.cp_async_bulk_g2s(
+                    s_dst + lane * (seg * BLOCK + ROW_PAD),
+                    g_w + row * self.k + Int64(kb * BLOCK),
+                    seg * BLOCK,
+                    bar,
+                )
+            off = off + seg
+            part = part + 1
+
+    @cute.jit
+    def copy_blocks(self, g_map: Int64, s_stage: Int32, pos: Int32, n: Int32, bar: Int32, lane):
+        """tma: the stage's blocks pos .. pos + n - 1, one per lane in turn, each a tensor
+        copy of its tile's 16 rows (SwiGLU: the 8 gate rows, then the 8 up rows) at its K
+        block, block after block in the slot."""
+        KB = self.kblocks
+        for p in cutlass.range(lane, n, 32, unroll=1):
+            tile = (pos + p) // KB
+            kb = pos + p - tile * KB
+            s_dst = s_stage + p * TMA_BLOCK_BYTES
+            if cutlass.const_expr(self.swiglu):
+                ptx.cp_async_bulk_tensor_3d_g2s(s_dst, g_map, Int32(0), tile * 8, kb, bar)
+                ptx.cp_async_bulk_tensor_3d_g2s(
+                    s_dst + TMA_BLOCK_BYTES // 2, g_map, Int32(0), self.rows // 2 + tile * 8,
+                    kb, bar,
+                )  # fmt: skip
+            else:
+                ptx.cp_async_bulk_tensor_3d_g2s(s_dst, g_map, Int32(0), tile * TILE_ROWS, kb, bar)
 
     def stage_part(self, s_ring, slot, off, part):
         """Where a stage's part (the blocks of one tile from block ``off`` of the stage on,
@@ -464,6 +547,8 @@ class Fp8Stream:
             self.quantize_x_across_cluster(g_x, s_base, cta, warp, lane)
         elif cutlass.const_expr(not self.leaves_out_x):
             self.quantize_x(g_x, s_x, s_xsc, b0, b1, warp, lane)
+        if cutlass.const_expr(self.tma):
+            ptx.fence_proxy_async_shared()  # x's stores, then the wgmmas' reads of them
         cute.arch.cp_async_wait_group(0)
         ptx.bar_sync(_CONSUMERS, 32 * W)
         if warp * 32 + lane == 0:
@@ -493,6 +578,11 @@ class Fp8Stream:
             while pos < stop:
                 n = cutlass.min(stop - pos, self.stage_blocks)
                 ptx.mbarrier_wait(self.full_bar(s_base, slot), phase)
+                sums = []
+                if cutlass.const_expr(self.tma):
+                    sums = self.stage_sums_tma(
+                        s_ring + slot * self.stage_bytes, pos, b0, s_x, s_xs0, s_xs1, s_wsc, warp
+                    )
                 # Walk the stage's parts (one per tile it touches): the warp's blocks (blocks
                 # warp, warp + warps, ... of the stage) are added to their tile's sums, and
                 # every tile whose share ends here is handed to the epilogue warp, in order.
@@ -506,11 +596,14 @@ class Fp8Stream:
                         blk = warp + j * W
                         if blk >= off:  # noqa: SIM102 (runtime conditions: kept apart)
                             if blk < off + seg:
-                                c = self.block_sums(
-                                    s_ring, slot, off, part, seg, blk, kb + blk - off,
-                                    kb_first, s_b, s_xs0, s_xs1, s_wsc + (pos + blk - b0) * 8,
-                                    g, q,
-                                )  # fmt: skip
+                                if cutlass.const_expr(self.tma):
+                                    c = sums[j]
+                                else:
+                                    c = self.block_sums(
+                                        s_ring, slot, off, part, seg, blk, kb + blk - off,
+                                        kb_first, s_b, s_xs0, s_xs1,
+                                        s_wsc + (pos + blk - b0) * 8, g, q,
+                                    )  # fmt: skip
                                 t0 = t0 + c[0]
                                 t1 = t1 + c[1]
                                 t2 = t2 + c[2]
@@ -598,6 +691,70 @@ class Fp8Stream:
             (acc[0][3] + acc[1][3]) * (ws1 * xs1),
         ]
 
+    def x_chunk_address(self, s_x, t, xb, cl):
+        """Where chunk cl (K bytes 16 cl .. + 15) of token t's x block xb goes in shared
+        memory: its token row, or (tma) row t of the core matrix of step cl // 2, K half
+        cl % 2."""
+        if self.tma:
+            return s_x + xb * X_BLOCK_BYTES + (cl >> 1) * X_STEP_BYTES + (cl & 1) * X_CORE + t * 16
+        return s_x + t * self.x_row + xb * BLOCK + cl * 16
+
+    @cute.jit
+    def stage_sums_tma(self, s_stage, pos, b0, s_x, s_xs0, s_xs1, s_wsc, warp):
+        """tma: the warp's blocks of the stage (warp, warp + warps, ...), as [its four sums]
+        per block like block_sums (valid for the blocks below the stage's count). Per round
+        the warpgroup's four warps take four consecutive blocks, one 64 x 128 A in the slot,
+        and one wgmma.m64n32k32 per 32 K multiplies it by the four blocks' x side by side
+        (x slots xb .. xb + 3 of the round's first block); each warp keeps its own block's 8
+        columns. A round past the stage's blocks computes on what the slot holds and is
+        never added."""
+        W = self.warps
+        KB = self.kblocks
+        if cutlass.const_expr(self.leaves_out_mma):
+            zero = Float32(0.0)
+            return [[zero, zero, zero, zero] for _ in range(self.blocks_per_warp)]
+        wi = warp & (WARPGROUP - 1)
+        # x slot of block u: (u - b0) mod KB (share_x: u mod KB); slots past KB repeat.
+        x_origin = b0
+        if cutlass.const_expr(self.share_x):
+            x_origin = Int32(0)
+        zero = Float32(0.0)
+        accs = []
+        own = []
+        ptx.wgmma_fence()
+        for j in cutlass.range_constexpr(self.blocks_per_warp):
+            p0 = j * W + warp - wi  # the warpgroup's first block of this round
+            xb0 = (pos + p0 - x_origin) % KB
+            a_desc = Int64(((s_stage + p0 * TMA_BLOCK_BYTES) >> 4) & 0x3FFF) | Int64(_A_DESC)
+            b_desc = Int64(((s_x + xb0 * X_BLOCK_BYTES) >> 4) & 0x3FFF) | Int64(_X_DESC)
+            acc = tuple(zero for _ in range(4 * WARPGROUP))
+            for step in cutlass.range_constexpr(4):
+                acc = ptx.wgmma_k32_e4m3(
+                    a_desc + Int64(step * (32 >> 4)), b_desc + Int64(step * (X_STEP_BYTES >> 4)),
+                    acc, step > 0,
+                )  # fmt: skip
+            accs.append(acc)
+            xb = xb0 + wi
+            if xb >= KB:
+                xb = xb - KB
+            own.append((xb, s_wsc + (pos + p0 + wi - b0) * 8))
+        ptx.wgmma_commit()
+        ptx.wgmma_wait()
+        sums = []
+        for j in cutlass.range_constexpr(self.blocks_per_warp):
+            acc = accs[j]
+            v0, v1, v2, v3 = acc[0], acc[1], acc[2], acc[3]
+            for w in cutlass.range_constexpr(1, WARPGROUP):  # D columns 8 w ..: block w's
+                if wi == w:
+                    v0, v1, v2, v3 = acc[4 * w], acc[4 * w + 1], acc[4 * w + 2], acc[4 * w + 3]
+            xb, s_ws = own[j]
+            ws0 = ptx.ld_shared_f32(s_ws)
+            ws1 = ptx.ld_shared_f32(s_ws + 4)
+            xs0 = ptx.ld_shared_f32(s_xs0 + xb * 4)
+            xs1 = ptx.ld_shared_f32(s_xs1 + xb * 4)
+            sums.append([v0 * (ws0 * xs0), v1 * (ws0 * xs1), v2 * (ws1 * xs0), v3 * (ws1 * xs1)])
+        return sums
+
     @cute.jit
     def hand_over(self, s_base, s_part, piece, warp, lane, t0, t1, t2, t3):
         """This tile's share is done: the warp's sums go to the epilogue warp (through
@@ -621,6 +778,8 @@ class Fp8Stream:
         KB = self.kblocks
         W = self.warps
         nb = cutlass.min(b1 - b0, KB)
+        if cutlass.const_expr(self.tma):
+            nb = cutlass.min(b1 - b0, KB + WARPGROUP - 1)  # the first three again past KB
         kb_first = b0 % KB
         chunks = nb * T
         sub = lane >> 3
@@ -636,6 +795,9 @@ class Fp8Stream:
                 kb = kb_first + xb
                 if kb >= KB:
                     kb = kb - KB
+                if cutlass.const_expr(self.tma):  # noqa: SIM102 (compile-time, then runtime)
+                    if kb >= KB:
+                        kb = kb - KB
                 g_src = g_x + Int64((t * self.k + kb * BLOCK + cl * 16) * 2)
                 if cutlass.const_expr(self.x_after is None):
                     words = list(ptx.ld_global_v4(g_src)) + list(ptx.ld_global_v4(g_src + 16))
@@ -647,7 +809,7 @@ class Fp8Stream:
             for c, t, xb, words in todo:
                 packed, scale = quantize16(words, self.ue8m0)
                 if c < chunks:
-                    s_dst = s_x + t * self.x_row + xb * BLOCK + cl * 16
+                    s_dst = self.x_chunk_address(s_x, t, xb, cl)
                     ptx.st_shared_v4(s_dst, packed[0], packed[1], packed[2], packed[3])
                     if cl == 0:
                         ptx.st_shared_f32(s_xsc + (t * self.x_blocks_max + xb) * 4, scale)
@@ -661,7 +823,7 @@ class Fp8Stream:
         T = self.tokens
         C = self.cluster
         W = self.warps
-        chunks = T * self.kblocks
+        chunks = T * self.x_blocks_max
         s_x = s_base + self.smem_x
         s_xsc = s_base + self.smem_xscales
         bar = s_base + self.smem_x_bar
@@ -679,15 +841,19 @@ class Fp8Stream:
                 c = ((j * W + warp) * 4 + sub) * C + rank
                 cc = cutlass.min(c, chunks - 1)  # past the end: a valid re-read, not stored
                 t = cc % T
-                kb = cc // T
+                xb = cc // T  # tma: slots past K repeat its first blocks
+                kb = xb
+                if cutlass.const_expr(self.tma):  # noqa: SIM102 (compile-time, then runtime)
+                    if kb >= self.kblocks:
+                        kb = kb - self.kblocks
                 g_src = g_x + Int64((t * self.k + kb * BLOCK + cl * 16) * 2)
                 words = list(ptx.ld_global_v4(g_src)) + list(ptx.ld_global_v4(g_src + 16))
-                todo.append((c, t, kb, words))
-            for c, t, kb, words in todo:
+                todo.append((c, t, xb, words))
+            for c, t, xb, words in todo:
                 packed, scale = quantize16(words, self.ue8m0)
                 if c < chunks:
-                    s_dst = s_x + t * self.x_row + kb * BLOCK + cl * 16
-                    s_scale = s_xsc + (t * self.kblocks + kb) * 4
+                    s_dst = self.x_chunk_address(s_x, t, xb, cl)
+                    s_scale = s_xsc + (t * self.x_blocks_max + xb) * 4
                     ptx.st_shared_v4(s_dst, packed[0], packed[1], packed[2], packed[3])
                     for d in cutlass.range_constexpr(1, C):
                         r = (rank + d) % C
@@ -908,7 +1074,12 @@ def compile_cubin(params: StreamParams, arch: str):
     m_ws = fake(cutlass.Float32, ((kern.rows + BLOCK - 1) // BLOCK, kern.kblocks))
     m_work = fake(cutlass.Uint8, (kern.workspace_bytes,))
     stream = cute.runtime.make_fake_stream()
-    cubin, symbol = compile_to_cubin(kern, m_out, m_x, m_w, m_ws, m_work, stream, arch=arch)
+    tensors = [m_out, m_x, m_w, m_ws, m_work]
+    program = kern
+    if kern.tma:
+        tensors.append(fake(cutlass.Uint8, (MAP_BYTES,)))
+        program = kern.with_map
+    cubin, symbol = compile_to_cubin(program, *tensors, stream, arch=arch)
     return KernelBinary(
         cubin=cubin,
         symbol=symbol,
@@ -916,6 +1087,6 @@ def compile_cubin(params: StreamParams, arch: str):
         block=kern.block,
         smem_bytes=kern.smem_bytes,
         pdl=True,
-        params=tuple(KernelParam(name, "ptr") for name in KERNEL_ARGS),
+        params=tuple(KernelParam(name, "ptr") for name in kern.kernel_args),
         cluster=(kern.cluster_ctas, 1, 1),
     )

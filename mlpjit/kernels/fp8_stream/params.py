@@ -27,6 +27,11 @@ __all__ = [
     "MAX_TOKENS",
     "ROW_PAD",
     "StreamParams",
+    "TMA_KERNEL_ARGS",
+    "WARPGROUP",
+    "X_BLOCK_BYTES",
+    "X_CORE",
+    "X_STEP_BYTES",
     "workspace_bytes",
 ]
 
@@ -59,6 +64,23 @@ CLUSTER_SIZES = (0, 1, 2, 4, 8)
 ABLATIONS = ("", "x", "mma", "x+mma")
 # The mbarriers that count a split tile's partials and (share_x) x's chunks from the cluster
 MBARRIER_BYTES = 16
+# ``tma``: the weights reach shared memory by TMA tensor copies (a 16-row block of 128 K per
+# copy, two of 8 rows with SwiGLU) in wgmma's 128-byte swizzle, block after block, so four
+# consecutive blocks of a stage are one 64 x 128 A operand of wgmma by descriptor. The four
+# warps of a warpgroup take four consecutive blocks, and one wgmma.m64n32k32 per 32 K
+# multiplies their 64 rows by those blocks' x side by side (B's 32 rows: 8 tokens x 4
+# blocks); each warp keeps the 8 columns of its own block. x lives in shared memory in
+# wgmma's no-swizzle K-major layout: per K block, 4 steps of 32 K, each two core matrices
+# (K bytes 0-15 and 16-31 of the step) of 8 tokens x 16 bytes. The kernel takes the weight's
+# tensor map (mlpjit.kernels.tensor_map.weight_block_map(w, tma_box_rows, 1)) as a sixth
+# pointer.
+TMA_KERNEL_ARGS = (*KERNEL_ARGS, "w_map")
+WARPGROUP = 4  # warps of a warpgroup: K blocks side by side in one wgmma
+X_CORE = 128  # a core matrix: 8 tokens x 16 bytes
+X_STEP_BYTES = 2 * X_CORE  # one 32-K step of x (its two K halves)
+X_BLOCK_BYTES = 4 * X_STEP_BYTES  # one 128-K block of x for 8 tokens
+TMA_BLOCK_BYTES = TILE_ROWS * BLOCK  # one block of the ring: 16 swizzled rows of 128 bytes
+SWIZZLE_ATOM = 1024  # 8 rows x 128 bytes: the 128-byte swizzle's period
 
 
 def workspace_bytes(rows: int, k: int, sms: int = hopper.SMS, trace: bool = False) -> int:
@@ -105,6 +127,8 @@ class StreamParams:
     # every CTA holds all of x but reads only its share from L2
     share_x: bool = False
     ablate: str = ""  # ABLATIONS: a build that leaves out part of the work (never DenseMlp's)
+    # TMA tensor copies and wgmma by descriptor (see TMA_KERNEL_ARGS); warps a multiple of 4
+    tma: bool = False
 
     def __post_init__(self) -> None:
         check_int("rows", self.rows, TILE_ROWS, MAX_ROWS)
@@ -119,7 +143,7 @@ class StreamParams:
                 f"cluster must be one of {', '.join(map(str, CLUSTER_SIZES))}, got {self.cluster!r}"
             )
         hopper.check_sms(self.sms)
-        for name in ("swiglu", "ue8m0", "trace", "share_x"):
+        for name in ("swiglu", "ue8m0", "trace", "share_x", "tma"):
             check_bool(name, getattr(self, name))
         object.__setattr__(self, "limit", check_limit(self.limit))
         if not isinstance(self.ablate, str) or self.ablate not in ABLATIONS:
@@ -128,6 +152,10 @@ class StreamParams:
             )
         if self.leaves_out_x and self.share_x:
             raise ValueError("ablate='x' needs share_x=False (the cluster's exchange waits for x)")
+        if self.tma and self.warps % WARPGROUP:
+            raise ValueError(
+                f"tma needs warps a multiple of {WARPGROUP} (whole warpgroups), got {self.warps}"
+            )
         if self.k % BLOCK:
             raise ValueError(f"k must be a multiple of {BLOCK}, got {self.k}")
         if self.rows % TILE_ROWS:
@@ -265,8 +293,20 @@ class StreamParams:
 
     @property
     def stage_bytes(self) -> int:
-        """A stage: per tile it touches, 16 rows of its blocks, each row padded."""
+        """A stage: per tile it touches, 16 rows of its blocks, each row padded; tma: its
+        blocks one after another, 16 swizzled rows each."""
+        if self.tma:
+            return self.stage_blocks * TMA_BLOCK_BYTES
         return TILE_ROWS * (self.stage_blocks * BLOCK + self.stage_tiles * ROW_PAD)
+
+    @property
+    def tma_box_rows(self) -> int:
+        """tma: rows of one tensor copy (SwiGLU: a tile's 8 gate rows, or its 8 up rows)."""
+        return TILE_ROWS // 2 if self.swiglu else TILE_ROWS
+
+    @property
+    def kernel_args(self) -> tuple[str, ...]:
+        return TMA_KERNEL_ARGS if self.tma else KERNEL_ARGS
 
     @property
     def x_row(self) -> int:
@@ -275,11 +315,22 @@ class StreamParams:
 
     @property
     def x_blocks_max(self) -> int:
-        """K blocks of x one CTA holds at most (its range covers at most that many; all of
-        them with share_x)."""
+        """K blocks of x one CTA quantizes at most (its range covers at most that many; all
+        of them with share_x). tma: three more where the range wraps past K, repeating the
+        first three, so four consecutive blocks of a stage are four consecutive blocks of
+        x."""
+        wrap = WARPGROUP - 1 if self.tma else 0
         if self.share_x:
-            return self.kblocks
-        return min(self.kblocks, self.max_blocks_per_cta)
+            return self.kblocks + wrap
+        return min(self.kblocks + wrap, self.max_blocks_per_cta)
+
+    @property
+    def x_slots(self) -> int:
+        """tma: K blocks of x in shared memory: x_blocks_max and room for the three a
+        warpgroup's wgmma reads past a range's last block (results it discards)."""
+        if self.share_x:
+            return self.kblocks + WARPGROUP - 1
+        return min(self.kblocks, self.max_blocks_per_cta) + WARPGROUP - 1
 
     @property
     def x_chunks(self) -> int:
@@ -315,8 +366,17 @@ class StreamParams:
         return _align(self.smem_xscales + self.tokens * self.x_blocks_max * 4, 128)
 
     @property
+    def x_bytes(self) -> int:
+        """The quantized x in shared memory: token rows, or (tma) x_slots core-matrix blocks
+        of 8 tokens."""
+        if self.tma:
+            return self.x_slots * X_BLOCK_BYTES
+        return self.tokens * self.x_row
+
+    @property
     def smem_ring(self) -> int:
-        return _align(self.smem_x + self.tokens * self.x_row, 128)
+        """The ring (tma: at a swizzle atom; the shared memory itself starts at one)."""
+        return _align(self.smem_x + self.x_bytes, SWIZZLE_ATOM if self.tma else 128)
 
     @property
     def smem_received(self) -> int:

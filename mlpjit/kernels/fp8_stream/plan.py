@@ -13,7 +13,13 @@ from __future__ import annotations
 
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.kernels import hopper
-from mlpjit.kernels.fp8_stream.params import BLOCK, CLUSTER_SIZES, MAX_WARPS, StreamParams
+from mlpjit.kernels.fp8_stream.params import (
+    BLOCK,
+    CLUSTER_SIZES,
+    MAX_WARPS,
+    WARPGROUP,
+    StreamParams,
+)
 from mlpjit.kernels.fp8_stream.spec import SPEC
 
 __all__ = [
@@ -43,13 +49,15 @@ MAX_STAGES = 16
 MIN_STAGES = 2
 
 
-def stage_shape(k: int) -> tuple[int, int]:
+def stage_shape(k: int, whole_warpgroups: bool = False) -> tuple[int, int]:
     """(consumer warps, blocks per warp) of a stage for a K of ``k``: DEFAULT_WARPS x
     DEFAULT_BLOCKS_PER_WARP (16 blocks), or where K's blocks are at most
     WHOLE_TILE_STAGE_MAX and neither divide 16 nor are divided by it, as many whole tiles' K
     as fit in WHOLE_TILE_STAGE_MAX blocks: two blocks per warp where that count is even, else
     one (at most MAX_WARPS warps), else three (12 blocks: 6 x 2; 15: 15 x 1; 9: 18 = 9 x 2;
-    7: 21 = 7 x 3; 17 and 19 keep 16-block stages)."""
+    7: 21 = 7 x 3; 17 and 19 keep 16-block stages). ``whole_warpgroups`` (tma): warp counts
+    that are multiples of WARPGROUP only (12 blocks: 12 x 1; 15 and 21 keep 16-block
+    stages)."""
     blocks = k // BLOCK
     default = (DEFAULT_WARPS, DEFAULT_BLOCKS_PER_WARP)
     stage = DEFAULT_WARPS * DEFAULT_BLOCKS_PER_WARP
@@ -57,8 +65,10 @@ def stage_shape(k: int) -> tuple[int, int]:
         return default
     whole = WHOLE_TILE_STAGE_MAX // blocks * blocks  # the most whole tiles' blocks that fit
     for per_warp in (2, 1, 3):
-        if whole % per_warp == 0 and whole // per_warp <= MAX_WARPS:
-            return whole // per_warp, per_warp
+        warps = whole // per_warp
+        if whole % per_warp or warps > MAX_WARPS or (whole_warpgroups and warps % WARPGROUP):
+            continue
+        return warps, per_warp
     return default
 
 
@@ -72,6 +82,7 @@ def choose_stages(
     ctas_per_sm: int = 1,
     cluster: int = 0,
     share_x: bool = False,
+    tma: bool = False,
 ) -> int:
     """Most ring stages (up to MAX_STAGES, no more than a CTA's range has) within the
     shared-memory budget of ``ctas_per_sm`` CTAs per SM; ValueError (naming k and tokens)
@@ -81,7 +92,7 @@ def choose_stages(
             params = StreamParams(
                 rows=rows, k=k, tokens=tokens, swiglu=False, limit=None, ue8m0=True,
                 warps=warps, stages=stages, sms=sms, blocks_per_warp=blocks_per_warp,
-                ctas_per_sm=ctas_per_sm, cluster=cluster, share_x=share_x,
+                ctas_per_sm=ctas_per_sm, cluster=cluster, share_x=share_x, tma=tma,
             )  # fmt: skip
         except ValueError:
             continue
@@ -108,15 +119,16 @@ def stream_params(
     cluster: int | None = None,
     share_x: bool = False,
     ablate: str = "",
+    tma: bool = False,
 ) -> StreamParams:
     """The params of one launch; knobs left None follow from the shape (``warps`` and
     ``blocks_per_warp`` both None: stage_shape's; ``cluster`` None: the cluster form at
-    choose_cluster's size; 0: the grid-wide form; ``ablate``: see StreamParams)."""
+    choose_cluster's size; 0: the grid-wide form; ``ablate``, ``tma``: see StreamParams)."""
     hopper.check_sms(sms)
     if cluster is None:
         cluster = choose_cluster(rows, k, sms)
     if warps is None and blocks_per_warp is None:
-        warps, preferred = stage_shape(k)
+        warps, preferred = stage_shape(k, tma)
     else:
         warps = DEFAULT_WARPS if warps is None else warps
         preferred = DEFAULT_BLOCKS_PER_WARP
@@ -126,8 +138,9 @@ def stream_params(
         for blocks_per_warp in (preferred, 1):
             try:
                 stages = choose_stages(
-                    rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm, cluster, share_x
-                )
+                    rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm, cluster, share_x,
+                    tma,
+                )  # fmt: skip
                 break
             except ValueError:
                 if blocks_per_warp == 1:
@@ -136,13 +149,13 @@ def stream_params(
         blocks_per_warp = preferred
     if stages is None:
         stages = choose_stages(
-            rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm, cluster, share_x
+            rows, k, tokens, warps, sms, blocks_per_warp, ctas_per_sm, cluster, share_x, tma
         )
     return StreamParams(
         rows=rows, k=k, tokens=tokens, swiglu=swiglu, limit=limit if swiglu else None,
         ue8m0=ue8m0, warps=warps, stages=stages, sms=sms, trace=trace,
         blocks_per_warp=blocks_per_warp, ctas_per_sm=ctas_per_sm, cluster=cluster,
-        share_x=share_x, ablate=ablate,
+        share_x=share_x, ablate=ablate, tma=tma,
     )  # fmt: skip
 
 
