@@ -112,8 +112,9 @@ class Fp8Layer:
         cute.arch.sync_threads()
 
         if warp == W:
-            self.gate_up.produce(Int64(m_w13.iterator.toint()), s_g, bg0, bg1, lane)
-            self.down.produce(Int64(m_w2.iterator.toint()), s_d, bd0, bd1, lane)
+            no_map = Int64(0)  # (row copies: no tensor map)
+            self.gate_up.produce(Int64(m_w13.iterator.toint()), no_map, s_g, bg0, bg1, lane)
+            self.down.produce(Int64(m_w2.iterator.toint()), no_map, s_d, bd0, bd1, lane)
             if lane == 0:
                 self.gate_up.stamp(w_g, cta, 5)
         elif warp == W + 1:
