@@ -75,9 +75,6 @@ _BF16 = torch.bfloat16  # x's dtype, compared by identity on every call (dtypes 
 # writes (trace builds aside, which DenseMlp never asks for): it gets the kernel's output's.
 _KERNEL_PARAMS = [(name, "ptr") for name in KERNEL_ARGS]
 _STREAM_PARAMS = [*_KERNEL_PARAMS, ("workspace", "ptr")]
-# An fp8_stream tma build takes the weight's tensor map as a sixth pointer (made by DenseMlp
-# for the weight's current address: see DenseMlp._weight_map).
-_TMA_PARAMS = [*_STREAM_PARAMS, ("w_map", "ptr")]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -250,11 +247,9 @@ def _token_counts(tokens: Iterable[int]) -> list[int]:
 # ---- kernels: compiled through the cache, loaded and checked ---------------------------------
 
 
-# A token count's kernels: the pair, and what each of (gate_up, down) is (_HalfKind: fp8_gemv,
-# fp8_stream taking a fifth pointer, or fp8_stream's tma build taking a sixth, the weight's
-# tensor map of that many rows per copy), None where both are fp8_gemv's.
-_HalfKind = int  # 0: fp8_gemv; 1: fp8_stream; 8 or 16: fp8_stream tma, the map's box rows
-_Loaded = tuple["KernelPair", "tuple[_HalfKind, _HalfKind] | None"]
+# A token count's kernels: the pair, and which of (gate_up, down) are fp8_stream's (they take
+# a fifth pointer), None where neither is.
+_Loaded = tuple["KernelPair", "tuple[bool, bool] | None"]
 
 
 def _load_pairs(
@@ -271,20 +266,19 @@ def _load_pairs(
         m = request.params["tokens"]
         ready[(m, request.params["swiglu"])] = (request, kernel)
         if (m, True) in ready and (m, False) in ready:
-            streamed = tuple(_half_kind(*ready[(m, half)]) for half in (True, False))
+            streamed = tuple(_check_kernel(*ready[(m, half)]) for half in (True, False))
             yield m, (launcher.kernel_pair(ready[(m, True)][1], ready[(m, False)][1]),
                       streamed if any(streamed) else None)  # fmt: skip
 
 
-def _half_kind(request: KernelRequest, kernel: LoadedKernel) -> _HalfKind:
-    """What the kernel is (_HalfKind), if it takes the raw pointers DenseMlp._launch passes,
-    in that order, without per-call checks: fp8_gemv's (out, x, w, w_scale), or fp8_stream's
-    cluster form (those + a workspace it never touches, + with tma the weight's tensor map);
-    MlpjitError otherwise."""
+def _check_kernel(request: KernelRequest, kernel: LoadedKernel) -> bool:
+    """Whether the kernel is fp8_stream's, if it takes the raw pointers DenseMlp._launch
+    passes, in that order, without per-call checks: fp8_gemv's (out, x, w, w_scale), or
+    fp8_stream's cluster form (those + a workspace it never touches); MlpjitError
+    otherwise."""
     streamed = request.kernel == "fp8_stream"
-    tma = streamed and bool(request.params.get("tma"))
     params = [(p.name, p.kind) for p in kernel.params]
-    expected = _TMA_PARAMS if tma else _STREAM_PARAMS if streamed else _KERNEL_PARAMS
+    expected = _STREAM_PARAMS if streamed else _KERNEL_PARAMS
     if params != expected:
         raise MlpjitError(
             f"kernel {kernel.symbol} ({kernel.key[:12]}) takes {params}, expected {expected}"
@@ -294,11 +288,7 @@ def _half_kind(request: KernelRequest, kernel: LoadedKernel) -> _HalfKind:
             f"kernel {kernel.symbol} ({kernel.key[:12]}) is fp8_stream's grid-wide form or a "
             "trace build, which read a workspace; DenseMlp runs its cluster form only"
         )
-    if tma:
-        from mlpjit.kernels.fp8_stream.params import StreamParams
-
-        return StreamParams(**request.params).tma_box_rows
-    return int(streamed)
+    return streamed
 
 
 # ---- the layer ------------------------------------------------------------------------------
@@ -365,12 +355,9 @@ class DenseMlp:
         # tensors both say -1, so off CUDA the device itself is compared as well).
         self._index = w13.get_device()
         self._kernels: dict[int, KernelPair] = {}
-        # Token counts with an fp8_stream kernel: m -> what (gate_up, down) are (_HalfKind);
-        # empty where fp8_gemv runs both halves.
-        self._streamed: dict[int, tuple[_HalfKind, _HalfKind]] = {}
-        # tma builds' tensor maps: (weight index 0 / 2, box rows) -> (the weight's address
-        # it was made for, the map); remade when the weight is re-pointed (never in capture).
-        self._maps: dict[tuple[int, int], tuple[int, Tensor]] = {}
+        # Token counts with an fp8_stream kernel: m -> whether (gate_up, down) are (each
+        # takes a fifth pointer); empty where fp8_gemv runs both halves.
+        self._streamed: dict[int, tuple[bool, bool]] = {}
         self._act_buffers: _ActBuffers | None = None  # made with the first kernels loaded
         # Programmatic dependent launch: None = as compiled (on), False = off (benchmarks).
         self.pdl: bool | None = None
@@ -511,8 +498,6 @@ class DenseMlp:
         self._load(counts)
         if counts:
             self._act_buffers.keep(counts)
-            if not self._capturing():
-                self._make_maps()
 
     def _load(self, counts: list[int]) -> None:
         """Compile (through the cache) and load the kernels of these kernel-path counts.
@@ -675,46 +660,9 @@ class DenseMlp:
             return
         # fp8_stream's fifth pointer (a workspace its cluster form never touches): the output's.
         out_ptr = out.data_ptr()
-        w13_ptr, w2_ptr = w13(), w2()
-        gate_up = (act_ptr, x.data_ptr(), w13_ptr, w13_scale())
-        if streamed[0]:
-            gate_up += (act_ptr,)
-            if streamed[0] > 1:  # tma: the weight's tensor map
-                gate_up += (self._map(0, w13_ptr, streamed[0]),)
-        down = (out_ptr, act_ptr, w2_ptr, w2_scale())
-        if streamed[1]:
-            down += (out_ptr,)
-            if streamed[1] > 1:
-                down += (self._map(2, w2_ptr, streamed[1]),)
+        gate_up = (act_ptr, x.data_ptr(), w13(), w13_scale()) + ((act_ptr,) if streamed[0] else ())
+        down = (out_ptr, act_ptr, w2(), w2_scale()) + ((out_ptr,) if streamed[1] else ())
         pair.launch_joined(gate_up + down, self.pdl, stream)
-
-    def _map(self, weight: int, address: int, box_rows: int) -> int:
-        """The device address of the tensor map of weight ``weight`` (0: w13, 2: w2) at its
-        current ``address``, ``box_rows`` rows per copy: made once, and again when the weight
-        was re-pointed (not during graph capture: CaptureError)."""
-        found = self._maps.get((weight, box_rows))
-        if found is not None and found[0] == address:
-            return found[1].data_ptr()
-        if self._capturing():
-            raise CaptureError(
-                "DenseMlp's weights were re-pointed since their last eager call, and the "
-                "streaming kernel's tensor map cannot be remade during CUDA graph capture: "
-                "make one eager call (or prepare) after re-pointing them, before capture"
-            )
-        from mlpjit.kernels.tensor_map import weight_block_map
-
-        tensor = (self._w13, None, self._w2)[weight]
-        made = weight_block_map(tensor.view(torch.uint8), box_rows, 1)
-        self._maps[(weight, box_rows)] = (address, made)
-        return made.data_ptr()
-
-    def _make_maps(self) -> None:
-        """Every loaded tma kernel's tensor map, for the weights' current addresses (before
-        capture, so that captured calls only read them)."""
-        for kinds in self._streamed.values():
-            for weight, kind in zip((0, 2), kinds, strict=True):
-                if kind > 1:
-                    self._map(weight, self._weight_ptrs[weight](), kind)
 
     def _call_without_kernels(
         self, x: Tensor, m: int, act: Tensor | None, out: Tensor | None

@@ -154,23 +154,12 @@ def stream_halves(hidden: int, inter: int, tokens: int, sms: int = hopper.SMS) -
 def layer_stream_options(
     rows: int, k: int, tokens: int, both_halves: bool, sms: int = hopper.SMS
 ) -> dict:
-    """stream_request options for one half of a dense layer on fp8_stream where both halves
-    stream: x quantized once per cluster (``share_x``, clusters of at least 2, at most
-    SHARE_X_MAX_STAGES stages) from SHARE_X_MIN_TOKENS tokens on where it fits, and below
-    that the TMA build (``tma``: tensor copies and wgmma by descriptor) where it fits;
-    otherwise none (the planner's defaults). On the H100 the TMA build took a median 3.6%
-    off the 10 benchmark layers that stream both halves at 1 token (0.81-0.99x) and was
-    slower than x shared in the cluster at 8 (docs/KERNEL_NOTES.md, variant 50)."""
-    if not both_halves:
+    """stream_request options for one half of a dense layer on fp8_stream: x quantized once
+    per cluster (``share_x``, clusters of at least 2, at most SHARE_X_MAX_STAGES stages)
+    where both halves stream and there are SHARE_X_MIN_TOKENS tokens or more and it fits;
+    otherwise none (the planner's defaults)."""
+    if not both_halves or tokens < SHARE_X_MIN_TOKENS:
         return {}
-    if tokens < SHARE_X_MIN_TOKENS:
-        try:
-            stream_plan.stream_params(
-                rows, k, tokens, swiglu=False, limit=None, ue8m0=True, sms=sms, tma=True
-            )
-        except ValueError:
-            return {}
-        return {"tma": True}
     options = dict(cluster=max(stream_plan.choose_cluster(rows, k, sms), 2), share_x=True)
     try:
         warps, per_warp = stream_plan.stage_shape(k)

@@ -301,8 +301,6 @@ class _FakeKernel:
         if kernel == "fp8_stream":  # its fifth pointer: a workspace (never touched here)
             self.params = (*_FakeKernel.params, KernelParam("workspace", "ptr"))
             self.symbol = "fake_fp8_stream"
-            if request_params.get("tma"):  # and a sixth: the weight's tensor map
-                self.params = (*self.params, KernelParam("w_map", "ptr"))
 
     def launch_unchecked(self, slots, pdl=None, stream=None) -> None:
         p = self.request
@@ -585,27 +583,16 @@ def test_kernel_path_refuses_a_kernel_with_another_signature(fake_kernel_path, m
 
 @pytest.fixture()
 def streamed_halves(monkeypatch):
-    """The layer planner sends gate_up and down to fp8_stream at 3 tokens (its TMA build:
-    both halves stream below six tokens), the down alone at 2, neither elsewhere (the fake
-    kernel path's small shape streams nothing). Tensor maps are CPU stand-ins: the weight's
-    address and box rows, recorded in ``made``."""
+    """The layer planner sends gate_up and down to fp8_stream at 3 tokens, the down alone
+    at 2, neither elsewhere (the fake kernel path's small shape streams nothing)."""
     from mlpjit import layer_plan
-    from mlpjit.kernels import tensor_map
-
-    made: list = []
-
-    def fake_map(weight, box_rows, box_blocks):
-        made.append((weight.data_ptr(), box_rows, box_blocks))
-        return torch.tensor([weight.data_ptr(), box_rows], dtype=torch.int64)
-
-    monkeypatch.setattr(tensor_map, "weight_block_map", fake_map)
 
     def halves(hidden, inter, tokens, sms=132):
         return {3: (True, True), 2: (False, True)}.get(tokens, (False, False))
 
     layer_plan._shard_requests.cache_clear()
     monkeypatch.setattr(layer_plan, "stream_halves", halves)
-    yield made
+    yield
     layer_plan._shard_requests.cache_clear()
 
 
@@ -622,48 +609,17 @@ def test_streamed_halves_take_their_output_as_the_workspace_pointer(
         (2, False): "fp8_stream", (3, True): "fp8_stream", (3, False): "fp8_stream",
     }  # fmt: skip
     assert all(r.params["cluster"] >= 1 for r in fake.warmed[0] if r.kernel == "fp8_stream")
-    tma = {(r.params["tokens"], r.params["swiglu"]) for r in fake.warmed[0] if r.params.get("tma")}
-    assert tma == {(3, True), (3, False)}  # both halves stream: the TMA build
-    # prepare made both maps (gate_up's copies 8 rows, down's 16), for the weights' addresses
-    w13, w2 = mlp.w13.data_ptr(), mlp.w2.data_ptr()
-    assert sorted(streamed_halves) == sorted([(w13, 8, 1), (w2, 16, 1)])
-    for m, lengths in ((3, (6, 6)), (2, (4, 5)), (1, (4, 4))):
+    for m, lengths in ((3, (5, 5)), (2, (4, 5)), (1, (4, 4))):
         log.clear()
         x = _x(m)
         act = torch.empty(m, KERNEL_INTER, dtype=torch.bfloat16)
         out = mlp.forward_into(x, act, torch.empty(m, HIDDEN, dtype=torch.bfloat16))
         (_, _, gate_up), (_, _, down) = log
         assert (len(gate_up), len(down)) == lengths
-        assert gate_up[0] == act.data_ptr() and gate_up[4:5] in ((), (act.data_ptr(),))
-        assert down[:2] == (out.data_ptr(), act.data_ptr())
-        assert down[4:5] in ((), (out.data_ptr(),))
-        if m == 3:  # the maps' addresses, made once
-            assert _tensor_at(gate_up[5], (1, 2), torch.int64)[0].tolist() == [w13, 8]
-            assert _tensor_at(down[5], (1, 2), torch.int64)[0].tolist() == [w2, 16]
+        assert gate_up[0] == act.data_ptr() and gate_up[4:] in ((), (act.data_ptr(),))
+        assert down[:2] == (out.data_ptr(), act.data_ptr()) and down[4:] in ((), (out.data_ptr(),))
         want = ref.dense_mlp_reference(x, limit=2.0, ue8m0=True, **kernel_weights)
         assert torch.equal(out, want) and torch.equal(mlp(x), want)
-
-
-def test_tma_maps_follow_re_pointed_weights_but_never_in_capture(
-    fake_kernel_path, kernel_weights, streamed_halves, monkeypatch
-) -> None:
-    """A weight re-pointed (.data) gets a new tensor map at the next eager call; during
-    graph capture a stale map is a CaptureError, not a read of the old address."""
-    mlp, _fake, log = fake_kernel_path
-    mlp.prepare([3])
-    made = len(streamed_halves)
-    mlp.w2.data = mlp.w2.data.clone()
-    with monkeypatch.context() as capturing:
-        capturing.setattr(mlp, "_capturing", lambda: True)
-        with pytest.raises(CaptureError, match="re-pointed .* before capture"):
-            mlp(_x(3))
-    assert len(streamed_halves) == made
-    log.clear()
-    out = mlp(_x(3))
-    assert streamed_halves[made:] == [(mlp.w2.data_ptr(), 16, 1)]
-    assert _tensor_at(log[1][2][5], (1, 2), torch.int64)[0].tolist() == [mlp.w2.data_ptr(), 16]
-    want = ref.dense_mlp_reference(_x(3), limit=2.0, ue8m0=True, **kernel_weights)
-    assert torch.equal(out, want)
 
 
 def test_kernel_path_refuses_an_fp8_stream_kernel_that_reads_a_workspace(

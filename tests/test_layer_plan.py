@@ -214,7 +214,7 @@ def test_streamed_halves_request_the_cluster_form() -> None:
         assert r.kernel == "fp8_gemv"
 
 
-def test_streamed_layers_take_tma_below_six_tokens_and_share_x_from_six() -> None:
+def test_streamed_layers_share_x_from_six_tokens() -> None:
     from mlpjit.kernels.fp8_stream.params import StreamParams
 
     counts = range(1, 9)
@@ -224,18 +224,15 @@ def test_streamed_layers_take_tma_below_six_tokens_and_share_x_from_six() -> Non
         for r in requests:
             stream = StreamParams(**r.params)
             shared = stream.tokens >= layer_plan.SHARE_X_MIN_TOKENS
-            assert stream.share_x is shared and stream.tma is not shared
+            assert stream.share_x is shared
             if shared:
                 assert stream.cluster >= 2 and stream.stages <= layer_plan.SHARE_X_MAX_STAGES
                 assert stream.x_blocks_max == stream.kblocks
             else:  # the planner's cluster size (1 for this gate_up) and deepest ring
                 assert stream.cluster == stream_plan.choose_cluster(stream.rows, stream.k)
-                assert stream.warps % 4 == 0
     # a half streamed alone, or a size that does not fit, keeps the planner's defaults
     assert layer_plan.layer_stream_options(6144, 4864, 8, False) == {}
-    assert layer_plan.layer_stream_options(6144, 4864, 1, False) == {}
-    assert layer_plan.layer_stream_options(5632, 6144, 5, True) == {"tma": True}
-    assert layer_plan.layer_stream_options(5120, 131072, 1, True) == {}
+    assert layer_plan.layer_stream_options(5632, 6144, 5, True) == {}
     assert layer_plan.layer_stream_options(5120, 65536, 8, True) == {}
     assert layer_plan.layer_stream_options(5632, 6144, 6, True) == {
         "cluster": 2, "share_x": True, "stages": 3,
