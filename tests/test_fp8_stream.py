@@ -48,6 +48,7 @@ BASE = dict(rows=3072, k=6144, tokens=8, swiglu=True, limit=None, ue8m0=True)
         (dict(ablate="x", share_x=True, cluster=2), "ablate='x' needs share_x=False"),
         (dict(tma=1), "tma must be a bool"),
         (dict(tma=True, warps=6), "tma needs warps a multiple of 4 .* got 6"),
+        (dict(step_sums=True), "step_sums needs tma=True"),
     ],
 )
 def test_params_refuse_what_the_kernel_cannot_take(change, message) -> None:

@@ -15,19 +15,21 @@ def tune():
 
 
 def test_variants_parse(tune) -> None:
+    V = tune.StreamVariant  # noqa: N806 (a class)
     assert tune.parse_variant("gemv") is None
-    assert tune.parse_variant("16x0") == (16, 0, 1, 1, "", 0, False, "", False)
-    assert tune.parse_variant("8x3b2c2") == (8, 3, 2, 2, "", 0, False, "", False)
-    assert tune.parse_variant("8x0b2g") == (8, 0, 2, 1, "g", 0, False, "", False)
-    assert tune.parse_variant("8x0b2c1d") == (8, 0, 2, 1, "d", 0, False, "", False)
-    assert tune.parse_variant("8x0b2k2") == (8, 0, 2, 1, "", 2, False, "", False)
-    assert tune.parse_variant("8x0b2kad") == (8, 0, 2, 1, "d", tune.CLUSTER_AUTO, False, "", False)
-    assert tune.parse_variant("8x3b2k2s") == (8, 3, 2, 1, "", 2, True, "", False)
-    assert tune.parse_variant("8x0b2kasg") == (8, 0, 2, 1, "g", tune.CLUSTER_AUTO, True, "", False)
     auto = tune.CLUSTER_AUTO
-    assert tune.parse_variant("0x0ka-mma") == (0, 0, 0, 1, "", auto, False, "mma", False)
-    assert tune.parse_variant("8x0b2kad-x+mma") == (8, 0, 2, 1, "d", auto, False, "x+mma", False)
+    assert tune.parse_variant("16x0") == V(16, 0, 1, 1, "", 0, False, "")
+    assert tune.parse_variant("8x3b2c2") == V(8, 3, 2, 2, "", 0, False, "")
+    assert tune.parse_variant("8x0b2g") == V(8, 0, 2, 1, "g", 0, False, "")
+    assert tune.parse_variant("8x0b2c1d") == V(8, 0, 2, 1, "d", 0, False, "")
+    assert tune.parse_variant("8x0b2k2") == V(8, 0, 2, 1, "", 2, False, "")
+    assert tune.parse_variant("8x0b2kad") == V(8, 0, 2, 1, "d", auto, False, "")
+    assert tune.parse_variant("8x3b2k2s") == V(8, 3, 2, 1, "", 2, True, "")
+    assert tune.parse_variant("8x0b2kasg") == V(8, 0, 2, 1, "g", auto, True, "")
+    assert tune.parse_variant("0x0ka-mma") == V(0, 0, 0, 1, "", auto, False, "mma")
+    assert tune.parse_variant("8x0b2kad-x+mma") == V(8, 0, 2, 1, "d", auto, False, "x+mma")
     assert tune.parse_variant("0x0kast").tma and tune.parse_variant("8x0b2tg").tma
+    assert tune.parse_variant("0x0katp").step_sums and not tune.parse_variant("0x0kat").step_sums
     assert tune.parse_variant("g0") == ("g", 0)
     assert tune.parse_variant("d12") == ("d", 12)
     assert tune.parse_variant("L") == ("L", 0, 0, 0, 0)
@@ -47,6 +49,7 @@ def test_variants_parse(tune) -> None:
         "8x0b2c1k2g-mma",
         "8x0b2c1-x+mma",
         "0x0c1kat",
+        "0x0c1katp",
         "8x3b2c1k2std-mma",
     ):
         assert tune.variant_label(tune.parse_variant(text)) == text

@@ -32,7 +32,7 @@ DEFAULT_SHAPES = (
 
 
 _VARIANT = re.compile(
-    r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?(?:k(\d|a)(s)?)?(t)?([gd])?(?:-(x|mma|x\+mma))?$"
+    r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?(?:k(\d|a)(s)?)?(t(?:p)?)?([gd])?(?:-(x|mma|x\+mma))?$"
 )
 CLUSTER_AUTO = -1  # a WxR variant's 'ka': fp8_stream's planner chooses the cluster size
 
@@ -49,6 +49,7 @@ class StreamVariant(NamedTuple):
     share_x: bool
     ablate: str
     tma: bool = False
+    step_sums: bool = False
 
 _ALTERNATIVE = re.compile(r"^([gd])(\d+)$")
 _LAYER = re.compile(r"^L(?:(\d+)b(\d)(?:s(\d+)x(\d+))?)?$")
@@ -69,7 +70,8 @@ def parse_variant(text: str) -> tuple | None:
     fp8_gemv's planned kernel for the other; 'kN' before it takes fp8_stream's cluster form
     with clusters of N CTAs ('ka': the size choose_cluster picks), and 'kNs' / 'kas' with x
     quantized once per cluster (share_x; 'kas': clusters of at least 2); 't' before the half
-    takes TMA tensor copies and wgmma by descriptor ('0x0kat'; StreamParams.tma); a trailing
+    takes TMA tensor copies and wgmma by descriptor ('0x0kat'; StreamParams.tma), 'tp' with
+    each 32-K step's sums added in fp32 (StreamParams.step_sums); a trailing
     '-x', '-mma' or '-x+mma' compiles fp8_stream with that part of the work left out
     (ablate: '0x0ka-mma'): a StreamVariant."""
     if text == "gemv":
@@ -84,7 +86,7 @@ def parse_variant(text: str) -> tuple | None:
     if match is None:
         raise ValueError(
             f"variant must be 'gemv', gN, dN, L[WbB[sGxD]] or "
-            f"WxR[bB][cC][kN[s]|ka[s]][t][g|d][-x|-mma|-x+mma] (g0, L, L8b1s3x4, 16x0, "
+            f"WxR[bB][cC][kN[s]|ka[s]][t[p]][g|d][-x|-mma|-x+mma] (g0, L, L8b1s3x4, 16x0, "
             f"8x0b2c2, 8x0b2k2, 8x0b2kad, 8x3b2k2s, 0x0kat, 0x0ka-mma), got {text!r}"
         )
     warps, stages, bpw, cps, cluster, share, tma, half, ablate = match.groups()
@@ -103,7 +105,7 @@ def parse_variant(text: str) -> tuple | None:
     bpw = int(bpw or (0 if warps == "0" else 1))
     return StreamVariant(
         int(warps), int(stages), bpw, int(cps or 1), half or "", cluster, bool(share),
-        ablate or "", bool(tma),
+        ablate or "", bool(tma), tma == "tp",
     )  # fmt: skip
 
 
@@ -117,7 +119,7 @@ def variant_label(variant: tuple | None) -> str:
         return f"{variant[0]}{variant[1]}"
     v = StreamVariant(*variant)
     kind = {0: "", CLUSTER_AUTO: "ka"}.get(v.cluster, f"k{v.cluster}")
-    kind += ("s" if v.share_x else "") + ("t" if v.tma else "")
+    kind += ("s" if v.share_x else "") + ("t" if v.tma else "") + ("p" if v.step_sums else "")
     shape = f"b{v.blocks_per_warp}" if v.warps else ""
     left_out = f"-{v.ablate}" if v.ablate else ""
     return f"{v.warps}x{v.stages}{shape}c{v.ctas_per_sm}{kind}{v.half}{left_out}"
@@ -197,6 +199,7 @@ def layer_requests(
         ctas_per_sm=v.ctas_per_sm,
         ablate=v.ablate,
         tma=v.tma,
+        step_sums=v.step_sums,
     )
     requests = []
     for name, rows, k, swiglu in (("g", 2 * inter, hidden, True), ("d", hidden, inter, False)):

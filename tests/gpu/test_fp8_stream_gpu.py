@@ -189,6 +189,12 @@ TMA_CASES = (
     + [(s, m, True, None, dict(TMA, warps=w, blocks_per_warp=b)) for s, m, w, b in (
         ("prime-72x7", 1, 4, 3), ("odd-24x13", 8, 4, 1), ("glm5-tp8-down", 4, 12, 1),
         ("odd-swiglu-8x13", 2, 16, 1))]
+    # each 32-K step's wgmma summed in fp32 registers (step_sums): its precision beside the
+    # cases above
+    + [(s, 1, True, None, dict(TMA, step_sums=True)) for s in SHAPES]
+    + [("glm5-tp8-gate_up", 5, False, LIMIT, dict(TMA, step_sums=True)),
+       ("odd-24x13", 3, True, None, dict(TMA, step_sums=True, cluster=2, share_x=True,
+                                          stages=3))]
 )  # fmt: skip
 
 ALL_CASES = CASES + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES + TMA_CASES

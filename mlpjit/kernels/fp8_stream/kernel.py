@@ -721,6 +721,7 @@ class Fp8Stream:
         zero = Float32(0.0)
         accs = []
         own = []
+        picked = []
         ptx.wgmma_fence()
         for j in cutlass.range_constexpr(self.blocks_per_warp):
             p0 = j * W + warp - wi  # the warpgroup's first block of this round
@@ -728,25 +729,37 @@ class Fp8Stream:
             a_desc = Int64(((s_stage + p0 * TMA_BLOCK_BYTES) >> 4) & 0x3FFF) | Int64(_A_DESC)
             b_desc = Int64(((s_x + xb0 * X_BLOCK_BYTES) >> 4) & 0x3FFF) | Int64(_X_DESC)
             acc = tuple(zero for _ in range(4 * WARPGROUP))
+            steps = []
             for step in cutlass.range_constexpr(4):
                 acc = ptx.wgmma_k32_e4m3(
                     a_desc + Int64(step * (32 >> 4)), b_desc + Int64(step * (X_STEP_BYTES >> 4)),
-                    acc, step > 0,
+                    tuple(zero for _ in range(4 * WARPGROUP)) if self.step_sums else acc,
+                    step > 0 and not self.step_sums,
                 )  # fmt: skip
+                steps.append(acc)
+            if cutlass.const_expr(self.step_sums):
+                # one round at a time: its four accumulator sets, then the next round's
+                ptx.wgmma_commit()
+                ptx.wgmma_wait()
+                v = self.own_columns(steps[0], wi)
+                for step in cutlass.range_constexpr(1, 4):
+                    u = self.own_columns(steps[step], wi)
+                    v = [v[c] + u[c] for c in range(4)]
+                picked.append(v)
+                if cutlass.const_expr(j + 1 < self.blocks_per_warp):
+                    ptx.wgmma_fence()
             accs.append(acc)
             xb = xb0 + wi
             if xb >= KB:
                 xb = xb - KB
             own.append((xb, s_wsc + (pos + p0 + wi - b0) * 8))
-        ptx.wgmma_commit()
-        ptx.wgmma_wait()
+        if cutlass.const_expr(not self.step_sums):
+            ptx.wgmma_commit()
+            ptx.wgmma_wait()
+            picked = [self.own_columns(acc, wi) for acc in accs]
         sums = []
         for j in cutlass.range_constexpr(self.blocks_per_warp):
-            acc = accs[j]
-            v0, v1, v2, v3 = acc[0], acc[1], acc[2], acc[3]
-            for w in cutlass.range_constexpr(1, WARPGROUP):  # D columns 8 w ..: block w's
-                if wi == w:
-                    v0, v1, v2, v3 = acc[4 * w], acc[4 * w + 1], acc[4 * w + 2], acc[4 * w + 3]
+            v0, v1, v2, v3 = picked[j]
             xb, s_ws = own[j]
             ws0 = ptx.ld_shared_f32(s_ws)
             ws1 = ptx.ld_shared_f32(s_ws + 4)
@@ -754,6 +767,16 @@ class Fp8Stream:
             xs1 = ptx.ld_shared_f32(s_xs1 + xb * 4)
             sums.append([v0 * (ws0 * xs0), v1 * (ws0 * xs1), v2 * (ws1 * xs0), v3 * (ws1 * xs1)])
         return sums
+
+    @cute.jit
+    def own_columns(self, acc, wi):
+        """A warp's 4 of a wgmma.m64n32's 16 accumulators: the 8 columns of block wi (D
+        columns 8 wi .. + 7), in mma.sync's order."""
+        v0, v1, v2, v3 = acc[0], acc[1], acc[2], acc[3]
+        for w in cutlass.range_constexpr(1, WARPGROUP):
+            if wi == w:
+                v0, v1, v2, v3 = acc[4 * w], acc[4 * w + 1], acc[4 * w + 2], acc[4 * w + 3]
+        return [v0, v1, v2, v3]
 
     @cute.jit
     def hand_over(self, s_base, s_part, piece, warp, lane, t0, t1, t2, t3):

@@ -129,6 +129,9 @@ class StreamParams:
     ablate: str = ""  # ABLATIONS: a build that leaves out part of the work (never DenseMlp's)
     # TMA tensor copies and wgmma by descriptor (see TMA_KERNEL_ARGS); warps a multiple of 4
     tma: bool = False
+    # tma: each 32-K step's wgmma into accumulators of its own, the four summed in fp32
+    # registers (the tensor core's FP8 sums are less precise than fp32), not one chain of four
+    step_sums: bool = False
 
     def __post_init__(self) -> None:
         check_int("rows", self.rows, TILE_ROWS, MAX_ROWS)
@@ -143,7 +146,7 @@ class StreamParams:
                 f"cluster must be one of {', '.join(map(str, CLUSTER_SIZES))}, got {self.cluster!r}"
             )
         hopper.check_sms(self.sms)
-        for name in ("swiglu", "ue8m0", "trace", "share_x", "tma"):
+        for name in ("swiglu", "ue8m0", "trace", "share_x", "tma", "step_sums"):
             check_bool(name, getattr(self, name))
         object.__setattr__(self, "limit", check_limit(self.limit))
         if not isinstance(self.ablate, str) or self.ablate not in ABLATIONS:
@@ -152,6 +155,8 @@ class StreamParams:
             )
         if self.leaves_out_x and self.share_x:
             raise ValueError("ablate='x' needs share_x=False (the cluster's exchange waits for x)")
+        if self.step_sums and not self.tma:
+            raise ValueError("step_sums needs tma=True (it changes how the wgmmas sum)")
         if self.tma and self.warps % WARPGROUP:
             raise ValueError(
                 f"tma needs warps a multiple of {WARPGROUP} (whole warpgroups), got {self.warps}"

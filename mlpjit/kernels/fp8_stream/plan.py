@@ -120,10 +120,12 @@ def stream_params(
     share_x: bool = False,
     ablate: str = "",
     tma: bool = False,
+    step_sums: bool = False,
 ) -> StreamParams:
     """The params of one launch; knobs left None follow from the shape (``warps`` and
     ``blocks_per_warp`` both None: stage_shape's; ``cluster`` None: the cluster form at
-    choose_cluster's size; 0: the grid-wide form; ``ablate``, ``tma``: see StreamParams)."""
+    choose_cluster's size; 0: the grid-wide form; ``ablate``, ``tma``, ``step_sums``: see
+    StreamParams)."""
     hopper.check_sms(sms)
     if cluster is None:
         cluster = choose_cluster(rows, k, sms)
@@ -155,7 +157,7 @@ def stream_params(
         rows=rows, k=k, tokens=tokens, swiglu=swiglu, limit=limit if swiglu else None,
         ue8m0=ue8m0, warps=warps, stages=stages, sms=sms, trace=trace,
         blocks_per_warp=blocks_per_warp, ctas_per_sm=ctas_per_sm, cluster=cluster,
-        share_x=share_x, ablate=ablate, tma=tma,
+        share_x=share_x, ablate=ablate, tma=tma, step_sums=step_sums,
     )  # fmt: skip
 
 
