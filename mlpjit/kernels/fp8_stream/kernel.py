@@ -36,6 +36,12 @@ work split and a memory pipeline whose speed follows from the bytes:
   arrive. Every CTA reading and quantizing all of x (up to 98 KB of L2 reads per CTA at 8
   tokens, competing with the weight stream) is what made 8 tokens slower than 1.
 
+- ``tma``: the producer copies each block of a stage with a TMA tensor copy into wgmma's
+  128-byte swizzle (the weight's tensor map is a sixth kernel parameter), and the consumers'
+  warpgroups multiply four consecutive blocks at once with wgmma through descriptors, x in
+  wgmma's core-matrix layout (params.py: TMA_KERNEL_ARGS). Faster than mma.sync and less
+  precise (docs/KERNEL_NOTES.md, variants 50 and 51); no DenseMlp plan takes it yet.
+
 DenseMlp runs the cluster form for the layer halves mlpjit.layer_plan.stream_halves gives
 it; scripts/tune_fp8_stream.py times both forms beside fp8_gemv (docs/KERNEL_NOTES.md,
 the streaming kernel).
