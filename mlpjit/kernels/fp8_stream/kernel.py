@@ -713,7 +713,8 @@ class Fp8Stream:
         and one wgmma.m64n32k32 per 32 K multiplies it by the four blocks' x side by side
         (x slots xb .. xb + 3 of the round's first block); each warp keeps its own block's 8
         columns. A round past the stage's blocks computes on what the slot holds and is
-        never added."""
+        never added. step_sums: each step's wgmma writes accumulators of its own, and the
+        warp adds its four picks in fp32, one round at a time."""
         W = self.warps
         KB = self.kblocks
         if cutlass.const_expr(self.leaves_out_mma):
