@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 
-from mlpjit.kernels.wgmma_probe import CORE, ProbeParams, a_descriptor, b_offset, descriptor
+from mlpjit.kernels.wgmma_desc import CORE, core_matrix_descriptor, swizzled_descriptor
+from mlpjit.kernels.wgmma_probe import ProbeParams, b_offset
 
 
 @pytest.mark.parametrize(
@@ -39,7 +40,7 @@ def test_b_layout_is_core_matrices_of_8_tokens_by_16_bytes(n: int) -> None:
 
 
 def test_descriptor_fields() -> None:
-    desc = descriptor(0x1A40, 1024)
+    desc = core_matrix_descriptor(0x1A40, 1024)
     assert desc & 0x3FFF == 0x1A4  # start address / 16
     assert (desc >> 16) & 0x3FFF == CORE // 16  # leading offset: the step's second K half
     assert (desc >> 32) & 0x3FFF == 1024 // 16  # stride offset: the next 8 tokens
@@ -62,7 +63,7 @@ def test_probe_compiles_to_one_native_fp8_wgmma_per_step(k: int, n: int) -> None
 
 
 def test_a_descriptor_fields() -> None:
-    desc = a_descriptor(0x2000 + 32)  # an atom's start plus one 32-K step
+    desc = swizzled_descriptor(0x2000 + 32)  # an atom's start plus one 32-K step
     assert desc & 0x3FFF == (0x2000 + 32) >> 4
     assert (desc >> 32) & 0x3FFF == 1024 // 16  # stride offset: the next 8 rows' atom
     assert desc >> 62 == 1  # 128-byte swizzle

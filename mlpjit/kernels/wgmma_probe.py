@@ -27,16 +27,21 @@ from typing import Any
 from mlpjit.jit.binary import KernelBinary, KernelParam
 from mlpjit.jit.spec import KernelSpec, register
 from mlpjit.kernels.tensor_map import MAP_BYTES
+from mlpjit.kernels.wgmma_desc import (
+    CORE,
+    SWIZZLE_ATOM,
+    core_matrix_descriptor,
+    device_descriptor,
+    swizzled_descriptor,
+)
 
 __all__ = [
     "A_SOURCES",
     "PARAMS",
     "SPEC",
     "ProbeParams",
-    "a_descriptor",
     "b_offset",
     "compile_cubin",
-    "descriptor",
 ]
 
 PARAMS = (KernelParam("out", "ptr"), KernelParam("a", "ptr"), KernelParam("b", "ptr"))
@@ -46,12 +51,10 @@ A_SOURCES = ("registers", "tma")
 TMA_PARAMS = (*PARAMS, KernelParam("a_map", "ptr"))
 TMA_TILE_ROWS = 16  # tma: a is one 16-row tile of four 128-K blocks, A's 64 rows block-major
 TMA_BLOCKS = 4
-SWIZZLE_ATOM = 1024  # 8 rows x 128 bytes: the 128-byte swizzle's period
 ROWS = 64  # wgmma's M: four warps of 16 rows
 GROUP = 8  # B rows (tokens) of one core matrix
 NS = (8, 16, 32)  # wgmma's N here
 STEP = 32  # K per wgmma (bytes of e4m3)
-CORE = 128  # a core matrix: 8 rows x 16 bytes
 MAX_K = 256
 
 
@@ -112,26 +115,6 @@ class ProbeParams:
         return TMA_PARAMS if self.a_from == "tma" else PARAMS
 
 
-def descriptor(smem_address: int, group_bytes: int) -> int:
-    """The 64-bit wgmma descriptor of a step's B at ``smem_address`` (16-byte aligned): the
-    start address, the leading-byte offset between the step's two K halves (CORE), the
-    stride-byte offset between groups of 8 tokens, no swizzle. The kernel ORs its start
-    address into ``descriptor(0, group_bytes)``."""
-    return (
-        ((smem_address >> 4) & 0x3FFF) | ((CORE >> 4) << 16) | ((group_bytes >> 4) << 32)
-    )
-
-
-def a_descriptor(smem_address: int) -> int:
-    """The 64-bit wgmma descriptor of a 32-K step of A (K-major, 128-byte swizzle) at
-    ``smem_address``: the start address (a 1 KB atom's start plus the step's 32-byte
-    offset), leading-byte offset 16 (unused by swizzled K-major layouts), stride-byte offset
-    one atom (the next 8 rows), layout type 1 (128-byte swizzle)."""
-    return (
-        ((smem_address >> 4) & 0x3FFF) | (1 << 16) | ((SWIZZLE_ATOM >> 4) << 32) | (1 << 62)
-    )
-
-
 def b_offset(n: int, kk: int, group_bytes: int) -> int:
     """Byte of B's token n, K byte kk in shared memory (no swizzle, K-major): n's group of
     8 tokens, the step, the core matrix of the step's K half, row n % 8 of it, the byte."""
@@ -189,8 +172,7 @@ def _program(params: ProbeParams) -> Any:
         acc = tuple(Float32(0.0) for _ in range(N // 2))
         ptx.wgmma_fence()
         for s in cutlass.range_constexpr(P.steps):
-            start = (s_b + s * 2 * CORE) >> 4
-            desc = Int64(start & 0x3FFF) | Int64(descriptor(0, GB))
+            desc = device_descriptor(s_b + s * 2 * CORE, core_matrix_descriptor(0, GB))
             acc = ptx.wgmma_k32_e4m3(tuple(frags[s]), desc, acc, s > 0)
         ptx.wgmma_commit()
         ptx.wgmma_wait()
@@ -249,8 +231,8 @@ def _program(params: ProbeParams) -> Any:
         acc = tuple(Float32(0.0) for _ in range(N // 2))
         ptx.wgmma_fence()
         for s in cutlass.range_constexpr(P.steps):
-            a_desc = Int64(((s_a + s * STEP) >> 4) & 0x3FFF) | Int64(a_descriptor(0))
-            b_desc = Int64(((s_b + s * 2 * CORE) >> 4) & 0x3FFF) | Int64(descriptor(0, GB))
+            a_desc = device_descriptor(s_a + s * STEP, swizzled_descriptor(0))
+            b_desc = device_descriptor(s_b + s * 2 * CORE, core_matrix_descriptor(0, GB))
             acc = ptx.wgmma_k32_e4m3(a_desc, b_desc, acc, s > 0)
         ptx.wgmma_commit()
         ptx.wgmma_wait()

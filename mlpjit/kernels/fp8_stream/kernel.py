@@ -77,17 +77,20 @@ from mlpjit.kernels.fp8_stream.params import (
 )
 from mlpjit.kernels.numerics import quantize16, swiglu
 from mlpjit.kernels.tensor_map import MAP_BYTES
+from mlpjit.kernels.wgmma_desc import (
+    core_matrix_descriptor,
+    device_descriptor,
+    swizzled_descriptor,
+)
 
 __all__ = ["Fp8Stream", "compile_cubin"]
 
 _CONSUMERS = 1  # named barrier of the consumer warps (0 is __syncthreads)
 _SLOT_BATCH = 4  # split-tile partials the last CTA loads at once
-# tma: wgmma descriptors less their start addresses. A (the ring, K-major, 128-byte swizzle):
-# stride-byte offset one 1 KB atom (the next 8 rows), leading offset unused, layout type 1.
-# B (x, no swizzle): leading-byte offset the step's second K half, stride-byte offset the
-# next K block (B's next 8 rows).
-_A_DESC = (1 << 16) | ((1024 >> 4) << 32) | (1 << 62)
-_X_DESC = ((X_CORE >> 4) << 16) | ((X_BLOCK_BYTES >> 4) << 32)
+# tma: wgmma descriptors less their start addresses: A (the ring, 128-byte swizzle) and B
+# (x, core matrices; the next 8 of B's rows are the next K block's x)
+_A_DESC = swizzled_descriptor(0)
+_X_DESC = core_matrix_descriptor(0, X_BLOCK_BYTES)
 
 
 class Fp8Stream:
@@ -733,10 +736,10 @@ class Fp8Stream:
         for j in cutlass.range_constexpr(self.blocks_per_warp):
             p0 = j * W + warp - wi  # the warpgroup's first block of this round
             xb0 = (pos + p0 - x_origin) % KB
-            a_desc = Int64(((s_stage + p0 * TMA_BLOCK_BYTES) >> 4) & 0x3FFF) | Int64(_A_DESC)
-            b_desc = Int64(((s_x + xb0 * X_BLOCK_BYTES) >> 4) & 0x3FFF) | Int64(_X_DESC)
+            a_desc = device_descriptor(s_stage + p0 * TMA_BLOCK_BYTES, _A_DESC)
+            b_desc = device_descriptor(s_x + xb0 * X_BLOCK_BYTES, _X_DESC)
             acc = tuple(zero for _ in range(4 * WARPGROUP))
-            steps = []
+            steps = []  # step_sums: each step's own accumulators
             for step in cutlass.range_constexpr(4):
                 acc = ptx.wgmma_k32_e4m3(
                     a_desc + Int64(step * (32 >> 4)), b_desc + Int64(step * (X_STEP_BYTES >> 4)),
@@ -755,7 +758,8 @@ class Fp8Stream:
                 picked.append(v)
                 if cutlass.const_expr(j + 1 < self.blocks_per_warp):
                     ptx.wgmma_fence()
-            accs.append(acc)
+            else:
+                accs.append(acc)
             xb = xb0 + wi
             if xb >= KB:
                 xb = xb - KB

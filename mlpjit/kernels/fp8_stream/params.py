@@ -17,6 +17,7 @@ from mlpjit.kernels import hopper
 from mlpjit.kernels.blocks import BLOCK
 from mlpjit.kernels.checks import check_bool, check_int
 from mlpjit.kernels.fp8_gemv.params import MAX_K, MAX_ROWS, check_limit
+from mlpjit.kernels.wgmma_desc import CORE, SWIZZLE_ATOM
 
 __all__ = [
     "ABLATIONS",
@@ -76,11 +77,10 @@ MBARRIER_BYTES = 16
 # pointer.
 TMA_KERNEL_ARGS = (*KERNEL_ARGS, "w_map")
 WARPGROUP = 4  # warps of a warpgroup: K blocks side by side in one wgmma
-X_CORE = 128  # a core matrix: 8 tokens x 16 bytes
+X_CORE = CORE  # a core matrix: 8 tokens x 16 bytes
 X_STEP_BYTES = 2 * X_CORE  # one 32-K step of x (its two K halves)
 X_BLOCK_BYTES = 4 * X_STEP_BYTES  # one 128-K block of x for 8 tokens
 TMA_BLOCK_BYTES = TILE_ROWS * BLOCK  # one block of the ring: 16 swizzled rows of 128 bytes
-SWIZZLE_ATOM = 1024  # 8 rows x 128 bytes: the 128-byte swizzle's period
 
 
 def workspace_bytes(rows: int, k: int, sms: int = hopper.SMS, trace: bool = False) -> int:
