@@ -164,3 +164,21 @@ def test_tma_builds_copy_by_tensor_maps_and_multiply_by_wgmma(rows, k, tokens, o
     assert not any(op.startswith(("HMMA", "F2FP.F16.E4M3.UNPACK")) for op in count)
     assert any(op.startswith("FENCE.VIEW.ASYNC.S") for op in count), "x: proxy fence"
     assert [p.name for p in binary.params] == [*KERNEL_ARGS, "w_map"]
+
+
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_tma_x_chunks_of_a_quarter_warp_fall_in_eight_bank_groups(tokens: int) -> None:
+    """tma: the 8 lanes of a quarter warp store the 8 16-byte chunks of one token's K block
+    of x; they land in 8 different 16-byte bank groups, where wgmma's descriptor finds them
+    (core matrix c of the block X_CORE * c on, row t 16 * t on)."""
+    from mlpjit.kernels.fp8_stream.kernel import _X_DESC, Fp8Stream
+    from mlpjit.kernels.fp8_stream.params import X_BLOCK_BYTES, X_CORE, StreamParams
+
+    stream = Fp8Stream(StreamParams(3072, 6144, tokens, True, None, True, tma=True))
+    assert (_X_DESC >> 16) & 0x3FFF == X_CORE // 16  # leading-byte offset: the next K half
+    assert (_X_DESC >> 32) & 0x3FFF == X_BLOCK_BYTES // 16  # stride-byte offset: next block
+    for t in range(tokens):
+        for xb in range(3):
+            chunks = [stream.x_chunk_address(0, t, xb, cl) for cl in range(8)]
+            assert chunks == [xb * X_BLOCK_BYTES + cl * X_CORE + t * 16 for cl in range(8)]
+            assert len({address // 16 % 8 for address in chunks}) == 8

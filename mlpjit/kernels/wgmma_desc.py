@@ -28,11 +28,11 @@ def _start(smem_address: int) -> int:
     return (smem_address >> 4) & 0x3FFF
 
 
-def core_matrix_descriptor(smem_address: int, group_bytes: int) -> int:
-    """No swizzle, K-major: a 32-K step is two core matrices (K bytes 0-15, 16-31) CORE
-    apart (the leading-byte offset), and the next 8 rows start ``group_bytes`` on (the
-    stride-byte offset)."""
-    return _start(smem_address) | ((CORE >> 4) << 16) | ((group_bytes >> 4) << 32)
+def core_matrix_descriptor(smem_address: int, group_bytes: int, k_pitch: int = CORE) -> int:
+    """No swizzle, K-major: a 32-K step is two core matrices (K bytes 0-15, 16-31)
+    ``k_pitch`` bytes apart (the leading-byte offset; any multiple of 16 from CORE on), and
+    the next 8 rows start ``group_bytes`` on (the stride-byte offset)."""
+    return _start(smem_address) | ((k_pitch >> 4) << 16) | ((group_bytes >> 4) << 32)
 
 
 def swizzled_descriptor(smem_address: int) -> int:

@@ -40,7 +40,7 @@ work split and a memory pipeline whose speed follows from the bytes:
   128-byte swizzle (the weight's tensor map is a sixth kernel parameter), and the consumers'
   warpgroups multiply four consecutive blocks at once with wgmma through descriptors, x in
   wgmma's core-matrix layout (params.py: TMA_KERNEL_ARGS). Faster than mma.sync and less
-  precise (docs/KERNEL_NOTES.md, variants 50 and 51); no DenseMlp plan takes it yet.
+  precise (docs/KERNEL_NOTES.md, variants 50 to 52); no DenseMlp plan takes it.
 
 DenseMlp runs the cluster form for the layer halves mlpjit.layer_plan.stream_halves gives
 it; scripts/tune_fp8_stream.py times both forms beside fp8_gemv (docs/KERNEL_NOTES.md,
@@ -90,7 +90,7 @@ _SLOT_BATCH = 4  # split-tile partials the last CTA loads at once
 # tma: wgmma descriptors less their start addresses: A (the ring, 128-byte swizzle) and B
 # (x, core matrices; the next 8 of B's rows are the next K block's x)
 _A_DESC = swizzled_descriptor(0)
-_X_DESC = core_matrix_descriptor(0, X_BLOCK_BYTES)
+_X_DESC = core_matrix_descriptor(0, X_BLOCK_BYTES, X_CORE)
 
 
 class Fp8Stream:
@@ -705,7 +705,7 @@ class Fp8Stream:
         memory: its token row, or (tma) row t of the core matrix of step cl // 2, K half
         cl % 2."""
         if self.tma:
-            return s_x + xb * X_BLOCK_BYTES + (cl >> 1) * X_STEP_BYTES + (cl & 1) * X_CORE + t * 16
+            return s_x + xb * X_BLOCK_BYTES + cl * X_CORE + t * 16
         return s_x + t * self.x_row + xb * BLOCK + cl * 16
 
     @cute.jit

@@ -72,12 +72,14 @@ MBARRIER_BYTES = 16
 # multiplies their 64 rows by those blocks' x side by side (B's 32 rows: 8 tokens x 4
 # blocks); each warp keeps the 8 columns of its own block. x lives in shared memory in
 # wgmma's no-swizzle K-major layout: per K block, 4 steps of 32 K, each two core matrices
-# (K bytes 0-15 and 16-31 of the step) of 8 tokens x 16 bytes. The kernel takes the weight's
-# tensor map (mlpjit.kernels.tensor_map.weight_block_map(w, tma_box_rows, 1)) as a sixth
-# pointer.
+# (K bytes 0-15 and 16-31 of the step) of 8 tokens x 16 bytes. Core matrices start X_CORE
+# apart, 16 bytes more than their size, so the 8 chunks of one token's 128 values (the 8
+# lanes of a quarter warp's store) fall in 8 different bank groups. The kernel takes the
+# weight's tensor map (mlpjit.kernels.tensor_map.weight_block_map(w, tma_box_rows, 1)) as a
+# sixth pointer.
 TMA_KERNEL_ARGS = (*KERNEL_ARGS, "w_map")
 WARPGROUP = 4  # warps of a warpgroup: K blocks side by side in one wgmma
-X_CORE = CORE  # a core matrix: 8 tokens x 16 bytes
+X_CORE = CORE + 16  # from one core matrix (8 tokens x 16 bytes) of x to the next
 X_STEP_BYTES = 2 * X_CORE  # one 32-K step of x (its two K halves)
 X_BLOCK_BYTES = 4 * X_STEP_BYTES  # one 128-K block of x for 8 tokens
 TMA_BLOCK_BYTES = TILE_ROWS * BLOCK  # one block of the ring: 16 swizzled rows of 128 bytes
