@@ -9,7 +9,7 @@ from typing import Any
 
 from mlpjit.jit.scratch import scratch_prefix
 
-__all__ = ["compile_to_cubin", "row_major_tensor"]
+__all__ = ["compile_to_cubin", "launch_options", "row_major_tensor"]
 
 
 def compile_to_cubin(program: Any, *args: Any, arch: str) -> tuple[bytes, str]:
@@ -33,6 +33,28 @@ def compile_to_cubin(program: Any, *args: Any, arch: str) -> tuple[bytes, str]:
             f"CuTe DSL returned no cubin or not exactly one kernel (symbols: {symbols})"
         )
     return bytes(cubin), symbols[0]
+
+
+def launch_options(
+    ctas: int,
+    threads: int,
+    smem_bytes: int,
+    ctas_per_sm: int | None = None,
+    cluster_ctas: int = 1,
+) -> dict[str, Any]:
+    """The keyword arguments of a kernel's ``launch``: a one-dimensional grid with PDL on,
+    ``ctas_per_sm`` as the launch bound (none if None) and clusters of ``cluster_ctas``."""
+    options: dict[str, Any] = dict(
+        grid=[ctas, 1, 1], block=[threads, 1, 1], smem=smem_bytes, use_pdl=True
+    )
+    if ctas_per_sm is not None:
+        options["min_blocks_per_mp"] = ctas_per_sm
+    if ctas_per_sm is not None and ctas_per_sm > 1:
+        # Without an explicit carveout the DSL queries the device for min_blocks > 1.
+        options["preferred_smem_carveout"] = 100
+    if cluster_ctas > 1:
+        options["cluster"] = [cluster_ctas, 1, 1]
+    return options
 
 
 def row_major_tensor(dtype: Any, shape: tuple[int, ...]) -> Any:

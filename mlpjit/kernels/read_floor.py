@@ -199,6 +199,7 @@ def _program(params: ReadParams) -> Any:
     from cutlass import Int32, Int64
 
     from mlpjit.kernels import ptx
+    from mlpjit.kernels.cubin import launch_options
 
     P = params
     W, R, C = P.warps, P.stages, P.ctas
@@ -326,25 +327,15 @@ def _program(params: ReadParams) -> Any:
                 seen = ptx.ld_acquire_gpu_u32(g_count)
         ptx.bar_sync(1, 32 * W)
 
+    options = launch_options(P.ctas, P.threads, P.smem_bytes)
+
     @cute.jit
     def launch(m_out: cute.Tensor, m_buf: cute.Tensor, stream: Any):
-        kernel(m_out, m_buf).launch(
-            grid=[P.ctas, 1, 1],
-            block=[P.threads, 1, 1],
-            smem=P.smem_bytes,
-            stream=stream,
-            use_pdl=True,
-        )
+        kernel(m_out, m_buf).launch(stream=stream, **options)
 
     @cute.jit
     def tensor_launch(m_out: cute.Tensor, m_buf: cute.Tensor, m_map: cute.Tensor, stream: Any):
-        tensor_kernel(m_out, m_buf, m_map).launch(
-            grid=[P.ctas, 1, 1],
-            block=[P.threads, 1, 1],
-            smem=P.smem_bytes,
-            stream=stream,
-            use_pdl=True,
-        )
+        tensor_kernel(m_out, m_buf, m_map).launch(stream=stream, **options)
 
     return tensor_launch if P.tensor else launch
 

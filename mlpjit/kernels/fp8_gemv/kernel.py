@@ -35,7 +35,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from mlpjit.kernels import ptx
-from mlpjit.kernels.cubin import compile_to_cubin
+from mlpjit.kernels.cubin import compile_to_cubin, launch_options
 from mlpjit.kernels.fp8_gemv.params import GROUP, KERNEL_ARGS, STEP, GemvParams, split_slots
 from mlpjit.kernels.numerics import quantize16, swiglu
 
@@ -72,19 +72,9 @@ class Fp8Gemv:
 
     def launch_options(self) -> dict:
         """The launch's grid, block, shared memory, PDL, launch bound and cluster."""
-        options = dict(
-            grid=[self.ctas, 1, 1],
-            block=[self.threads, 1, 1],
-            smem=self.smem_bytes,
-            use_pdl=True,
-            min_blocks_per_mp=self.ctas_per_sm,
+        return launch_options(
+            self.ctas, self.threads, self.smem_bytes, self.ctas_per_sm, self.cluster_ctas
         )
-        if self.ctas_per_sm > 1:
-            # Without an explicit carveout the DSL queries the device for min_blocks > 1.
-            options["preferred_smem_carveout"] = 100
-        if self.cluster_ctas > 1:
-            options["cluster"] = [self.cluster_ctas, 1, 1]
-        return options
 
     # ------------------------------------------------------------------ device side
 

@@ -30,7 +30,7 @@ from cutlass import Int64
 
 from mlpjit.kernels import ptx
 from mlpjit.kernels.blocks import BLOCK
-from mlpjit.kernels.cubin import compile_to_cubin, row_major_tensor
+from mlpjit.kernels.cubin import compile_to_cubin, launch_options, row_major_tensor
 from mlpjit.kernels.fp8_layer.params import KERNEL_ARGS, LayerParams
 from mlpjit.kernels.fp8_stream.kernel import Fp8Stream
 
@@ -66,12 +66,7 @@ class Fp8Layer:
     ):
         p = self.params
         self.kernel(m_out, m_act, m_x, m_w13, m_s13, m_w2, m_s2, m_work).launch(
-            grid=[p.ctas, 1, 1],
-            block=[p.threads, 1, 1],
-            smem=p.smem_bytes,
-            stream=stream,
-            use_pdl=True,
-            min_blocks_per_mp=1,
+            stream=stream, **launch_options(p.ctas, p.threads, p.smem_bytes, ctas_per_sm=1)
         )
 
     @cute.kernel

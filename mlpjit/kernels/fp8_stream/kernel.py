@@ -59,7 +59,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from mlpjit.kernels import ptx
-from mlpjit.kernels.cubin import compile_to_cubin, row_major_tensor
+from mlpjit.kernels.cubin import compile_to_cubin, launch_options, row_major_tensor
 from mlpjit.kernels.fp8_stream.params import (
     BLOCK,
     PARTIAL_BUFFERS,
@@ -122,20 +122,9 @@ class Fp8Stream:
         return getattr(self.params, name)
 
     def launch_options(self) -> dict:
-        """The launch's configuration (Python constants)."""
-        extra = {}
-        if self.ctas_per_sm > 1:
-            # Without an explicit carveout the DSL queries the device for min_blocks > 1.
-            extra["preferred_smem_carveout"] = 100
-        if self.cluster_ctas > 1:
-            extra["cluster"] = [self.cluster_ctas, 1, 1]
-        return dict(
-            grid=[self.ctas, 1, 1],
-            block=[self.threads, 1, 1],
-            smem=self.smem_bytes,
-            use_pdl=True,
-            min_blocks_per_mp=self.ctas_per_sm,
-            **extra,
+        """The launch's grid, block, shared memory, PDL, launch bound and cluster."""
+        return launch_options(
+            self.ctas, self.threads, self.smem_bytes, self.ctas_per_sm, self.cluster_ctas
         )
 
     @cute.jit
