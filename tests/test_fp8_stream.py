@@ -268,20 +268,3 @@ def test_stream_params_take_the_stage_shape_unless_told() -> None:
     # Where x leaves no room for stages of two blocks per warp, one (variant 38's fallback).
     p = plan.stream_params(5120, 17408, 8, swiglu=False, limit=None, ue8m0=True)
     assert (p.warps, p.blocks_per_warp) == (8, 1)
-
-
-def test_prefetch_next_is_checked_and_keyed_only_when_set() -> None:
-    plain = StreamParams(**BASE)
-    fetching = StreamParams(**BASE, prefetch_next=32768, next_bytes=6144 * 1536)
-    assert fetching.kernel_args == (*plain.kernel_args, "next_w")
-    assert SPEC.key_params(fetching)["prefetch_next"] == 32768
-    assert "prefetch_next" not in SPEC.key_params(plain)
-    assert fetching.smem_bytes == plain.smem_bytes  # nothing lands in shared memory
-    with pytest.raises(ValueError, match="prefetch_next needs next_bytes"):
-        StreamParams(**BASE, prefetch_next=32768)
-    with pytest.raises(ValueError, match="multiples of 128"):
-        StreamParams(**BASE, prefetch_next=1000, next_bytes=6144 * 1536)
-    with pytest.raises(ValueError, match="prefetch_next needs tma=False"):
-        StreamParams(**BASE, prefetch_next=32768, next_bytes=6144 * 1536, tma=True, warps=4)
-    with pytest.raises(ValueError, match="next_bytes"):
-        StreamParams(**BASE, next_bytes=-128)

@@ -182,22 +182,3 @@ def test_tma_x_chunks_of_a_quarter_warp_fall_in_eight_bank_groups(tokens: int) -
             chunks = [stream.x_chunk_address(0, t, xb, cl) for cl in range(8)]
             assert chunks == [xb * X_BLOCK_BYTES + cl * X_CORE + t * 16 for cl in range(8)]
             assert len({address // 16 % 8 for address in chunks}) == 8
-
-
-@pytest.mark.parametrize(("tokens", "options"), [(1, {}), (8, dict(cluster=2, share_x=True))])
-def test_prefetch_next_asks_for_l2_after_the_last_copy(tokens, options) -> None:
-    """prefetch_next: the producer's L2 prefetches (UBLKPF.L2) of the next weight come after
-    its bulk copies, in the same warp's code, and the kernel takes that weight as a sixth
-    pointer; the consumers' code is the plain build's (same mma and unpack counts)."""
-    _, plain_binary, plain = _compiled(3072, 6144, tokens, **options)
-    params, binary, f = _compiled(
-        3072, 6144, tokens, prefetch_next=32768, next_bytes=6144 * 1536, **options
-    )
-    assert f.stack == 0 and f.local == 0, "spills"
-    count, before = Counter(f.ops), Counter(plain.ops)
-    assert "UBLKPF.L2" in count and "UBLKPF.L2" not in before
-    assert f.ops.index("UBLKPF.L2") > max(i for i, op in enumerate(f.ops) if op == "UBLKCP.S.G")
-    for op in ("HMMA.16816.F32", "UBLKCP.S.G", "ACQBULK", "PREEXIT"):
-        assert count[op] == before[op], op
-    assert [p.name for p in binary.params] == [*KERNEL_ARGS, "next_w"]
-    assert [p.name for p in plain_binary.params] == list(KERNEL_ARGS)

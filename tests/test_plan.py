@@ -153,8 +153,6 @@ def test_gemv_request_params() -> None:
         "splits",
         "send_x",
         "sms",
-        "prefetch_next",
-        "next_bytes",
     }
 
 

@@ -51,14 +51,12 @@ def test_variants_parse(tune) -> None:
         "0x0c1kat",
         "0x0c1katp",
         "8x3b2c1k2std-mma",
-        "0x0c1kaf32",
-        "0x3c1kasf0g",
     ):
         assert tune.variant_label(tune.parse_variant(text)) == text
     bad_layers = ("L8", "L8b", "Lb1", "L8x1", "L8b1s3", "Ls3x4", "Lt")
     bad_streams = ("8x0gd", "8x0b2e", "8x0b2k", "8x0b2kb", "8x0b2dk2", "8x0b2s", "8x0b2k2sd2",
                    "8x0-m", "8x0b2-x-mma", "8x0b2-mma+x", "8x0b2-xg", "8x0b2gt",
-                   "8x0b2tt", "0x0kaf", "0x0kafg")  # fmt: skip
+                   "8x0b2tt")  # fmt: skip
     for bad in ("", "16", "x4", "8x0b", "8x0c2b2", "gemv2", "g", "x1", *bad_streams, *bad_layers):
         with pytest.raises(ValueError, match="variant must be"):
             tune.parse_variant(bad)
@@ -66,8 +64,6 @@ def test_variants_parse(tune) -> None:
         tune.parse_variant("8x0b2k1s")
     with pytest.raises(ValueError, match="'-x' leaves x out"):
         tune.parse_variant("8x0b2kas-x+mma")
-    with pytest.raises(ValueError, match="prefetch of down; drop 'd'"):
-        tune.parse_variant("0x0kaf32d")
 
 
 def test_emit_writes_both_kernels_of_every_layer(tune, tmp_path) -> None:
@@ -184,16 +180,6 @@ def test_tma_variants_reach_the_stream_requests_only(tune) -> None:
     assert [r.params["tma"] for r in both] == [True, True]
     down = tune.layer_requests(6144, 1536, 1, tune.parse_variant("0x0katd"))
     assert down[0].kernel == "fp8_gemv" and down[1].params["tma"] is True
-
-
-def test_prefetch_variants_reach_the_streamed_gate_up_only(tune) -> None:
-    plain = tune.layer_requests(6144, 1536, 1, tune.parse_variant("0x0ka"))
-    assert all("prefetch_next" not in r.params for r in plain)
-    some = tune.layer_requests(6144, 1536, 1, tune.parse_variant("0x0kaf32"))
-    assert (some[0].params["prefetch_next"], some[0].params["next_bytes"]) == (32768, 6144 * 1536)
-    assert "prefetch_next" not in some[1].params
-    share = tune.layer_requests(6144, 1536, 8, tune.parse_variant("0x0kaf0g"))
-    assert share[0].params["prefetch_next"] == 6144 * 1536 and share[1].kernel == "fp8_gemv"
 
 
 def test_ablated_variants_reach_the_stream_requests_only(tune) -> None:

@@ -32,7 +32,7 @@ DEFAULT_SHAPES = (
 
 
 _VARIANT = re.compile(
-    r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?(?:k(\d|a)(s)?)?(t(?:p)?)?(?:f(\d+))?([gd])?(?:-(x|mma|x\+mma))?$"
+    r"^(\d+)x(\d+)(?:b(\d))?(?:c(\d))?(?:k(\d|a)(s)?)?(t(?:p)?)?([gd])?(?:-(x|mma|x\+mma))?$"
 )
 CLUSTER_AUTO = -1  # a WxR variant's 'ka': fp8_stream's planner chooses the cluster size
 
@@ -50,10 +50,8 @@ class StreamVariant(NamedTuple):
     ablate: str
     tma: bool = False
     step_sums: bool = False
-    prefetch_kb: int | None = None  # gate_up prefetches down's weight: KB per CTA (0: its share)
 
 _ALTERNATIVE = re.compile(r"^([gd])(\d+)$")
-_GEMV_PREFETCH = re.compile(r"^gemvf(\d+)$")
 _LAYER = re.compile(r"^L(?:(\d+)b(\d)(?:s(\d+)x(\d+))?)?$")
 # Decompositions a gN / dN variant draws from: the planner model's best of each (K splits,
 # slice size, slices per warp), in the model's order.
@@ -61,11 +59,9 @@ ALTERNATIVES = 16
 
 
 def parse_variant(text: str) -> tuple | None:
-    """'gemv' -> None; 'gemvfN' -> ('f', N): fp8_gemv's planned pair with gate_up
-    prefetching N KB of down's weight per CTA into L2 once its own are consumed (0: its
-    whole share; GemvParams.prefetch_next); 'L[WbB[sGxD]]' -> ('L', warps,
-    blocks_per_warp, gate_up stages, down stages) (0: the planner's); 'WxR[bB][cC]' ->
-    (warps, stages, blocks_per_warp, ctas_per_sm)
+    """'gemv' -> None; 'L[WbB[sGxD]]' -> ('L', warps, blocks_per_warp, gate_up stages,
+    down stages) (0: the planner's); 'WxR[bB][cC]' -> (warps, stages,
+    blocks_per_warp, ctas_per_sm)
     (R 0: the planner's; B and C default to 1; W 0, without B: the planner's stage shape,
     fp8_stream.plan.stage_shape): '16x0', '8x0b2c2', '0x0ka'; 'gN' / 'dN' -> ('g', N) /
     ('d', N): fp8_gemv with gate_up (g) or down (d) on the N-th of
@@ -75,16 +71,11 @@ def parse_variant(text: str) -> tuple | None:
     with clusters of N CTAs ('ka': the size choose_cluster picks), and 'kNs' / 'kas' with x
     quantized once per cluster (share_x; 'kas': clusters of at least 2); 't' before the half
     takes TMA tensor copies and wgmma by descriptor ('0x0kat'; StreamParams.tma), 'tp' with
-    each 32-K step's sums added in fp32 (StreamParams.step_sums); 'fN' after those has the
-    streamed gate_up prefetch N KB of down's weight per CTA into L2 after its last copy
-    ('f0': its whole share; StreamParams.prefetch_next); a trailing
+    each 32-K step's sums added in fp32 (StreamParams.step_sums); a trailing
     '-x', '-mma' or '-x+mma' compiles fp8_stream with that part of the work left out
     (ablate: '0x0ka-mma'): a StreamVariant."""
     if text == "gemv":
         return None
-    gemv_prefetch = _GEMV_PREFETCH.match(text)
-    if gemv_prefetch is not None:
-        return "f", int(gemv_prefetch.group(1))
     layer = _LAYER.match(text)
     if layer is not None:
         return ("L", *(int(v) if v else 0 for v in layer.groups()))
@@ -94,13 +85,11 @@ def parse_variant(text: str) -> tuple | None:
     match = _VARIANT.match(text)
     if match is None:
         raise ValueError(
-            f"variant must be 'gemv', gemvfN, gN, dN, L[WbB[sGxD]] or "
-            f"WxR[bB][cC][kN[s]|ka[s]][t[p]][fN][g|d][-x|-mma|-x+mma] (g0, L, L8b1s3x4, 16x0, "
-            f"8x0b2c2, 8x0b2k2, 8x0b2kad, 8x3b2k2s, 0x0kat, 0x0kaf32, 0x0ka-mma), got {text!r}"
+            f"variant must be 'gemv', gN, dN, L[WbB[sGxD]] or "
+            f"WxR[bB][cC][kN[s]|ka[s]][t[p]][g|d][-x|-mma|-x+mma] (g0, L, L8b1s3x4, 16x0, "
+            f"8x0b2c2, 8x0b2k2, 8x0b2kad, 8x3b2k2s, 0x0kat, 0x0ka-mma), got {text!r}"
         )
-    warps, stages, bpw, cps, cluster, share, tma, prefetch, half, ablate = match.groups()
-    if prefetch is not None and half == "d":
-        raise ValueError(f"variant {text!r}: 'f' is gate_up's prefetch of down; drop 'd'")
+    warps, stages, bpw, cps, cluster, share, tma, half, ablate = match.groups()
     if warps == "0" and bpw:
         raise ValueError(f"variant {text!r}: 0 warps takes the planner's stage shape; drop b{bpw}")
     if share and cluster == "1":
@@ -116,7 +105,7 @@ def parse_variant(text: str) -> tuple | None:
     bpw = int(bpw or (0 if warps == "0" else 1))
     return StreamVariant(
         int(warps), int(stages), bpw, int(cps or 1), half or "", cluster, bool(share),
-        ablate or "", bool(tma), tma == "tp", None if prefetch is None else int(prefetch),
+        ablate or "", bool(tma), tma == "tp",
     )  # fmt: skip
 
 
@@ -126,14 +115,11 @@ def variant_label(variant: tuple | None) -> str:
     if _is_layer(variant):
         _, warps, bpw, sg, sd = variant
         return "L" + (f"{warps}b{bpw}" if warps else "") + (f"s{sg}x{sd}" if sg else "")
-    if variant[0] == "f":
-        return f"gemvf{variant[1]}"
     if isinstance(variant[0], str):
         return f"{variant[0]}{variant[1]}"
     v = StreamVariant(*variant)
     kind = {0: "", CLUSTER_AUTO: "ka"}.get(v.cluster, f"k{v.cluster}")
     kind += ("s" if v.share_x else "") + ("t" if v.tma else "") + ("p" if v.step_sums else "")
-    kind += "" if v.prefetch_kb is None else f"f{v.prefetch_kb}"
     shape = f"b{v.blocks_per_warp}" if v.warps else ""
     left_out = f"-{v.ablate}" if v.ablate else ""
     return f"{v.warps}x{v.stages}{shape}c{v.ctas_per_sm}{kind}{v.half}{left_out}"
@@ -185,12 +171,6 @@ def layer_requests(
                 stages=(sg, sd) if sg else None, trace=trace,
             )
         ]  # fmt: skip
-    if variant is not None and variant[0] == "f":  # fp8_gemv's pair, gate_up prefetching
-        gate_up, down = layer_requests(hidden, inter, tokens, None, arch, trace)
-        down_bytes = hidden * inter
-        prefetch = dict(prefetch_next=variant[1] * 1024 or down_bytes, next_bytes=down_bytes)
-        gate_up = KernelRequest(gate_up.kernel, {**gate_up.params, **prefetch}, gate_up.arch)
-        return [gate_up, down]
     if variant is None or isinstance(variant[0], str):
         configs = [None, None]
         if variant is not None:
@@ -227,16 +207,9 @@ def layer_requests(
             size = stream_plan.choose_cluster(rows, k) if cluster == CLUSTER_AUTO else cluster
             if share:
                 size = max(size, 2)
-            prefetch = {}
-            if name == "g" and v.prefetch_kb is not None:
-                down_bytes = hidden * inter
-                prefetch = dict(
-                    prefetch_next=v.prefetch_kb * 1024 or down_bytes, next_bytes=down_bytes
-                )
             requests.append(
                 stream_plan.stream_request(
-                    rows, k, tokens, swiglu=swiglu, cluster=size, share_x=share, **options,
-                    **prefetch,
+                    rows, k, tokens, swiglu=swiglu, cluster=size, share_x=share, **options
                 )
             )
         else:  # the other half: fp8_gemv as planned
@@ -386,17 +359,11 @@ def _pair_launcher(kernels, reqs, streamed, hidden, inter, x, act, out):  # prag
             params = StreamParams(**reqs[half].params)
             if params.tma:
                 maps[half] = (("w13", "w2")[half], params.tma_box_rows)
-            if params.prefetch_next:
-                maps[half] = ("w2", 0)
-        elif reqs[half].params.get("prefetch_next"):  # fp8_gemv's gate_up, prefetching down
-            maps[half] = ("w2", 0)
 
     def map_of(layer, half):
         if maps[half] is None:
             return []
         name, box_rows = maps[half]
-        if not box_rows:  # prefetch_next: the next kernel's weight itself
-            return [layer[name]]
         key = f"{name}_map{box_rows}"
         if key not in layer:
             layer[key] = weight_block_map(layer[name].view(torch.uint8), box_rows, 1)

@@ -9,10 +9,7 @@ from typing import Any
 
 from mlpjit.jit.bounds import shown
 
-__all__ = ["PREFETCH_ALIGN", "check_bool", "check_choice", "check_int", "check_prefetch"]
-
-# prefetch_next shares start on, and their sizes are multiples of, this many bytes
-PREFETCH_ALIGN = 128
+__all__ = ["check_bool", "check_choice", "check_int"]
 
 
 def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
@@ -36,18 +33,3 @@ def check_choice(name: str, value: Any, allowed: tuple[int, ...]) -> int:
     if type(value) is not int or value not in allowed:
         raise ValueError(f"{name} must be one of {allowed}, got {shown(value)}")
     return value
-
-
-def check_prefetch(prefetch_next: Any, next_bytes: Any, most: int) -> None:
-    """Nothing if both are ints in [0, most], multiples of PREFETCH_ALIGN, and next_bytes
-    is given where prefetch_next is (a kernel's L2 prefetch of the next kernel's weight:
-    mlpjit.kernels.prefetch)."""
-    check_int("prefetch_next", prefetch_next, 0, most)
-    check_int("next_bytes", next_bytes, 0, most)
-    if prefetch_next % PREFETCH_ALIGN or next_bytes % PREFETCH_ALIGN:
-        raise ValueError(
-            f"prefetch_next and next_bytes must be multiples of {PREFETCH_ALIGN}, got "
-            f"{prefetch_next} and {next_bytes}"
-        )
-    if prefetch_next and not next_bytes:
-        raise ValueError("prefetch_next needs next_bytes (the next kernel's weight bytes)")

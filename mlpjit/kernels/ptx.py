@@ -24,7 +24,6 @@ __all__ = [
     "atom_add_acq_rel_gpu",
     "bar_sync",
     "cp_async_bulk_g2s",
-    "cp_async_bulk_prefetch_l2",
     "cp_async_ca_4",
     "fence_acq_rel_gpu",
     "fence_mbarrier_init",
@@ -1008,23 +1007,6 @@ def cp_async_bulk_g2s(
         [(_I32, smem), (_I64, gmem), (_I32, nbytes), (_I32, mbar)],
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
         "r,l,r,r,~{memory}",
-        side_effects=True,
-        loc=loc,
-        ip=ip,
-    )
-
-
-@dsl_user_op
-def cp_async_bulk_prefetch_l2(gmem: Int64, nbytes: Int32, *, loc=None, ip=None) -> None:
-    """cp.async.bulk.prefetch.L2.global [g], n;
-
-    One thread asks for n bytes (a multiple of 16, the address 16-byte aligned) to be
-    brought into L2; nothing waits for them and nothing lands in shared memory."""
-    _asm(
-        [],
-        [(_I64, gmem), (_I32, nbytes)],
-        "cp.async.bulk.prefetch.L2.global [$0], $1;",
-        "l,r,~{memory}",
         side_effects=True,
         loc=loc,
         ip=ip,

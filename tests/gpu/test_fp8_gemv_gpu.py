@@ -130,12 +130,6 @@ def kernel_requests(arch: str = ARCH) -> list:
         + fewer_sms
         + chain_requests(arch)
         + cluster_chain_requests(arch)
-        + [
-            r
-            for s, m, c, p, n in PREFETCH_CASES
-            for plain in [_request(s, m, True, None, arch, c)]
-            for r in (plain, _prefetching(plain, p, n))
-        ]
     )
 
 
@@ -180,36 +174,13 @@ def _inputs(shape: str, m: int) -> tuple[bool, torch.Tensor, torch.Tensor, torch
     return swiglu, w, w_scale, _x(m, k, seed=m), rows // 2 if swiglu else rows
 
 
-# prefetch_next: the kernel also asks for the start of its CTA's share of the next kernel's
-# weight to be brought into L2 once its own are consumed; one-wave and persistent grids,
-# K splits, part of the share and all of it, a share smaller than one piece. Each must
-# equal the plain build bit for bit.
-PREFETCH_CASES = (
-    ("glm5-tp8-gate_up", 1, None, 32768, 6144 * 1536),
-    ("glm5-tp8-gate_up", 8, None, 6144 * 1536, 6144 * 1536),  # persistent
-    ("glm5-tp1-down", 1, C(1, 1, 1, slices_per_warp=3), 4096, 128 * 1001),
-    ("glm5-tp8-down", 3, C(4, 1, 2, slices_per_warp=3, cluster=2), 65536, 6144 * 1536),
-)
-
-
-def _prefetching(request, prefetch_next: int, next_bytes: int):
-    from mlpjit.jit.spec import KernelRequest
-
-    extra = dict(prefetch_next=prefetch_next, next_bytes=next_bytes)
-    return KernelRequest(request.kernel, {**request.params, **extra}, request.arch)
-
-
 def _launch(request, out, x, w, w_scale) -> None:
     from mlpjit.jit.launcher import load_kernel
     from mlpjit.jit.manager import default_manager
 
     kernel = load_kernel(default_manager().get(request), out.device)
-    extra = []
-    if request.params.get("prefetch_next"):  # the next weight: an untouched buffer
-        extra.append(
-            torch.empty(request.params["next_bytes"], dtype=torch.uint8, device=out.device)
-        )
-    kernel.launch([out, x, w, w_scale, *extra])
+    kernel.launch([out, x, w, w_scale])
+
 
 
 @pytest.mark.parametrize(
@@ -284,26 +255,6 @@ def test_clusters_match_unclustered_bit_for_bit(case) -> None:
     print(f"\n[fp8_gemv cluster] {shape} tokens={m} {config} rel_l2={err:.3e} identical={same}")
     assert not torch.isnan(outs[0]).any(), "unwritten (NaN-poisoned) or NaN outputs"
     assert same, "a cluster must not change a single output bit"
-    assert err < TOL
-
-
-@pytest.mark.parametrize(
-    "case", PREFETCH_CASES, ids=[f"{c[0]}-t{c[1]}-pf{c[3]}" for c in PREFETCH_CASES]
-)
-def test_prefetch_of_the_next_weight_changes_no_output_bit(case) -> None:
-    shape, m, config, prefetch_next, next_bytes = case
-    swiglu, w, w_scale, x, cols = _inputs(shape, m)
-    plain = _request(shape, m, True, None, config=config)
-    outs = []
-    for request in (_prefetching(plain, prefetch_next, next_bytes), plain):
-        out = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
-        _launch(request, out, x, w, w_scale)
-        outs.append(out)
-    torch.cuda.synchronize()
-    err = rel_l2(outs[0], ref.gemv_reference(x, w, w_scale, swiglu=swiglu, ue8m0=True))
-    print(f"\n[fp8_gemv prefetch] {shape} tokens={m} prefetch={prefetch_next} rel_l2={err:.3e}")
-    assert not torch.isnan(outs[0]).any(), "unwritten (NaN-poisoned) or NaN outputs"
-    assert torch.equal(outs[0], outs[1]), "prefetch_next changed the output"
     assert err < TOL
 
 

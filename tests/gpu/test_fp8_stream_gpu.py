@@ -148,14 +148,11 @@ def _kernel(request):
 
 
 def _maps(request, w: torch.Tensor) -> list:
-    """[the weight's tensor map] for a tma build, [a next weight of next_bytes] for a
-    prefetch_next build, [] otherwise."""
+    """[the weight's tensor map] for a tma build, [] otherwise."""
     from mlpjit.kernels.fp8_stream.params import StreamParams
     from mlpjit.kernels.tensor_map import weight_block_map
 
     params = StreamParams(**request.params)
-    if params.prefetch_next:
-        return [torch.empty(params.next_bytes, dtype=torch.uint8, device="cuda")]
     if not params.tma:
         return []
     return [weight_block_map(w.view(torch.uint8), params.tma_box_rows, 1)]
@@ -200,23 +197,7 @@ TMA_CASES = (
                                           stages=3))]
 )  # fmt: skip
 
-# prefetch_next: the kernel also asks for the start of its CTA's share of the next kernel's
-# weight (next_bytes) to be brought into L2; a share smaller than one piece, shares the CTA
-# count does not divide, the whole share and part of it, the grid-wide and cluster forms,
-# shared x.
-PREFETCH_CASES = [
-    (s, m, u, lim, dict(knobs, prefetch_next=p, next_bytes=n))
-    for s, m, u, lim, knobs, p, n in (
-        ("glm5-tp8-gate_up", 1, True, None, {}, 32768, 6144 * 1536),
-        ("glm5-tp8-gate_up", 8, True, LIMIT, {}, 6144 * 1536, 6144 * 1536),
-        ("dsv3-shared-tp8-gate_up", 4, False, None, {}, 7168 * 256, 7168 * 256),
-        ("odd-24x13", 3, True, None, dict(cluster=0), 4096, 128 * 1001),
-        ("glm5-tp8-gate_up", 6, True, None, dict(cluster=2, share_x=True, stages=3), 65536,
-         6144 * 1536),
-    )
-]  # fmt: skip
-
-ALL_CASES = CASES + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES + TMA_CASES + PREFETCH_CASES
+ALL_CASES = CASES + KNOB_CASES + CLUSTER_CASES + SHARE_X_CASES + TMA_CASES
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=[_case_id(c) for c in ALL_CASES])
@@ -241,12 +222,6 @@ def test_stream_matches_reference_and_repeats_bit_for_bit(case) -> None:
     assert all(torch.equal(outs[0], o) for o in outs[1:]), "repeated launches differ"
     # (the cluster form never writes its workspace: all of it stays zero)
     assert not work[-(SHAPES[shape][0] // 16) * 4 :].any(), "arrival counters left non-zero"
-    if knobs and knobs[0].get("prefetch_next"):  # the prefetch changes no result
-        plain = {k: v for k, v in knobs[0].items() if k not in ("prefetch_next", "next_bytes")}
-        out = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
-        _kernel(_request(shape, m, ue8m0, limit, plain)).launch([out, x, w, w_scale, work])
-        torch.cuda.synchronize()
-        assert torch.equal(out, outs[0]), "prefetch_next changed the output"
 
 
 @pytest.mark.parametrize(("shape", "cluster", "tma"), GRAPH_CASES)

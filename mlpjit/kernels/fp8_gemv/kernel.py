@@ -36,9 +36,8 @@ from cutlass import Float32, Int32, Int64
 
 from mlpjit.kernels import ptx
 from mlpjit.kernels.cubin import compile_to_cubin, launch_options
-from mlpjit.kernels.fp8_gemv.params import GROUP, STEP, GemvParams, split_slots
+from mlpjit.kernels.fp8_gemv.params import GROUP, KERNEL_ARGS, STEP, GemvParams, split_slots
 from mlpjit.kernels.numerics import quantize16, swiglu
-from mlpjit.kernels.prefetch import prefetch_share
 
 __all__ = ["Fp8Gemv", "compile_cubin"]
 
@@ -81,39 +80,10 @@ class Fp8Gemv:
 
     @cute.kernel
     def kernel(self, m_out: cute.Tensor, m_x: cute.Tensor, m_w: cute.Tensor, m_ws: cute.Tensor):
-        self.body(m_out, m_x, m_w, m_ws, Int64(0))
+        self.body(m_out, m_x, m_w, m_ws)
 
     @cute.jit
-    def with_next(
-        self,
-        m_out: cute.Tensor,
-        m_x: cute.Tensor,
-        m_w: cute.Tensor,
-        m_ws: cute.Tensor,
-        m_next: cute.Tensor,
-        stream: Any,
-    ):
-        """prefetch_next's entry: the next kernel's weight as a fifth parameter."""
-        self.prefetch_kernel(m_out, m_x, m_w, m_ws, m_next).launch(
-            stream=stream, **self.launch_options()
-        )
-
-    @cute.kernel
-    def prefetch_kernel(
-        self,
-        m_out: cute.Tensor,
-        m_x: cute.Tensor,
-        m_w: cute.Tensor,
-        m_ws: cute.Tensor,
-        m_next: cute.Tensor,
-    ):
-        self.body(m_out, m_x, m_w, m_ws, Int64(m_next.iterator.toint()))
-
-    @cute.jit
-    def body(
-        self, m_out: cute.Tensor, m_x: cute.Tensor, m_w: cute.Tensor, m_ws: cute.Tensor,
-        g_next: Int64,
-    ):  # fmt: skip
+    def body(self, m_out: cute.Tensor, m_x: cute.Tensor, m_w: cute.Tensor, m_ws: cute.Tensor):
         """The kernel."""
         T = self.tokens
         K = self.k
@@ -246,12 +216,6 @@ class Fp8Gemv:
                 s_part = s_act + tid * 16
             ptx.st_shared_v4_f32(s_part, total[0], total[1], total[2], total[3])
             cute.arch.sync_threads()
-            if cutlass.const_expr(self.prefetch_next > 0):  # noqa: SIM102 (const_expr)
-                if warp == self.warps - 1:  # every weight byte of the CTA is consumed
-                    prefetch_share(
-                        g_next, ptx.fresh_ctaid_x(), self.ctas, self.next_bytes,
-                        self.prefetch_next, lane,
-                    )  # fmt: skip
             if cutlass.const_expr(self.splits == 1):
                 if warp < TL:
                     # Warp `tile` < tiles is slice 0 of its tile: s_part is where it reads from.
@@ -302,12 +266,6 @@ class Fp8Gemv:
                 # Past the last tile: a valid re-read, never used.
                 w_row0, w_row1 = self.tile_rows(cutlass.min(nxt, self.row_tiles - 1), tile, g)
                 r_ws0, r_ws1 = self.weight_scales(g_ws, w_row0, w_row1, slc0, grp0)
-            if cutlass.const_expr(self.prefetch_next > 0):  # noqa: SIM102 (const_expr)
-                if warp == self.warps - 1:  # every weight byte of the CTA is consumed
-                    prefetch_share(
-                        g_next, ptx.fresh_ctaid_x(), self.ctas, self.next_bytes,
-                        self.prefetch_next, lane,
-                    )  # fmt: skip
 
     @cute.jit
     def weight_scales(self, g_ws: Int64, row0: Int32, row1: Int32, slc0: Int32, grp0: Int32):
@@ -770,13 +728,7 @@ def compile_cubin(params: GemvParams, arch: str):
         assumed_align=16,
     )
     stream = cute.runtime.make_fake_stream()
-    if gemv.prefetch_next:
-        m_next = fake(cutlass.Uint8, (gemv.next_bytes,), assumed_align=16)
-        cubin, symbol = compile_to_cubin(
-            gemv.with_next, m_out, m_x, m_w, m_ws, m_next, stream, arch=arch
-        )
-    else:
-        cubin, symbol = compile_to_cubin(gemv, m_out, m_x, m_w, m_ws, stream, arch=arch)
+    cubin, symbol = compile_to_cubin(gemv, m_out, m_x, m_w, m_ws, stream, arch=arch)
     return KernelBinary(
         cubin=cubin,
         symbol=symbol,
@@ -784,7 +736,7 @@ def compile_cubin(params: GemvParams, arch: str):
         block=gemv.block,
         smem_bytes=gemv.smem_bytes,
         pdl=True,
-        params=tuple(KernelParam(name, "ptr") for name in gemv.kernel_args),
+        params=tuple(KernelParam(name, "ptr") for name in KERNEL_ARGS),
         cluster=(gemv.cluster_ctas, 1, 1),
     )
 

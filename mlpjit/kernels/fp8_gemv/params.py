@@ -15,13 +15,12 @@ from typing import Any
 from mlpjit.jit.bounds import bounded, shown
 from mlpjit.kernels import hopper
 from mlpjit.kernels.blocks import BLOCK
-from mlpjit.kernels.checks import check_bool, check_choice, check_int, check_prefetch
+from mlpjit.kernels.checks import check_bool, check_choice, check_int
 
 __all__ = [
     "CLUSTER_SIZES",
     "GROUP",
     "KERNEL_ARGS",
-    "PREFETCH_KERNEL_ARGS",
     "MAX_HIDDEN",
     "MAX_INTERMEDIATE",
     "MAX_K",
@@ -84,8 +83,6 @@ CLUSTER_SIZES = (1, 2, 4, 8)
 PERSISTENT_MIN_REGS = 136
 # The kernel's parameters, in order (all device pointers): output, input, weight, scales.
 KERNEL_ARGS = ("out", "x", "w", "w_scale")
-# ``prefetch_next``: the next kernel's weight as a fifth pointer (mlpjit.kernels.prefetch).
-PREFETCH_KERNEL_ARGS = (*KERNEL_ARGS, "next_w")
 
 
 def cta_threads(
@@ -244,10 +241,6 @@ class GemvParams:
     splits: int = 1
     send_x: bool = False
     sms: int = hopper.SMS  # the target GPU's SM count: sizes a persistent grid
-    # bytes of the next kernel's weight (next_bytes in all) each CTA prefetches into L2 once
-    # its own weights are consumed: the start of its equal share (0: none)
-    prefetch_next: int = 0
-    next_bytes: int = 0
 
     def __post_init__(self) -> None:
         check_int("rows", self.rows, 16, MAX_ROWS)
@@ -260,7 +253,6 @@ class GemvParams:
         check_int("ctas_per_sm", self.ctas_per_sm, 1, 32)
         for name in ("swiglu", "ue8m0", "early_launch", "send_x"):
             check_bool(name, getattr(self, name))
-        check_prefetch(self.prefetch_next, self.next_bytes, MAX_ROWS * MAX_K)
         object.__setattr__(self, "limit", check_limit(self.limit))
         if self.k % (self.splits * self.slice_k):
             raise ValueError(
@@ -349,10 +341,6 @@ class GemvParams:
             sms=sms,
             **{name: getattr(config, name) for name in _CONFIG_FIELDS},
         )
-
-    @property
-    def kernel_args(self) -> tuple[str, ...]:
-        return PREFETCH_KERNEL_ARGS if self.prefetch_next else KERNEL_ARGS
 
     @property
     def config(self) -> GemvConfig:

@@ -76,7 +76,6 @@ from mlpjit.kernels.fp8_stream.params import (
     StreamParams,
 )
 from mlpjit.kernels.numerics import quantize16, swiglu
-from mlpjit.kernels.prefetch import prefetch_share
 from mlpjit.kernels.tensor_map import MAP_BYTES
 from mlpjit.kernels.wgmma_desc import (
     core_matrix_descriptor,
@@ -149,7 +148,7 @@ class Fp8Stream:
         m_ws: cute.Tensor,
         m_work: cute.Tensor,
     ):
-        self.body(m_out, m_x, m_w, m_ws, m_work, Int64(0), Int64(0))
+        self.body(m_out, m_x, m_w, m_ws, m_work, Int64(0))
 
     @cute.jit
     def with_map(
@@ -177,35 +176,7 @@ class Fp8Stream:
         m_work: cute.Tensor,
         m_map: cute.Tensor,
     ):
-        self.body(m_out, m_x, m_w, m_ws, m_work, Int64(m_map.iterator.toint()), Int64(0))
-
-    @cute.jit
-    def with_next(
-        self,
-        m_out: cute.Tensor,
-        m_x: cute.Tensor,
-        m_w: cute.Tensor,
-        m_ws: cute.Tensor,
-        m_work: cute.Tensor,
-        m_next: cute.Tensor,
-        stream: Any,
-    ):
-        """prefetch_next's entry: the next kernel's weight as a sixth parameter."""
-        self.prefetch_kernel(m_out, m_x, m_w, m_ws, m_work, m_next).launch(
-            stream=stream, **self.launch_options()
-        )
-
-    @cute.kernel
-    def prefetch_kernel(
-        self,
-        m_out: cute.Tensor,
-        m_x: cute.Tensor,
-        m_w: cute.Tensor,
-        m_ws: cute.Tensor,
-        m_work: cute.Tensor,
-        m_next: cute.Tensor,
-    ):
-        self.body(m_out, m_x, m_w, m_ws, m_work, Int64(0), Int64(m_next.iterator.toint()))
+        self.body(m_out, m_x, m_w, m_ws, m_work, Int64(m_map.iterator.toint()))
 
     @cute.jit
     def body(
@@ -216,7 +187,6 @@ class Fp8Stream:
         m_ws: cute.Tensor,
         m_work: cute.Tensor,
         g_map: Int64,
-        g_next: Int64,
     ):
         W = self.warps
         tid, _, _ = cute.arch.thread_idx()
@@ -242,10 +212,6 @@ class Fp8Stream:
 
         if warp == W:
             self.produce(Int64(m_w.iterator.toint()), g_map, s_base, b0, b1, lane)
-            if cutlass.const_expr(self.prefetch_next > 0):
-                prefetch_share(
-                    g_next, cta, self.ctas, self.next_bytes, self.prefetch_next, lane
-                )
             if lane == 0:
                 self.stamp(Int64(m_work.iterator.toint()), cta, 5)
         elif warp == W + 1:
@@ -1136,9 +1102,6 @@ def compile_cubin(params: StreamParams, arch: str):
     if kern.tma:
         tensors.append(fake(cutlass.Uint8, (MAP_BYTES,)))
         program = kern.with_map
-    if kern.prefetch_next:
-        tensors.append(fake(cutlass.Uint8, (kern.next_bytes,)))
-        program = kern.with_next
     cubin, symbol = compile_to_cubin(program, *tensors, stream, arch=arch)
     return KernelBinary(
         cubin=cubin,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from mlpjit.kernels import hopper
 from mlpjit.kernels.blocks import BLOCK
-from mlpjit.kernels.checks import check_bool, check_int, check_prefetch
+from mlpjit.kernels.checks import check_bool, check_int
 from mlpjit.kernels.fp8_gemv.params import MAX_K, MAX_ROWS, check_limit
 from mlpjit.kernels.wgmma_desc import CORE, SWIZZLE_ATOM
 
@@ -28,7 +28,6 @@ __all__ = [
     "MAX_TOKENS",
     "ROW_PAD",
     "StreamParams",
-    "PREFETCH_KERNEL_ARGS",
     "TMA_KERNEL_ARGS",
     "WARPGROUP",
     "X_BLOCK_BYTES",
@@ -79,11 +78,6 @@ MBARRIER_BYTES = 16
 # weight's tensor map (mlpjit.kernels.tensor_map.weight_block_map(w, tma_box_rows, 1)) as a
 # sixth pointer.
 TMA_KERNEL_ARGS = (*KERNEL_ARGS, "w_map")
-# ``prefetch_next``: the kernel also takes the next kernel's weight (a sixth pointer) and,
-# once its producer has requested its own last stage, asks for the start of its share of
-# those bytes to be brought into L2, so HBM keeps streaming while this kernel's consumers
-# drain and the next kernel's CTAs start.
-PREFETCH_KERNEL_ARGS = (*KERNEL_ARGS, "next_w")
 WARPGROUP = 4  # warps of a warpgroup: K blocks side by side in one wgmma
 X_CORE = CORE + 16  # from one core matrix (8 tokens x 16 bytes) of x to the next
 X_STEP_BYTES = 2 * X_CORE  # one 32-K step of x (its two K halves)
@@ -140,10 +134,6 @@ class StreamParams:
     # tma: each 32-K step's wgmma into accumulators of its own, the four summed in fp32
     # registers (the tensor core's FP8 sums are less precise than fp32), not one chain of four
     step_sums: bool = False
-    # bytes of the next kernel's weight (next_bytes in all) each CTA prefetches into L2 after
-    # its last copy request: the start of its equal share (0: none; see PREFETCH_KERNEL_ARGS)
-    prefetch_next: int = 0
-    next_bytes: int = 0
 
     def __post_init__(self) -> None:
         check_int("rows", self.rows, TILE_ROWS, MAX_ROWS)
@@ -175,9 +165,6 @@ class StreamParams:
             )
         if self.k % BLOCK:
             raise ValueError(f"k must be a multiple of {BLOCK}, got {self.k}")
-        check_prefetch(self.prefetch_next, self.next_bytes, MAX_ROWS * MAX_K)
-        if self.prefetch_next and self.tma:
-            raise ValueError("prefetch_next needs tma=False (tma's sixth pointer is its map)")
         if self.rows % TILE_ROWS:
             raise ValueError(f"rows must be a multiple of {TILE_ROWS}, got {self.rows}")
         if self.cluster > self.kblocks:
@@ -326,8 +313,6 @@ class StreamParams:
 
     @property
     def kernel_args(self) -> tuple[str, ...]:
-        if self.prefetch_next:
-            return PREFETCH_KERNEL_ARGS
         return TMA_KERNEL_ARGS if self.tma else KERNEL_ARGS
 
     @property

@@ -121,13 +121,11 @@ def stream_params(
     ablate: str = "",
     tma: bool = False,
     step_sums: bool = False,
-    prefetch_next: int = 0,
-    next_bytes: int = 0,
 ) -> StreamParams:
     """The params of one launch; knobs left None follow from the shape (``warps`` and
     ``blocks_per_warp`` both None: stage_shape's; ``cluster`` None: the cluster form at
-    choose_cluster's size; 0: the grid-wide form; ``ablate``, ``tma``, ``step_sums``,
-    ``prefetch_next``, ``next_bytes``: see StreamParams)."""
+    choose_cluster's size; 0: the grid-wide form; ``ablate``, ``tma``, ``step_sums``: see
+    StreamParams)."""
     hopper.check_sms(sms)
     if cluster is None:
         cluster = choose_cluster(rows, k, sms)
@@ -160,7 +158,6 @@ def stream_params(
         ue8m0=ue8m0, warps=warps, stages=stages, sms=sms, trace=trace,
         blocks_per_warp=blocks_per_warp, ctas_per_sm=ctas_per_sm, cluster=cluster,
         share_x=share_x, ablate=ablate, tma=tma, step_sums=step_sums,
-        prefetch_next=prefetch_next, next_bytes=next_bytes,
     )  # fmt: skip
 
 
