@@ -49,9 +49,9 @@ def launch_options(
     )
     if ctas_per_sm is not None:
         options["min_blocks_per_mp"] = ctas_per_sm
-    if ctas_per_sm is not None and ctas_per_sm > 1:
-        # Without an explicit carveout the DSL queries the device for min_blocks > 1.
-        options["preferred_smem_carveout"] = 100
+        if ctas_per_sm > 1:
+            # Without an explicit carveout the DSL queries the device for min_blocks > 1.
+            options["preferred_smem_carveout"] = 100
     if cluster_ctas > 1:
         options["cluster"] = [cluster_ctas, 1, 1]
     return options
