@@ -162,7 +162,7 @@ def test_cluster_variants_request_the_cluster_form(tune) -> None:
     fixed = tune.layer_requests(6144, 1536, 4, tune.parse_variant("8x0b2k4"))
     assert [r.params["cluster"] for r in fixed] == [4, 4]
     auto = tune.layer_requests(7168, 256, 1, tune.parse_variant("8x0b2ka"))  # shared expert
-    assert auto[0].params["cluster"] == plan.choose_cluster(512, 7168) == 7
+    assert auto[0].params["cluster"] == plan.choose_cluster(512, 7168) == 8
     assert auto[1].params["cluster"] == plan.choose_cluster(7168, 256)
     grid_wide = tune.layer_requests(6144, 1536, 4, tune.parse_variant("8x0b2"))
     assert "cluster" not in grid_wide[0].params

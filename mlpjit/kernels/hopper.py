@@ -23,7 +23,6 @@ __all__ = [
     "THREADS_PER_SM",
     "check_sms",
     "reg_budget",
-    "resident_clusters",
     "resident_ctas",
     "smem_budget",
 ]
@@ -38,14 +37,10 @@ REGS_PER_SM = 65536
 SCHEDULERS = 4  # warp schedulers per SM, each with a quarter of the register file
 THREADS_PER_SM = 2048
 THREADS_PER_CTA = 1024
-# A thread block cluster's CTAs are resident on the SMs of one GPC, so clusters of more
-# than 2 CTAs leave the SMs of a GPC that do not divide into them idle. GPC_SMS is a split
-# of the 132-SM parts' SMs into GPCs (8 of at most 18 SMs, in pairs) that gives what
-# cuOccupancyMaxActiveClusters reports on the H200 (30 clusters of 4 at one CTA per SM, 30
-# of 8 at two); of the splits that do, it holds the fewest clusters of 3, 6 and 7. Other SM
-# counts plan with LARGE_CLUSTER_RESIDENCY of their slots (resident_ctas).
+# Thread block clusters of up to 2 CTAs fill every CTA slot; of 4 or 8 only 10/11 of them
+# (H200: 30 clusters of 4 = 120 CTAs at one CTA per SM, 30 of 8 = 240 at two;
+# cuOccupancyMaxActiveClusters): the SMs of a GPC do not divide into them.
 MAX_FULL_CLUSTER = 2
-GPC_SMS = (18, 18, 18, 18, 16, 16, 14, 14)
 LARGE_CLUSTER_RESIDENCY = 120 / 132
 
 
@@ -77,19 +72,8 @@ def smem_budget(ctas_per_sm: int) -> int:
 
 def resident_ctas(slots: int, cluster: int) -> int:
     """CTAs in clusters of ``cluster`` that can be resident at once on ``slots`` CTA slots
-    (SMs x CTAs per SM), LARGE_CLUSTER_RESIDENCY of them for clusters of more than 2; a
-    larger grid runs its last clusters as a second wave. 0 when not even one cluster fits:
-    such a launch cannot run, and the planner skips it. (fp8_gemv's model: its table and
-    planner constants were measured with it; resident_clusters counts per GPC.)"""
+    (SMs x CTAs per SM); a larger grid runs its last clusters as a second wave. 0 when not
+    even one cluster fits: such a launch cannot run, and the planner skips it."""
     if cluster <= MAX_FULL_CLUSTER:
         return slots
     return int(LARGE_CLUSTER_RESIDENCY * slots) // cluster * cluster
-
-
-def resident_clusters(sms: int, ctas_per_sm: int, cluster: int) -> int:
-    """Clusters of ``cluster`` CTAs that can be resident at once on ``sms`` SMs of
-    ``ctas_per_sm`` CTA slots each: per GPC (GPC_SMS) on the 132-SM parts, else
-    resident_ctas's share of the slots. 0 when not even one fits."""
-    if sms == SMS and cluster > MAX_FULL_CLUSTER:
-        return sum(n * ctas_per_sm // cluster for n in GPC_SMS)
-    return resident_ctas(sms * ctas_per_sm, cluster) // cluster

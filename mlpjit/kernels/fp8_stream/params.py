@@ -54,10 +54,10 @@ TRACE_POINTS = 9
 # The kernel's parameters, in order (device pointers): output, input, weight, scales, and
 # the layer's workspace (split partials and arrival counters, zero at first use).
 KERNEL_ARGS = ("out", "x", "w", "w_scale", "workspace")
-# ``cluster``: 0 splits tiles anywhere in the grid (reduced through the workspace); 1 to 8
-# deal whole tiles to clusters of that many CTAs and split them only inside a cluster
+# ``cluster``: 0 splits tiles anywhere in the grid (reduced through the workspace); 1, 2, 4
+# or 8 deal whole tiles to clusters of that many CTAs and split them only inside a cluster
 # (1: no split tile at all), so the workspace holds nothing but a trace build's stamps.
-CLUSTER_SIZES = tuple(range(9))
+CLUSTER_SIZES = (0, 1, 2, 4, 8)
 # ``ablate`` (a developer aid: what a part of the work costs): "x" leaves x unread and its
 # quantized copy unwritten (the sums use whatever shared memory holds), "mma" leaves out
 # the consumers' fragment loads, unpacking and mmas (every block sums to zero), "x+mma"
@@ -213,8 +213,8 @@ class StreamParams:
     def clusters(self) -> int:
         """Clusters of ``cluster`` CTAs (cluster form): as many as can be resident at once,
         at most one per tile."""
-        resident = hopper.resident_clusters(self.sms, self.ctas_per_sm, self.cluster)
-        return max(1, min(self.tiles, resident))
+        slots = self.sms * self.ctas_per_sm
+        return max(1, min(self.tiles, hopper.resident_ctas(slots, self.cluster) // self.cluster))
 
     @property
     def cluster_tiles(self) -> int:

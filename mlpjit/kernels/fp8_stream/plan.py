@@ -162,9 +162,9 @@ def stream_params(
 
 
 def choose_cluster(rows: int, k: int, sms: int = hopper.SMS) -> int:
-    """The cluster form's cluster size (1 to 8) whose busiest CTA takes the fewest blocks
-    (whole tiles dealt to as many clusters as can be resident, hopper.resident_clusters;
-    each cluster's blocks cut evenly), the smaller size on a tie (fewer split tiles)."""
+    """The cluster form's cluster size (1, 2, 4 or 8) whose busiest CTA takes the fewest
+    blocks (whole tiles dealt to as many clusters as can be resident, each cluster's
+    blocks cut evenly), the smaller size on a tie (fewer split tiles)."""
     best = None
     for size in CLUSTER_SIZES[1:]:
         try:
@@ -184,7 +184,7 @@ def choose_cluster(rows: int, k: int, sms: int = hopper.SMS) -> int:
 def imbalance(rows: int, k: int, sms: int = hopper.SMS) -> float:
     """The busiest CTA's blocks over the mean per SM, in the cluster form choose_cluster
     picks: near 1 where the whole tiles deal evenly to clusters that fill the SMs, more
-    where a few large tiles do not, or clusters of more than 2 leave SMs of a GPC idle."""
+    where a few large tiles do not, or clusters of 4 or 8 leave SMs idle."""
     params = StreamParams(
         rows=rows, k=k, tokens=1, swiglu=False, limit=None, ue8m0=True, stages=MIN_STAGES,
         sms=sms, cluster=choose_cluster(rows, k, sms),
