@@ -144,9 +144,7 @@ def check_kernel_sass(p: dict) -> None:
         slice_k=slice_k, splits=splits,
     )  # fmt: skip
     assert binary.grid == (grid, 1, 1)
-    slots = hopper.resident_ctas(
-        hopper.SMS, p["ctas_per_sm"], max(splits, p.get("cluster", 1))
-    )
+    slots = hopper.resident_ctas(hopper.SMS * p["ctas_per_sm"], max(splits, p.get("cluster", 1)))
     assert grid == units or slots - splits < grid <= slots < units
     persistent = grid < units
     assert binary.block == (32 * p["tiles"] * p["k"] // splits // slice_k // spw, 1, 1)

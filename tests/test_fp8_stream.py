@@ -121,7 +121,7 @@ def test_ranges_partition_the_blocks_and_split_tiles_stay_in_a_cluster(
         ue8m0=True, stages=2, sms=sms, cluster=cluster,
     )  # fmt: skip
     ranges = p.cta_ranges()
-    assert len(ranges) == p.ctas <= hopper.resident_ctas(sms, 1, p.cluster_ctas)
+    assert len(ranges) == p.ctas <= hopper.resident_ctas(sms, p.cluster_ctas)
     assert ranges[0][0] == 0 and ranges[-1][1] == p.blocks
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
     assert all(start < stop for start, stop in ranges)  # no idle CTA

@@ -86,7 +86,7 @@ def test_choose_config_within_limits(shape, tokens: int) -> None:
     # one wave fits (Qwen3-14B TP 1 down: 5 waves).
     if cfg.splits > 1:
         assert p.ctas % cfg.splits == 0
-        waves = -(-p.ctas // hopper.resident_ctas(hopper.SMS, cfg.ctas_per_sm, cfg.splits))
+        waves = -(-p.ctas // hopper.resident_ctas(hopper.SMS * cfg.ctas_per_sm, cfg.splits))
         assert waves == 1 or (shape == (5120, 17408, False) and waves == 5)
     assert tuning.config_fits(rows, k, tokens, cfg)
 
@@ -421,7 +421,7 @@ def test_k_split_geometry() -> None:
         rows=7168, k=18432, tokens=1, tiles=1, in_regs=1, ctas_per_sm=1, swiglu=False,
         limit=None, ue8m0=True, slice_k=128, splits=4, slices_per_warp=9,
     )  # fmt: skip
-    assert r.ctas == hopper.resident_ctas(hopper.SMS, 1, 4) == 120
+    assert r.ctas == hopper.resident_ctas(hopper.SMS, 4) == 120
 
 
 def test_slice_and_split_are_in_the_cache_key() -> None:
@@ -557,7 +557,7 @@ def _reference_spread_ranked(rows: int, k: int, tokens: int, sms: int) -> list[t
                         threads = gemv_params.cta_threads(k, tiles, spw, **geometry)
                         for cps in range(1, tuning.SPREAD_MAX_CTAS_PER_SM + 1):
                             fit = tuning._register_steps(threads, cps, spw, slice_k)
-                            slots = hopper.resident_ctas(sms, cps, splits)
+                            slots = hopper.resident_ctas(sms * cps, splits)
                             if fit is None or slots == 0:
                                 continue
                             regs = hopper.reg_budget(threads, cps)

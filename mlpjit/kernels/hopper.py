@@ -37,18 +37,10 @@ REGS_PER_SM = 65536
 SCHEDULERS = 4  # warp schedulers per SM, each with a quarter of the register file
 THREADS_PER_SM = 2048
 THREADS_PER_CTA = 1024
-# Thread block clusters of up to 2 CTAs fill every CTA slot; larger ones leave SMs idle,
-# since a cluster's CTAs must be resident in one GPC. RESIDENT_CLUSTERS: clusters of 1-8
-# CTAs resident at once on the 132-SM parts at one and at two CTAs per SM, as
-# cuOccupancyMaxActiveClusters reports them (H100 80GB HBM3; the H200 gave the same 30
-# clusters of 4 at one and 30 of 8 at two). No split of the SMs into GPCs yields these
-# counts, so they are taken as measured. Other SM counts plan with LARGE_CLUSTER_RESIDENCY
-# of their slots for clusters of more than 2.
+# Thread block clusters of up to 2 CTAs fill every CTA slot; of 4 or 8 only 10/11 of them
+# (H200: 30 clusters of 4 = 120 CTAs at one CTA per SM, 30 of 8 = 240 at two;
+# cuOccupancyMaxActiveClusters): the SMs of a GPC do not divide into them.
 MAX_FULL_CLUSTER = 2
-RESIDENT_CLUSTERS = {
-    1: (132, 264), 2: (66, 132), 3: (39, 79), 4: (30, 62),
-    5: (22, 47), 6: (17, 39), 7: (15, 32), 8: (15, 30),
-}  # fmt: skip
 LARGE_CLUSTER_RESIDENCY = 120 / 132
 
 
@@ -78,16 +70,10 @@ def smem_budget(ctas_per_sm: int) -> int:
     return min(SMEM_PER_CTA_MAX, SMEM_PER_SM // ctas_per_sm) - SMEM_CTA_OVERHEAD
 
 
-def resident_ctas(sms: int, ctas_per_sm: int, cluster: int) -> int:
-    """CTAs in clusters of ``cluster`` that can be resident at once on ``sms`` SMs with
-    ``ctas_per_sm`` CTA slots each; a larger grid runs its last clusters as a second wave.
-    0 when not even one cluster fits: such a launch cannot run, and the planner skips it.
-    On the 132-SM parts more than two CTAs per SM count as pairs of two-CTA layers plus a
-    one-CTA layer (a lower bound: each layer's clusters fit beside the others')."""
-    slots = sms * ctas_per_sm
+def resident_ctas(slots: int, cluster: int) -> int:
+    """CTAs in clusters of ``cluster`` that can be resident at once on ``slots`` CTA slots
+    (SMs x CTAs per SM); a larger grid runs its last clusters as a second wave. 0 when not
+    even one cluster fits: such a launch cannot run, and the planner skips it."""
     if cluster <= MAX_FULL_CLUSTER:
         return slots
-    if sms == SMS and cluster in RESIDENT_CLUSTERS:
-        one, two = RESIDENT_CLUSTERS[cluster]
-        return (ctas_per_sm // 2 * two + ctas_per_sm % 2 * one) * cluster
     return int(LARGE_CLUSTER_RESIDENCY * slots) // cluster * cluster

@@ -161,7 +161,7 @@ def grid_ctas(
     if in_regs >= slice_k // STEP or hopper.reg_budget(threads, ctas_per_sm) < PERSISTENT_MIN_REGS:
         return tiles_total
     # Whole clusters of the K splits, all resident: each takes row tiles c, c + clusters, ...
-    slots = hopper.resident_ctas(sms, ctas_per_sm, splits)
+    slots = hopper.resident_ctas(sms * ctas_per_sm, splits)
     if slots < splits:
         return tiles_total  # not one cluster resident: no persistent form (nor any launch)
     return min(tiles_total, slots // splits * splits)
@@ -298,7 +298,7 @@ class GemvParams:
                 f"cluster must be 1 with splits > 1 (the cluster is the tile's {self.splits} "
                 f"K splits), got cluster={self.cluster}"
             )
-        if hopper.resident_ctas(self.sms, self.ctas_per_sm, self.cluster_ctas) == 0:
+        if hopper.resident_ctas(self.sms * self.ctas_per_sm, self.cluster_ctas) == 0:
             raise ValueError(
                 f"a cluster of {self.cluster_ctas} CTAs cannot be resident on {self.sms} SMs "
                 f"at ctas_per_sm={self.ctas_per_sm}; use fewer splits or a smaller cluster"

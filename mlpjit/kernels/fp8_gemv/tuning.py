@@ -248,7 +248,7 @@ def config_fits(rows: int, k: int, tokens: int, config: GemvConfig, sms: int = h
         return False
     slots = sms * p.ctas_per_sm
     if p.cluster_ctas > MAX_PERSISTENT_CLUSTER and (
-        slots >= p.ctas > hopper.resident_ctas(sms, p.ctas_per_sm, p.cluster_ctas)
+        slots >= p.ctas > hopper.resident_ctas(slots, p.cluster_ctas)
     ):
         return False  # meant as one wave, but not resident at once
     geometry = {"slice_k": p.slice_k, "splits": p.splits, "send_x": p.send_x}
@@ -440,7 +440,7 @@ def _modeled_us(
     ctas_per_sm): it does not depend on the token count."""
     units = rows // (16 * tiles) * splits  # (row tile, K split) pairs
     cluster = max(cluster, splits)
-    waves = math.ceil(ctas / hopper.resident_ctas(sms, cps, cluster))
+    waves = math.ceil(ctas / hopper.resident_ctas(sms * cps, cluster))
     per_sm = math.ceil(ctas / sms)  # CTAs on the busiest SM
     rounds = per_sm * math.ceil(units / ctas)  # units it takes in turn
     weight_kb = rounds * 16 * tiles * (k // splits) / 1e3
@@ -728,7 +728,7 @@ def _blocks(rows: int, k: int, sms: int, max_waves: int) -> tuple[_Block, ...]:
     found = []
     most_cps = SPREAD_MAX_CTAS_PER_SM
     for splits in _divisors(k // GROUP, SPLITS_MAX):
-        most_slots = hopper.resident_ctas(sms, most_cps, splits)
+        most_slots = hopper.resident_ctas(sms * most_cps, splits)
         if most_slots == 0:
             continue  # not even one cluster of the splits is resident
         for tiles in _divisors(rows // 16, MAX_WARPS):
@@ -738,7 +738,7 @@ def _blocks(rows: int, k: int, sms: int, max_waves: int) -> tuple[_Block, ...]:
                 grids.append((math.ceil(units / most_slots), units))
             if tiles == 1:
                 for cps in range(1, most_cps + 1):
-                    slots = hopper.resident_ctas(sms, cps, splits)
+                    slots = hopper.resident_ctas(sms * cps, splits)
                     if slots >= splits and slots // splits * splits < units:
                         grids.append((1, slots // splits * splits))
             if not grids:
@@ -780,7 +780,7 @@ def _block_decompositions(
     geometry = {"slice_k": slice_k, "splits": splits}
     grids: dict[tuple[int, int], tuple] = {}  # (cps, ctas) -> (cost terms less x's, modeled_us)
     # Resident CTAs (whole clusters of the splits) at each launch bound.
-    slots_at = [hopper.resident_ctas(sms, c, splits) for c in range(SPREAD_MAX_CTAS_PER_SM + 1)]
+    slots_at = [hopper.resident_ctas(sms * c, splits) for c in range(SPREAD_MAX_CTAS_PER_SM + 1)]
     first_cps = 1
     if tiles > 1:
         first_cps = min(cps for cps, slots in enumerate(slots_at) if slots * max_waves >= units)

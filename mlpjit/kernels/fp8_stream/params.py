@@ -213,8 +213,8 @@ class StreamParams:
     def clusters(self) -> int:
         """Clusters of ``cluster`` CTAs (cluster form): as many as can be resident at once,
         at most one per tile."""
-        resident = hopper.resident_ctas(self.sms, self.ctas_per_sm, self.cluster)
-        return max(1, min(self.tiles, resident // self.cluster))
+        slots = self.sms * self.ctas_per_sm
+        return max(1, min(self.tiles, hopper.resident_ctas(slots, self.cluster) // self.cluster))
 
     @property
     def cluster_tiles(self) -> int:
