@@ -120,6 +120,7 @@ def test_layer_dry_run_lists_every_pair(capsys) -> None:
         (["--tokens", "0,9"], "must be in"),
         (["--clusters", "3"], "--clusters"),
         (["--down-configs", "t4/r3"], "--down-configs"),
+        (["--rounds", "0"], "--rounds"),
     ],
 )
 def test_layer_bad_arguments(argv, match, capsys) -> None:
@@ -162,3 +163,25 @@ def test_markdown_table_marks_default_and_best() -> None:
     lines = tune_gemv.markdown_table(rows, "layer").splitlines()
     assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 7
     assert lines[2].endswith("| 10.00 | default |") and lines[3].endswith("| 9.50 | **best** |")
+
+
+def test_timed_in_rounds_alternates_so_equal_runs_time_equal(monkeypatch) -> None:
+    """The sweep times every variant once per round, odd rounds reversed: under a GPU whose
+    speed drifts over the run (faster in its first seconds), equal variants come out equal
+    and the first one listed (choose_config's) gains nothing from going first."""
+    calls = iter(range(1000))
+
+    def drifting_graph_times(fn, replays, warmup):  # ms per replay of a chain of 4 items
+        fn()
+        t = 0.020 + 0.002 * next(calls)
+        return [t] * replays
+
+    monkeypatch.setattr(tune_gemv, "graph_times", drifting_graph_times)
+    ran = []
+    runs = [lambda i=i: ran.append(i) for i in range(3)]
+    args = tune_gemv.parse_args(["layer", "--rounds", "2", "--replays", "5", "--dry-run"])
+    timed = tune_gemv._timed_in_rounds(runs, 4, args)
+    assert ran == [0, 1, 2, 2, 1, 0]
+    # variant 0 at calls 0 and 5: (0.020 + 0.030) / 2 ms per chain of 4 = 6.25 us each
+    assert [t["us"] for t in timed] == pytest.approx([6.25] * 3)
+    assert timed[0]["round_us"] == pytest.approx([5.0, 7.5])

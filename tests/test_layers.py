@@ -7,6 +7,8 @@ import types
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mlpjit.kernels.blocks import BLOCK
 from mlpjit.testing import layers
@@ -58,3 +60,58 @@ def test_layer_shapes_name_every_unknown_shape() -> None:
     }
     with pytest.raises(ValueError, match=r"unknown \['nope', 'h2560-i2300'\]; known: glm5-tp8"):
         layers.layer_shapes(["glm5-tp8", "nope", "h2560-i2300"])
+
+
+@given(count=st.integers(0, 12), rounds=st.integers(1, 6))
+def test_round_order_times_every_variant_once_per_round_alternating(
+    count: int, rounds: int
+) -> None:
+    order = layers.round_order(count, rounds)
+    per_round = [order[r * count : (r + 1) * count] for r in range(rounds)]
+    assert len(order) == count * rounds
+    for r, seq in enumerate(per_round):
+        assert seq == (list(range(count)) if r % 2 == 0 else list(range(count))[::-1])
+
+
+@pytest.mark.parametrize(("count", "rounds"), [(-1, 2), (3, 0)])
+def test_round_order_rejects_bad_counts(count: int, rounds: int) -> None:
+    with pytest.raises(ValueError, match="rounds >= 1"):
+        layers.round_order(count, rounds)
+
+
+@given(
+    count=st.integers(1, 8),
+    start=st.floats(1.0, 10.0),
+    drift=st.floats(0.01, 0.5),
+    sign=st.sampled_from([-1.0, 1.0]),
+)
+def test_equal_variants_time_equal_under_a_linear_drift(
+    count: int, start: float, drift: float, sign: float
+) -> None:
+    """Variants that cost the same come out the same in two alternating rounds however the
+    GPU's speed drifts linearly over the run; in one round the first would look fastest
+    (or slowest)."""
+    calls = iter(range(10_000))
+
+    def drifting_timer(fn) -> list[float]:
+        t = start + sign * drift * next(calls)
+        return [t, t, t]
+
+    fns = [lambda: None] * count
+    summaries = [layers.round_summary(r) for r in layers.times_in_rounds(fns, 2, drifting_timer)]
+    us = [s["us"] for s in summaries]
+    assert max(us) - min(us) <= 1e-9 * max(1.0, abs(max(us)))
+    assert all(len(s["round_us"]) == 2 for s in summaries)
+    calls = iter(range(10_000))
+    one_round = [
+        layers.round_summary(r)["us"] for r in layers.times_in_rounds(fns, 1, drifting_timer)
+    ]
+    if count > 1 and drift != 0:
+        assert one_round[0] != one_round[-1]
+
+
+def test_round_summary_scales_and_takes_the_mean_of_round_medians() -> None:
+    summary = layers.round_summary([[1.0, 2.0, 9.0], [3.0, 4.0, 5.0]], scale=10.0)
+    assert summary["us"] == pytest.approx(30.0)  # medians 20 and 40
+    assert summary["round_us"] == [20.0, 40.0]
+    assert summary["p10_us"] == 10.0

@@ -260,3 +260,12 @@ def test_beside_line_counts_down_ctas_that_shared_an_sm_with_gate_up(tune) -> No
     down = stamps([(50, 400, 1), (150, 400, 0), (350, 500, 0)])
     line = tune._beside_line(gate_up, down)
     assert line.startswith("1 of 3 down CTAs started beside") and "2 before gate_up's" in line
+
+
+@pytest.mark.parametrize(
+    "argv", [["--rounds", "0"], ["--replays", "0"], ["--warmup", "-1"]], ids=str
+)
+def test_timing_counts_are_checked(tune, argv, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        tune.main([*argv, "--emit", "/dev/null"])
+    assert exc.value.code == 2 and argv[0] in capsys.readouterr().err

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,6 +42,8 @@ from mlpjit.testing.layers import (
     graph_times,
     layers_needed,
     random_fp8_weight,
+    round_summary,
+    times_in_rounds,
     weight_bytes,
 )
 
@@ -93,8 +94,8 @@ def _check(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     args.cluster_list = _ints(args.clusters, "--clusters", p)
     if any(n not in CLUSTER_SIZES for n in args.cluster_list):
         p.error(f"--clusters values must be in {CLUSTER_SIZES}, got {args.clusters!r}")
-    if args.replays < 1 or args.warmup < 0 or not args.l2_multiple > 0:
-        p.error("--replays must be >= 1, --warmup >= 0 and --l2-multiple > 0")
+    if args.replays < 1 or args.warmup < 0 or args.rounds < 1 or not args.l2_multiple > 0:
+        p.error("--replays and --rounds must be >= 1, --warmup >= 0 and --l2-multiple > 0")
     if args.mode == "kernel":
         args.spw_list = _ints(args.slices_per_warp, "--slices-per-warp", p)
         if any(v < 2 for v in args.spw_list):
@@ -124,6 +125,13 @@ def parse_args(
     common.add_argument("--l2-multiple", type=float, default=4.0, help="chain weights / L2 size")
     common.add_argument("--replays", type=int, default=100)
     common.add_argument("--warmup", type=int, default=10)
+    common.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="time every variant once per round, odd rounds in reverse order; a variant's "
+        "time is the mean of its rounds' medians (default 2)",
+    )
     common.add_argument("--seed", type=int, default=0)
 
     p = argparse.ArgumentParser(
@@ -197,8 +205,15 @@ def _load(request: KernelRequest, device: Any) -> Any:
     return load_kernel(default_manager().get(request), device)
 
 
-def _per_item_us(run: Callable[[], None], items: int, args: argparse.Namespace) -> list[float]:
-    return [t * 1e3 / items for t in graph_times(run, args.replays, args.warmup)]
+def _timed_in_rounds(
+    runs: list[Callable[[], None]], items: int, args: argparse.Namespace
+) -> list[dict]:
+    """Each run's us per item (round_summary: us, p10_us, round_us) over --rounds rounds
+    of alternating order."""
+    samples = times_in_rounds(
+        runs, args.rounds, lambda f: graph_times(f, args.replays, args.warmup)
+    )
+    return [round_summary(rounds, scale=1e3 / items) for rounds in samples]
 
 
 def time_kernels(name: str, args: argparse.Namespace, gpu: dict) -> list[dict]:
@@ -218,15 +233,18 @@ def time_kernels(name: str, args: argparse.Namespace, gpu: dict) -> list[dict]:
         out_cols = rows // 2 if swiglu else rows
         outs = [torch.empty(m, out_cols, dtype=torch.bfloat16, device="cuda") for _ in weights]
         default = default_config(rows, k, m, swiglu)
-        for config in _kernel_variants(args, name, m):
+        configs = _kernel_variants(args, name, m)
+        runs = []
+        for config in configs:
             kernel = _load(gemv_request(rows, k, swiglu, m, config), device)
 
             def run(kernel=kernel, x=x, outs=outs) -> None:
                 for (w, s), out in zip(weights, outs, strict=True):
                     kernel.launch((out, x, w, s))
 
-            per_launch = _per_item_us(run, count, args)
-            us = statistics.median(per_launch)
+            runs.append(run)
+        for config, timed in zip(configs, _timed_in_rounds(runs, count, args), strict=True):
+            us = timed["us"]
             row = {
                 "shape": name,
                 "rows": rows,
@@ -236,8 +254,7 @@ def time_kernels(name: str, args: argparse.Namespace, gpu: dict) -> list[dict]:
                 "config": label(config),
                 **dataclasses.asdict(config),
                 "default": config == default,
-                "us": us,
-                "p10_us": sorted(per_launch)[len(per_launch) // 10],
+                **timed,
                 "floor_us": floor_us,
                 "x_floor": us / floor_us,
                 "layers": count,
@@ -278,7 +295,9 @@ def time_layers(name: str, args: argparse.Namespace, gpu: dict) -> list[dict]:
             tuning.choose_config(2 * inter, hidden, m, True),
             tuning.choose_config(hidden, inter, m, False),
         )
-        for pair in _layer_pairs(args, name, m):
+        pairs_m = _layer_pairs(args, name, m)
+        runs = []
+        for pair in pairs_m:
             kg, kd = (_load(r, device) for r in pair_requests(hidden, inter, m, pair))
 
             def run(kg=kg, kd=kd, x=x, acts=acts, outs=outs) -> None:
@@ -286,7 +305,8 @@ def time_layers(name: str, args: argparse.Namespace, gpu: dict) -> list[dict]:
                     kg.launch((act, x, w13, s13))
                     kd.launch((out, act, w2, s2))
 
-            per_layer = _per_item_us(run, count, args)
+            runs.append(run)
+        for pair, timed in zip(pairs_m, _timed_in_rounds(runs, count, args), strict=True):
             row = {
                 "shape": name,
                 "hidden": hidden,
@@ -295,8 +315,7 @@ def time_layers(name: str, args: argparse.Namespace, gpu: dict) -> list[dict]:
                 "gate_up": label(pair[0]),
                 "down": label(pair[1]),
                 "default": pair == default,
-                "us": statistics.median(per_layer),
-                "p10_us": sorted(per_layer)[len(per_layer) // 10],
+                **timed,
                 "layers": count,
             }
             results.append(row)
@@ -430,6 +449,7 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
             "mode": args.mode,
             "replays": args.replays,
             "warmup": args.warmup,
+            "rounds": args.rounds,
             "l2_multiple": args.l2_multiple,
             "command": "python3 scripts/tune_fp8_gemv.py " + " ".join(argv),
         }

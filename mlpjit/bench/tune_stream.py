@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -260,6 +259,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
         graph_times,
         random_fp8_layer,
         rel_l2,
+        round_summary,
+        times_in_rounds,
     )
 
     device = torch.device("cuda", 0)
@@ -282,6 +283,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                                           swiglu=True, ue8m0=True)  # fmt: skip
             want = ref.gemv_reference(want_act, layers[0]["w2"], layers[0]["w2_scale"],
                                       swiglu=False, ue8m0=True)  # fmt: skip
+            pending = []  # (row without its time, the chain to time), timed in rounds below
             for variant in args.variants:
                 label = variant_label(variant)
                 try:
@@ -324,18 +326,27 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                 launch(layers[0])
                 torch.cuda.synchronize()
                 err_act, err_out = rel_l2(act, want_act), rel_l2(out, want)
-                times = graph_times(chain, args.replays, args.warmup)
-                us = statistics.median(times) * 1e3 / n_layers
                 row = dict(
                     shape=name, hidden=hidden, inter=inter, tokens=tokens, variant=label,
-                    us=round(us, 3), floor_us=round(floor_us, 3), x_floor=round(us / floor_us, 3),
-                    err_act=err_act, err_out=err_out, layers=n_layers,
-                    mbytes=round(nbytes / 1e6, 2), gate_up=dict(reqs[0].params),
-                    down=dict(reqs[-1].params),
+                    floor_us=round(floor_us, 3), err_act=err_act, err_out=err_out,
+                    layers=n_layers, mbytes=round(nbytes / 1e6, 2),
+                    gate_up=dict(reqs[0].params), down=dict(reqs[-1].params),
                 )  # fmt: skip
+                pending.append((row, chain))
+            samples = times_in_rounds(
+                [chain for _, chain in pending],
+                args.rounds,
+                lambda f: graph_times(f, args.replays, args.warmup),
+            )
+            for (row, _), rounds in zip(pending, samples, strict=True):
+                timed = round_summary(rounds, scale=1e3 / n_layers)
+                us = timed["us"]
+                row.update(us=round(us, 3), x_floor=round(us / floor_us, 3),
+                           round_us=timed["round_us"])  # fmt: skip
                 rows_out.append(row)
-                print(f"{name:24s} t{tokens} {label:6s} {us:8.2f} us  x{us / floor_us:5.2f} "
-                      f"floor {floor_us:7.2f} us  err act {err_act:.1e} out {err_out:.1e}",
+                print(f"{name:24s} t{tokens} {row['variant']:6s} {us:8.2f} us  "
+                      f"x{us / floor_us:5.2f} floor {floor_us:7.2f} us  "
+                      f"err act {row['err_act']:.1e} out {row['err_out']:.1e}",
                       flush=True)  # fmt: skip
     return rows_out
 
@@ -590,6 +601,13 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
     parser.add_argument("--replays", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="time every variant once per round, odd rounds in reverse order; a variant's "
+        "time is the mean of its rounds' medians (default 2)",
+    )
+    parser.add_argument(
         "--trace",
         action="store_true",
         help="also print per-CTA timestamps of one launch (trace builds)",
@@ -602,6 +620,11 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
         help="results of an earlier --json run or of bench_dense_mlp.py --json (for --plot)",
     )
     args = parser.parse_args(argv)
+    if args.rounds < 1 or args.replays < 1 or args.warmup < 0:
+        parser.error(
+            f"--rounds and --replays must be >= 1 and --warmup >= 0, got --rounds "
+            f"{args.rounds}, --replays {args.replays}, --warmup {args.warmup}"
+        )
     if args.plot:
         if not args.from_json:
             parser.error("--plot needs --from-json FILE")

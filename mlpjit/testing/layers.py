@@ -321,6 +321,43 @@ def graph_times(fn: Callable[[], object], replays: int, warmup: int) -> list[flo
     return times
 
 
+def round_order(count: int, rounds: int) -> list[int]:
+    """The order in which ``rounds`` rounds time ``count`` variants: every variant once per
+    round, odd rounds in reverse, so a drift of the GPU's speed over the run (the first
+    seconds after a start run faster, docs/KERNEL_NOTES.md "Timing a sweep") weighs on no
+    variant more than on another."""
+    if count < 0 or rounds < 1:
+        raise ValueError(f"count must be >= 0 and rounds >= 1, got count={count}, rounds={rounds}")
+    forward = list(range(count))
+    return [i for r in range(rounds) for i in (forward if r % 2 == 0 else forward[::-1])]
+
+
+def times_in_rounds(
+    fns: Sequence[Callable[[], object]],
+    rounds: int,
+    time: Callable[[Callable[[], object]], list[float]],
+) -> list[list[list[float]]]:
+    """Time each of ``fns`` once per round in round_order (``time(fn)``: one timing's
+    samples, e.g. graph_times); per fn, its samples of each round, in round order."""
+    samples: list[list[list[float]]] = [[] for _ in fns]
+    for i in round_order(len(fns), rounds):
+        samples[i].append(time(fns[i]))
+    return samples
+
+
+def round_summary(rounds: Sequence[Sequence[float]], scale: float = 1.0) -> dict[str, Any]:
+    """One variant's time from its rounds (times_in_rounds): ``us`` the mean of the rounds'
+    medians (alternating rounds cancel a linear drift in the mean), ``p10_us`` over all
+    samples, ``round_us`` each round's median; every value multiplied by ``scale``."""
+    medians = [statistics.median(r) * scale for r in rounds]
+    flat = sorted(t * scale for r in rounds for t in r)
+    return {
+        "us": statistics.fmean(medians),
+        "p10_us": flat[len(flat) // 10],
+        "round_us": [round(m, 4) for m in medians],
+    }
+
+
 def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 20) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written:
     the denominator of the benchmarks' HBM floor."""
