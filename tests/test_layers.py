@@ -115,3 +115,15 @@ def test_round_summary_scales_and_takes_the_mean_of_round_medians() -> None:
     assert summary["us"] == pytest.approx(30.0)  # medians 20 and 40
     assert summary["round_us"] == [20.0, 40.0]
     assert summary["p10_us"] == 10.0
+
+
+def test_the_first_timings_of_a_run_are_discarded() -> None:
+    """A fresh GPU's first timings come out fast; they must not reach any variant."""
+    calls = iter(range(100))
+
+    def fast_start_timer(fn) -> list[float]:
+        return [1.0 if next(calls) < layers.SETTLE_TIMINGS else 2.0]
+
+    samples = layers.times_in_rounds([lambda: None] * 3, 2, fast_start_timer)
+    assert [[t for r in v for t in r] for v in samples] == [[2.0, 2.0]] * 3
+    assert layers.times_in_rounds([], 2, fast_start_timer) == []

@@ -332,13 +332,21 @@ def round_order(count: int, rounds: int) -> list[int]:
     return [i for r in range(rounds) for i in (forward if r % 2 == 0 else forward[::-1])]
 
 
+SETTLE_TIMINGS = 3  # timings of the first fn discarded before the rounds
+
+
 def times_in_rounds(
     fns: Sequence[Callable[[], object]],
     rounds: int,
     time: Callable[[Callable[[], object]], list[float]],
+    settle: int = SETTLE_TIMINGS,
 ) -> list[list[list[float]]]:
     """Time each of ``fns`` once per round in round_order (``time(fn)``: one timing's
-    samples, e.g. graph_times); per fn, its samples of each round, in round order."""
+    samples, e.g. graph_times); per fn, its samples of each round, in round order. First
+    ``settle`` timings of ``fns[0]`` are discarded: on a freshly started GPU the first two
+    timings of a run came out up to 11% fast (docs/KERNEL_NOTES.md, "Timing a sweep")."""
+    for _ in range(settle if fns else 0):
+        time(fns[0])
     samples: list[list[list[float]]] = [[] for _ in fns]
     for i in round_order(len(fns), rounds):
         samples[i].append(time(fns[i]))
