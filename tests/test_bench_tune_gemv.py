@@ -13,6 +13,7 @@ from mlpjit.kernels import hopper
 from mlpjit.kernels.fp8_gemv import SPEC, tuning
 from mlpjit.kernels.fp8_gemv import params as gemv_params
 from mlpjit.kernels.fp8_gemv.params import GemvConfig
+from mlpjit.testing import layers
 
 
 def _valid(params: dict) -> bool:
@@ -167,16 +168,19 @@ def test_markdown_table_marks_default_and_best() -> None:
 
 def test_timed_in_rounds_alternates_so_equal_runs_time_equal(monkeypatch) -> None:
     """The sweep times every variant once per round, odd rounds reversed: under a GPU whose
-    speed drifts over the run (faster in its first seconds), equal variants come out equal
+    speed drifts over the run (its first timings fast), equal variants come out equal
     and the first one listed (choose_config's) gains nothing from going first."""
     calls = iter(range(1000))
 
-    def drifting_graph_times(fn, replays, warmup):  # ms per replay of a chain of 4 items
-        fn()
+    def drifting_replay_times(graph, replays, warmup):  # ms per replay of a chain of 4 items
+        graph()
         t = 0.020 + 0.002 * next(calls)
         return [t] * replays
 
-    monkeypatch.setattr(tune_gemv, "graph_times", drifting_graph_times)
+    # a "graph" here is its run, so each replay shows in ``ran``; a fresh process: unsettled
+    monkeypatch.setattr(layers, "capture_graph", lambda fn: (fn, None))
+    monkeypatch.setattr(layers, "replay_times", drifting_replay_times)
+    monkeypatch.setattr(layers, "_settled", False)
     ran = []
     runs = [lambda i=i: ran.append(i) for i in range(3)]
     args = tune_gemv.parse_args(["layer", "--rounds", "2", "--replays", "5", "--dry-run"])

@@ -117,8 +117,10 @@ def test_round_summary_scales_and_takes_the_mean_of_round_medians() -> None:
     assert summary["p10_us"] == 10.0
 
 
-def test_the_first_timings_of_a_run_are_discarded() -> None:
-    """A fresh GPU's first timings come out fast; they must not reach any variant."""
+def test_the_first_timings_of_a_run_are_discarded(monkeypatch) -> None:
+    """A fresh GPU's first timings come out fast; they must not reach any variant, and
+    only the process's first timings are discarded."""
+    monkeypatch.setattr(layers, "_settled", False)
     calls = iter(range(100))
 
     def fast_start_timer(fn) -> list[float]:
@@ -127,3 +129,6 @@ def test_the_first_timings_of_a_run_are_discarded() -> None:
     samples = layers.times_in_rounds([lambda: None] * 3, 2, fast_start_timer)
     assert [[t for r in v for t in r] for v in samples] == [[2.0, 2.0]] * 3
     assert layers.times_in_rounds([], 2, fast_start_timer) == []
+    later = layers.times_in_rounds([lambda: None] * 2, 1, fast_start_timer)
+    assert next(calls) == layers.SETTLE_TIMINGS + 6 + 2  # settled once, not again
+    assert len(later) == 2

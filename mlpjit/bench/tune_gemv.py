@@ -39,11 +39,9 @@ from mlpjit.testing.layers import (
     chain_length,
     copy_bandwidth,
     device_l2_bytes,
-    graph_times,
+    graph_rounds,
     layers_needed,
     random_fp8_weight,
-    round_summary,
-    times_in_rounds,
     weight_bytes,
 )
 
@@ -210,10 +208,7 @@ def _timed_in_rounds(
 ) -> list[dict]:
     """Each run's us per item (round_summary: us, p10_us, round_us) over --rounds rounds
     of alternating order."""
-    samples = times_in_rounds(
-        runs, args.rounds, lambda f: graph_times(f, args.replays, args.warmup)
-    )
-    return [round_summary(rounds, scale=1e3 / items) for rounds in samples]
+    return graph_rounds(runs, args.rounds, args.replays, args.warmup, scale=1e3 / items)
 
 
 def time_kernels(name: str, args: argparse.Namespace, gpu: dict) -> list[dict]:

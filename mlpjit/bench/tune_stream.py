@@ -256,11 +256,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
     from mlpjit.testing.layers import (
         chain_length,
         copy_bandwidth,
-        graph_times,
+        graph_rounds,
         random_fp8_layer,
         rel_l2,
-        round_summary,
-        times_in_rounds,
     )
 
     device = torch.device("cuda", 0)
@@ -333,13 +331,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                     gate_up=dict(reqs[0].params), down=dict(reqs[-1].params),
                 )  # fmt: skip
                 pending.append((row, chain))
-            samples = times_in_rounds(
-                [chain for _, chain in pending],
-                args.rounds,
-                lambda f: graph_times(f, args.replays, args.warmup),
-            )
-            for (row, _), rounds in zip(pending, samples, strict=True):
-                timed = round_summary(rounds, scale=1e3 / n_layers)
+            chains = [chain for _, chain in pending]
+            timings = graph_rounds(chains, args.rounds, args.replays, args.warmup,
+                                   scale=1e3 / n_layers)  # fmt: skip
+            for (row, _), timed in zip(pending, timings, strict=True):
                 us = timed["us"]
                 row.update(us=round(us, 3), x_floor=round(us / floor_us, 3),
                            round_us=timed["round_us"])  # fmt: skip

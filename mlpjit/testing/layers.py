@@ -323,8 +323,7 @@ def graph_times(fn: Callable[[], object], replays: int, warmup: int) -> list[flo
 
 def round_order(count: int, rounds: int) -> list[int]:
     """The order in which ``rounds`` rounds time ``count`` variants: every variant once per
-    round, odd rounds in reverse, so a drift of the GPU's speed over the run (the first
-    seconds after a start run faster, docs/KERNEL_NOTES.md "Timing a sweep") weighs on no
+    round, odd rounds in reverse, so a drift of the GPU's speed over the run weighs on no
     variant more than on another."""
     if count < 0 or rounds < 1:
         raise ValueError(f"count must be >= 0 and rounds >= 1, got count={count}, rounds={rounds}")
@@ -332,24 +331,26 @@ def round_order(count: int, rounds: int) -> list[int]:
     return [i for r in range(rounds) for i in (forward if r % 2 == 0 else forward[::-1])]
 
 
-SETTLE_TIMINGS = 3  # timings of the first fn discarded before the rounds
+SETTLE_TIMINGS = 3  # a process's first timings, discarded (times_in_rounds)
+_settled = False  # whether this process has discarded them yet
 
 
 def times_in_rounds(
-    fns: Sequence[Callable[[], object]],
-    rounds: int,
-    time: Callable[[Callable[[], object]], list[float]],
-    settle: int = SETTLE_TIMINGS,
+    items: Sequence[T], rounds: int, time: Callable[[T], list[float]]
 ) -> list[list[list[float]]]:
-    """Time each of ``fns`` once per round in round_order (``time(fn)``: one timing's
-    samples, e.g. graph_times); per fn, its samples of each round, in round order. First
-    ``settle`` timings of ``fns[0]`` are discarded: on a freshly started GPU the first two
-    timings of a run came out up to 11% fast (docs/KERNEL_NOTES.md, "Timing a sweep")."""
-    for _ in range(settle if fns else 0):
-        time(fns[0])
-    samples: list[list[list[float]]] = [[] for _ in fns]
-    for i in round_order(len(fns), rounds):
-        samples[i].append(time(fns[i]))
+    """Time each of ``items`` once per round in round_order (``time(item)``: one timing's
+    samples); per item, its samples of each round, in round order. The process's first
+    SETTLE_TIMINGS timings (of ``items[0]``) are discarded: on a freshly started GPU the
+    first one or two timings of a run came out up to 11% fast (docs/KERNEL_NOTES.md,
+    "Timing a sweep")."""
+    global _settled
+    if items and not _settled:
+        for _ in range(SETTLE_TIMINGS):
+            time(items[0])
+        _settled = True
+    samples: list[list[list[float]]] = [[] for _ in items]
+    for i in round_order(len(items), rounds):
+        samples[i].append(time(items[i]))
     return samples
 
 
@@ -364,6 +365,16 @@ def round_summary(rounds: Sequence[Sequence[float]], scale: float = 1.0) -> dict
         "p10_us": flat[len(flat) // 10],
         "round_us": [round(m, 4) for m in medians],
     }
+
+
+def graph_rounds(
+    fns: Sequence[Callable[[], object]], rounds: int, replays: int, warmup: int, scale: float
+) -> list[dict[str, Any]]:
+    """Each of ``fns`` captured once into a CUDA graph, its replays timed in rounds
+    (times_in_rounds); per fn, its round_summary of the replays' milliseconds x ``scale``."""
+    graphs = [capture_graph(fn)[0] for fn in fns]
+    samples = times_in_rounds(graphs, rounds, lambda g: replay_times(g, replays, warmup))
+    return [round_summary(r, scale) for r in samples]
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 20) -> float:
