@@ -21,8 +21,9 @@ and the same with ``layer``; ``--dry-run`` lists the variants (no GPU needed). E
 runs over a chain of distinct weights totalling >= --l2-multiple x the L2 size (so weights
 stream from HBM), captured in one CUDA graph: the time per launch (kernel) or per layer
 (layer) is the median replay divided by the chain length, averaged over --rounds rounds
-(default 2) that time every variant once, odd rounds in reverse order, after three discarded
-timings (a fresh GPU's first timings come out fast), so no variant gains from its place.
+(default 2) that time every variant once, odd rounds in reverse order, after the run's
+first three timings are discarded (a fresh GPU's first timings come out fast), so no variant
+gains from its place.
 The floor of the kernel mode is the weight bytes (FP8 + float32 scales) over the
 device-to-device copy bandwidth (bytes read + written per second). What the sweeps found:
 docs/KERNEL_NOTES.md. The code:

@@ -5,13 +5,12 @@ Each dense-layer shape runs as a PDL chain of distinct layers (gate_up then down
 totalling >= --l2-multiple x L2) captured in one CUDA graph; the time per layer is the
 median replay over the chain length, and its floor the layer's weight bytes over the
 device-to-device copy bandwidth measured in the same run. Every variant of a shape and token
-count is timed once per round (--rounds, default 2), odd rounds in reverse order, after
-three discarded timings (a fresh GPU's first timings come out fast), and its time is the
-mean of its rounds' medians, so no variant gains from its place.
-Variants: ``gemv`` (fp8_gemv as
-planned today), ``WxR`` fp8_stream configs (W consumer warps, R ring stages; R 0: the
-planner's), ``L`` / ``LWbB[sGxD]``: the whole layer in one fp8_layer kernel (the
-planner's knobs, or W consumer warps of B blocks each and G / D ring stages), and
+count is timed once per round (--rounds, default 2), odd rounds in reverse order, after the
+run's first three timings are discarded (a fresh GPU's first timings come out fast), and its
+time is the mean of its rounds' medians, so no variant gains from its place. Variants:
+``gemv`` (fp8_gemv as planned today), ``WxR`` fp8_stream configs (W consumer warps, R ring
+stages; R 0: the planner's), ``L`` / ``LWbB[sGxD]``: the whole layer in one fp8_layer kernel
+(the planner's knobs, or W consumer warps of B blocks each and G / D ring stages), and
 ``gN`` / ``dN``: fp8_gemv with its gate_up (g) or down (d) kernel on the N-th alternative
 decomposition (the planner model's best of each K-split count, slice size and slices per
 warp; `gemv_alternatives`), the other half as planned, which sweeps the planner's choices
