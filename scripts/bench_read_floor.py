@@ -10,7 +10,9 @@ gate_up matrix's bytes, the down matrix's, and both in turn as a layer: as two k
 matrices (`fused`, as a one-kernel layer's down waits for act) or not (`flat`). Each chain
 runs over distinct buffers totalling >= 4x the L2 as PDL launches, timed as CUDA graph
 replays (median per kernel or layer). Every kernel's XOR of the words it read is checked
-against the buffer's first. Configs name the ring's stage shape (mlpjit/bench/read_floor.py).
+against the buffer's first. Configs name the ring's stage shape, and whether the CTAs take
+fixed ranges or claim stages as they go (mlpjit/bench/read_floor.py); `--chains` picks
+which of the chains to time.
 Compile here, run there:
 
     python3 scripts/bench_read_floor.py --emit /tmp/read.jsonl

@@ -27,7 +27,17 @@ def test_tensor_configs_take_row_copies_and_two_kernel_chains() -> None:
     assert all(p.tensor and p.copies == 16 for ps in chains_of.values() for p in ps)
 
 
-@pytest.mark.parametrize("text", ["", "r2048", "x16", "c", "r2048x16q", "c1024x2"])
+def test_dynamic_configs_claim_after_a_fixed_start_in_two_kernel_chains() -> None:
+    c = parse_config("r2048x16s4d2")
+    assert (c.stages, c.dynamic) == (4, 2) and parse_config("c32768").dynamic == 0
+    with pytest.raises(ValueError, match="d<N> takes N >= 1"):
+        parse_config("r2048x16d0")
+    chains_of = chains(parse_config("c32768d3"), 6144, 1536)
+    assert list(chains_of) == ["gate_up", "down", "layer"]
+    assert all(p.dynamic == 3 for ps in chains_of.values() for p in ps)
+
+
+@pytest.mark.parametrize("text", ["", "r2048", "x16", "c", "r2048x16q", "c1024x2", "c32768d"])
 def test_parse_config_refuses_with_the_grammar(text) -> None:
     with pytest.raises(ValueError, match="r<copy>x<copies> or c<copy>"):
         parse_config(text)
@@ -83,3 +93,6 @@ def test_bad_arguments_exit_with_usage(capsys) -> None:
     with pytest.raises(SystemExit):
         read_floor.main(["--shapes", "nope"])
     assert "unknown" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        read_floor.main(["--chains", "layer,bogus"])
+    assert "--chains takes gate_up, down, layer, fused, flat, got bogus" in capsys.readouterr().err

@@ -48,10 +48,26 @@ def params(**overrides) -> ReadParams:
             "barrier",
         ),  # fmt: skip
         ({"tensor": 1}, "tensor"),
+        ({"dynamic": -1}, "dynamic"),
+        ({"dynamic": True}, "dynamic"),
+        ({"dynamic": 2, "copy_bytes": 128, "stages": 49}, "dynamic"),  # slot words: 48 at most
+        (
+            {
+                "dynamic": 2,
+                "then_nbytes": 6144 * 1536,
+                "then_row_bytes": 1536,
+                "then_copy_bytes": 1536,
+            },
+            "dynamic",
+        ),  # fmt: skip
         ({"tensor": True, "copies": 4}, "tensor"),  # not whole 1 KB swizzle atoms
         (
-            {"tensor": True, "then_nbytes": 6144 * 1536, "then_row_bytes": 1536,
-             "then_copy_bytes": 1536},
+            {
+                "tensor": True,
+                "then_nbytes": 6144 * 1536,
+                "then_row_bytes": 1536,
+                "then_copy_bytes": 1536,
+            },
             "tensor",
         ),  # fmt: skip
     ],
@@ -96,6 +112,38 @@ def test_every_byte_is_read_once(tiles, chunks, copy, copies, ctas) -> None:
     assert max(b - a for a, b in ranges) - min(b - a for a, b in ranges) <= 1
     starts = sorted(p.unit_offset(u) + j * row for u in range(units) for j in range(copies))
     assert starts == list(range(0, p.nbytes, copy))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    units=st.integers(1, 600),
+    ctas=st.integers(1, 200),
+    fixed=st.integers(1, 8),
+    launches=st.integers(1, 4),
+    data=st.data(),
+)
+def test_claims_read_every_stage_once_in_every_launch(units, ctas, fixed, launches, data):
+    """dynamic: whatever order the CTAs' claims reach the counter in, each launch reads
+    every stage once (a fixed range, then claims) and ends with one refused claim per CTA,
+    so the next launch's claims start at a multiple of dynamic_claims: no reset needed."""
+    ctas = min(ctas, units)
+    p = ReadParams(nbytes=units * 2048, row_bytes=2048, copy_bytes=2048, copies=1,
+                   stages=2, ctas=ctas, dynamic=fixed)  # fmt: skip
+    counter = 0
+    for _ in range(launches):
+        read = [u for c in range(ctas) for u in range(*p.cta_units(c))]
+        claiming = list(range(ctas))  # CTAs whose last claim was not refused
+        while claiming:
+            cta = data.draw(st.sampled_from(claiming))
+            stage = p.claimed_stage(counter)
+            counter += 1
+            if stage is None:
+                claiming.remove(cta)
+            else:
+                read.append(stage)
+        assert sorted(read) == list(range(units))
+        assert counter % p.dynamic_claims == 0
+    assert p.out_words == p.thread_words + 4 and p.thread_words % 2 == 0
 
 
 def test_compiled_kernel_streams_before_the_wait() -> None:
@@ -145,3 +193,19 @@ def test_compiled_tensor_stages_are_one_tma_copy_each() -> None:
     assert facts.ops.index("UTMALDG.3D") < facts.ops.index("ACQBULK")
     assert [p.name for p in binary.params] == ["out", "buf", "map"]
     assert [p.size for p in cubin_kernel_params(binary.cubin, binary.symbol)] == [8, 8, 8]
+
+
+def test_compiled_dynamic_kernel_claims_after_the_wait() -> None:
+    """dynamic: the fixed range's copies come before any PDL wait, the claims (64-bit
+    atomics) after the producer's own wait, and a second bulk-copy site for the claimed
+    stages; nothing spills."""
+    from mlpjit.kernels.read_floor import compile_cubin
+    from mlpjit.testing.cubin_info import sass_facts
+
+    facts = sass_facts(compile_cubin(params(dynamic=2), "sm_90a").cubin)
+    assert facts.stack == 0 and facts.local == 0
+    copies = [i for i, op in enumerate(facts.ops) if op == "UBLKCP.S.G"]
+    waits = [i for i, op in enumerate(facts.ops) if op == "ACQBULK"]
+    atomics = [i for i, op in enumerate(facts.ops) if op == "ATOMG.E.ADD.64.STRONG.GPU"]
+    assert len(copies) == 2 and len(waits) == 2 and atomics
+    assert copies[0] < waits[0] < min(atomics)

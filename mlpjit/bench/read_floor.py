@@ -11,9 +11,11 @@ A config names the ring of the read_floor kernel (mlpjit.kernels.read_floor):
 - ``c<copy>``: a stage is one bulk copy of ``copy`` consecutive bytes.
 - then optionally ``s<stages>`` (default: as many as fit RING_BUDGET), ``w<warps>``
   (consumer warps, default 8) and ``g<ctas>`` (default: one per SM; never more than the
-  stages to read), and ``t``: each stage one TMA tensor copy of the same rows instead of a
-  copy per row, landing in wgmma's 128-byte swizzle (``r2048x16t``; the two-kernel layer
-  and each matrix alone, no one-kernel chains).
+  stages to read), ``t``: each stage one TMA tensor copy of the same rows instead of a
+  copy per row, landing in wgmma's 128-byte swizzle (``r2048x16t``), and ``d<N>``: each
+  CTA reads N stages of a fixed range, then claims the rest one stage at a time from an
+  atomic counter after the PDL wait (``r2048x16d2``: dynamic work assignment). With ``t``
+  or ``d``, the two-kernel layer and each matrix alone, no one-kernel chains.
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ DEFAULT_SHAPES = (
     "deepseek-v3-shared-tp8", "deepseek-v3-shared-tp1",
 )  # fmt: skip
 DEFAULT_CONFIGS = ("r2048x16", "r2048x16s2", "r1024x16", "r4096x16", "c8192", "c32768")
+CHAINS = ("gate_up", "down", "layer", "fused", "flat")
 RING_BUDGET = 200 * 1024  # fp8_stream's rings fill about this much beside x
 MAX_DEFAULT_STAGES = 32
-_CONFIG = re.compile(r"^(?:r(\d+)x(\d+)|c(\d+))(?:s(\d+))?(?:w(\d+))?(?:g(\d+))?(t)?$")
+_CONFIG = re.compile(r"^(?:r(\d+)x(\d+)|c(\d+))(?:s(\d+))?(?:w(\d+))?(?:g(\d+))?(t)?(?:d(\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class ReadConfig:
     warps: int = 8
     ctas: int = hopper.SMS
     tensor: bool = False  # 't': a stage is one TMA tensor copy of the same rows
+    dynamic: int = 0  # 'd<N>': N stages per CTA in a fixed range, the rest claimed
 
 
 def parse_config(text: str) -> ReadConfig:
@@ -73,9 +77,12 @@ def parse_config(text: str) -> ReadConfig:
     if not m:
         raise ValueError(
             f"config must be r<copy>x<copies> or c<copy>, then optional s<stages> w<warps> "
-            f"g<ctas> t (e.g. r2048x16s4, c32768, r2048x16t), got {text!r}"
+            f"g<ctas> t d<fixed stages> (e.g. r2048x16s4, c32768, r2048x16t, r2048x16d2), "
+            f"got {text!r}"
         )
-    rows_copy, copies, run_copy, stages, warps, ctas, tensor = m.groups()
+    rows_copy, copies, run_copy, stages, warps, ctas, tensor, dynamic = m.groups()
+    if dynamic is not None and int(dynamic) < 1:
+        raise ValueError(f"config {text!r}: d<N> takes N >= 1 fixed stages per CTA")
     if tensor and not copies:
         raise ValueError(f"config {text!r}: 't' (TMA tensor copies) takes row copies (r...)")
     return ReadConfig(
@@ -86,6 +93,7 @@ def parse_config(text: str) -> ReadConfig:
         warps=int(warps) if warps else 8,
         ctas=int(ctas) if ctas else hopper.SMS,
         tensor=bool(tensor),
+        dynamic=int(dynamic) if dynamic else 0,
     )
 
 
@@ -131,7 +139,8 @@ def read_params(
         stages = max(1, min(MAX_DEFAULT_STAGES, RING_BUDGET // slot))
     return ReadParams(
         nbytes=nbytes, row_bytes=row_bytes, copy_bytes=copy, copies=copies, stages=stages,
-        warps=config.warps, ctas=min(config.ctas, units), tensor=config.tensor, **extra,
+        warps=config.warps, ctas=min(config.ctas, units), tensor=config.tensor,
+        dynamic=config.dynamic, **extra,
     )  # fmt: skip
 
 
@@ -148,7 +157,7 @@ def chains(config: ReadConfig, hidden: int, inter: int) -> dict[str, list[ReadPa
     gate_up, down = layer_reads(hidden, inter).values()
     first = read_params(config, *gate_up)
     second = read_params(config, *down)
-    if config.tensor:  # one phase per kernel
+    if config.tensor or config.dynamic:  # one phase per kernel
         return {"gate_up": [first], "down": [second], "layer": [first, second]}
     return {
         "gate_up": [first],
@@ -233,6 +242,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                 print(f"{name} {text}: skipped ({err})", flush=True)
                 continue
             for chain_name, kernels_params in per_chain.items():
+                if args.chains and chain_name not in args.chains:
+                    continue
                 kernels = [
                     load_kernel(manager.get(KernelRequest("read_floor", vars(p).copy(), ARCH)),
                                 device)
@@ -245,8 +256,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                                    generator=gen) for p in kernels_params]
                     for _ in range(count)
                 ]  # fmt: skip
-                outs = [torch.zeros(p.out_words, dtype=torch.int32, device=device)
-                        for p in kernels_params]  # fmt: skip
+                outs = [
+                    torch.zeros(p.out_words, dtype=torch.int32, device=device)
+                    for p in kernels_params
+                ]  # fmt: skip (the counters start at zero)
                 args_of = [
                     [(buf,) + _tensor_map(p, buf) for p, buf in zip(kernels_params, layer,
                                                                      strict=True)]
@@ -261,7 +274,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                 chain()
                 torch.cuda.synchronize()
                 for p, out, buf in zip(kernels_params, outs, bufs[-1], strict=True):
-                    if xor_words(out[: p.out_words - 1].view(torch.uint8)) != xor_words(buf):
+                    if xor_words(out[: p.thread_words].view(torch.uint8)) != xor_words(buf):
                         raise SystemExit(f"{name} {text} {chain_name}: a byte was not read once")
                 times = graph_times(chain, args.replays, args.warmup)
                 us = statistics.median(times) * 1e3 / count
@@ -287,6 +300,9 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
     p.add_argument("--shapes", default=",".join(DEFAULT_SHAPES),
                    help="comma list of layer names or h<hidden>-i<intermediate>")  # fmt: skip
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="comma list (above)")
+    p.add_argument("--chains", default="",
+                   help="comma list of chains to time (gate_up, down, layer, fused, flat); "
+                        "default: every chain a config has")  # fmt: skip
     p.add_argument("--replays", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--l2-multiple", type=float, default=4.0)
@@ -295,6 +311,10 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
     args = p.parse_args(argv)
     args.shapes = [s for s in args.shapes.split(",") if s]
     args.configs = [c for c in args.configs.split(",") if c]
+    args.chains = [c for c in args.chains.split(",") if c]
+    unknown = sorted(set(args.chains) - set(CHAINS))
+    if unknown:
+        p.error(f"--chains takes {', '.join(CHAINS)}, got {', '.join(unknown)}")
     try:
         for text in args.configs:
             parse_config(text)

@@ -23,13 +23,24 @@ the consumers wait, between the phases, until every CTA's consumers are done wit
 (an arrival count in global memory, as a layer's down waits for all of act), which the
 producer never waits for.
 
+With ``dynamic`` N (one phase only) the CTAs share the stages out as they go instead of
+in fixed ranges: each CTA's producer requests its N first stages from launch on (a fixed
+range of the first N x ctas stages), then, after the PDL wait, claims the next stage from
+an atomic counter in ``out`` whenever it has a slot to fill, so an SM that streams faster
+reads more. It measures what dynamic work assignment can gain over an equal static split
+when nothing else differs between the SMs. The counter only grows: a launch claims exactly
+``dynamic_claims`` times (every stage past the fixed ranges, then one refused claim per
+CTA), so a claim's value modulo that count is its stage, and launches one after another
+need no reset (they must not overlap: claims start after the PDL wait).
+
 With ``tensor`` a stage is one TMA tensor copy instead (the same rows and bytes: a box of
 128 bytes x ``copies`` rows x ``copy_bytes`` / 128 K blocks through the map of
 mlpjit.kernels.tensor_map.weight_block_map, landing with the 128-byte swizzle that wgmma
 reads A in): whether the copies a descriptor-fed wgmma needs stream as fast as row copies.
 
-Kernel parameters: ``out`` (int32 [ctas * warps * 32 + 1]: each consumer thread's XOR, then
-the barrier's arrival count, which only ever grows: no reset between launches), ``buf``
+Kernel parameters: ``out`` (int32 [out_words]: each consumer thread's XOR, then the
+barrier's arrival count, which only ever grows: no reset between launches; with
+``dynamic``, then a pad word and the 64-bit claim counter, zero before the first launch), ``buf``
 (the bytes; 16-byte aligned) and, with ``tensor``, ``map`` (the buffer's tensor map, as
 rows of ``row_bytes``).
 
@@ -55,6 +66,8 @@ MAX_COPY = 1 << 16
 MAX_COPIES = 32
 MAX_WARPS = 16
 _BARRIERS = 1024  # the mbarriers' bytes at the start of shared memory (ring is 1 KB aligned)
+_DYNAMIC_STAGES_MAX = 48  # dynamic: each slot's stage number also fits in the first 1 KB
+_END = -1  # dynamic: the stage number of the slot that ends the consumers' loop
 
 
 def _check_int(name: str, value: Any, low: int, high: int) -> int:
@@ -83,6 +96,7 @@ class ReadParams:
     then_copy_bytes: int = 0
     barrier: bool = False
     tensor: bool = False  # a stage is one TMA tensor copy (128-byte swizzle), not row copies
+    dynamic: int = 0  # 0: fixed ranges; N: N fixed stages per CTA, the rest claimed
 
     def __post_init__(self) -> None:
         _check_int("nbytes", self.nbytes, 16, MAX_BYTES)
@@ -100,6 +114,12 @@ class ReadParams:
                 f"(copies a multiple of 8, copy_bytes of 128), got copies={self.copies}, "
                 f"copy_bytes="
                 f"{self.copy_bytes}, then_nbytes={self.then_nbytes}"
+            )
+        _check_int("dynamic", self.dynamic, 0, _DYNAMIC_STAGES_MAX)
+        if self.dynamic and (self.then_nbytes or self.stages > _DYNAMIC_STAGES_MAX):
+            raise ValueError(
+                f"read_floor param dynamic takes one phase and at most {_DYNAMIC_STAGES_MAX} "
+                f"stages, got then_nbytes={self.then_nbytes}, stages={self.stages}"
             )
         if self.then_nbytes == 0:
             if self.then_row_bytes or self.then_copy_bytes or self.barrier:
@@ -163,15 +183,40 @@ class ReadParams:
         return 32 * (self.warps + 1)
 
     @property
+    def thread_words(self) -> int:
+        """int32 words of ``out`` the consumer threads write (the XOR of what they read)."""
+        return self.ctas * self.warps * 32
+
+    @property
     def out_words(self) -> int:
-        """int32 words of ``out``: one per consumer thread, then the arrival count."""
-        return self.ctas * self.warps * 32 + 1
+        """int32 words of ``out``: one per consumer thread, the arrival count, and with
+        ``dynamic`` a pad word and the claim counter (two words, 8-byte aligned)."""
+        return self.thread_words + (4 if self.dynamic else 1)
+
+    @property
+    def fixed_units(self) -> int:
+        """dynamic: the stages dealt in fixed ranges (N per CTA where there are enough)."""
+        units = self.nbytes // (self.copies * self.copy_bytes)
+        return min(units, self.dynamic * self.ctas)
+
+    @property
+    def dynamic_claims(self) -> int:
+        """dynamic: the claims one launch makes (every stage past the fixed ranges, then one
+        refused claim per CTA): the claim counter's step per launch."""
+        units = self.nbytes // (self.copies * self.copy_bytes)
+        return units - self.fixed_units + self.ctas
+
+    def claimed_stage(self, value: int) -> int | None:
+        """dynamic: the stage a claim that read ``value`` off the counter reads, None where
+        the claim is refused (the host twin of the kernel's claimed_stage)."""
+        stage = value % self.dynamic_claims + self.fixed_units
+        return stage if stage < self.nbytes // (self.copies * self.copy_bytes) else None
 
     def cta_units(self, cta: int, phase: int = 0) -> tuple[int, int]:
         """[u0, u1): the stages of ``phase`` CTA ``cta`` reads (the host twin of the
-        kernel's split)."""
+        kernel's split; with ``dynamic``, its fixed range only)."""
         _, nbytes, _, copy = self.phases[phase]
-        units = nbytes // (self.copies * copy)
+        units = self.fixed_units if self.dynamic else nbytes // (self.copies * copy)
         return cta * units // self.ctas, (cta + 1) * units // self.ctas
 
     def unit_offset(self, unit: int, phase: int = 0) -> int:
@@ -197,9 +242,24 @@ def _program(params: ReadParams) -> Any:
     import cutlass
     import cutlass.cute as cute
     from cutlass import Int32, Int64
+    from cutlass.cutlass_dsl import dsl_user_op
 
     from mlpjit.kernels import ptx
     from mlpjit.kernels.cubin import launch_options
+
+    @dsl_user_op
+    def atom_add_u64(addr: Int64, value: Int64, *, loc=None, ip=None) -> Int64:
+        """atom.relaxed.gpu.global.add.u64 old, [addr], value; (the claim counter's only
+        user, kept here so that no other kernel's source hash moves)."""
+        return ptx._asm(
+            [ptx._I64],
+            [(ptx._I64, addr), (ptx._I64, value)],
+            "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;",
+            "=l,l,l,~{memory}",
+            side_effects=True,
+            loc=loc,
+            ip=ip,
+        )
 
     P = params
     W, R, C = P.warps, P.stages, P.ctas
@@ -224,6 +284,14 @@ def _program(params: ReadParams) -> Any:
             phase = phase ^ 1
         return slot, phase
 
+    claim_word = count_word + 2  # dynamic: the 64-bit claim counter (8-byte aligned)
+    claims = P.dynamic_claims if P.dynamic else 1
+    fixed = P.fixed_units
+
+    def unit_word(s_base, i):
+        """dynamic: ring slot i's stage number (_END: no more stages)."""
+        return s_base + 16 * R + 4 * i
+
     @cute.kernel
     def kernel(m_out: cute.Tensor, m_buf: cute.Tensor):
         body(m_out, m_buf, Int64(0))
@@ -231,6 +299,72 @@ def _program(params: ReadParams) -> Any:
     @cute.kernel
     def tensor_kernel(m_out: cute.Tensor, m_buf: cute.Tensor, m_map: cute.Tensor):
         body(m_out, m_buf, Int64(m_map.iterator.toint()))
+
+    @cute.jit
+    def request(
+        g_buf: Int64,
+        g_map: Int64,
+        s_ring,
+        s_base,
+        u,
+        slot,
+        phase,
+        filled,
+        lane,
+        i_phase: cutlass.Constexpr,
+    ):
+        """The producer warp: stage u of the phase into the ring's next slot, once the
+        consumers have released it (from the ring's second round on)."""
+        base, _, chunks, copy, row = phases[i_phase]
+        if filled >= R:
+            ptx.mbarrier_wait(empty_bar(s_base, slot), phase ^ 1)
+        if lane == 0:
+            if cutlass.const_expr(P.dynamic):
+                ptx.st_shared_f32(unit_word(s_base, slot), ptx.i32_as_f32(u))
+            ptx.mbarrier_arrive_expect_tx(full_bar(s_base, slot), Int32(P.copies * copy))
+        cute.arch.sync_warp()
+        if cutlass.const_expr(P.tensor):
+            if lane == 0:
+                tile = u // chunks
+                ptx.cp_async_bulk_tensor_3d_g2s(
+                    s_ring + slot * P.stage_bytes,
+                    g_map,
+                    Int32(0),
+                    tile * P.copies,
+                    (u - tile * chunks) * (copy // 128),
+                    full_bar(s_base, slot),
+                )
+        elif lane < P.copies:
+            tile = u // chunks
+            src = (
+                Int64(base)
+                + Int64(tile) * (P.copies * row)
+                + Int64(u - tile * chunks) * copy
+                + Int64(lane) * row
+            )
+            ptx.cp_async_bulk_g2s(
+                s_ring + slot * P.stage_bytes + lane * copy,
+                g_buf + src,
+                Int32(copy),
+                full_bar(s_base, slot),
+            )
+        filled = filled + 1
+        slot, phase = ring_next(slot, phase)
+        return slot, phase, filled
+
+    @cute.jit
+    def claim(g_claims: Int64, lane) -> Int64:
+        """Lane 0 takes the next claim (relaxed: a claim orders nothing); the others 0."""
+        value = Int64(0)
+        if lane == 0:
+            value = atom_add_u64(g_claims, Int64(1))
+        return value
+
+    @cute.jit
+    def claimed_stage(value: Int64) -> Int32:
+        """The stage a claim (lane 0's) names, for every lane: its count modulo the claims
+        of one launch, past the fixed ranges; >= units where the claim was refused."""
+        return cute.arch.shuffle_sync(Int32(value % claims), 0) + fixed
 
     @cute.jit
     def body(m_out: cute.Tensor, m_buf: cute.Tensor, g_map: Int64):
@@ -253,64 +387,74 @@ def _program(params: ReadParams) -> Any:
         if warp == W:
             g_buf = Int64(m_buf.iterator.toint())
             for i_phase in cutlass.range_constexpr(len(phases)):
-                base, units, chunks, copy, row = phases[i_phase]
+                _, units, _, _, _ = phases[i_phase]
+                if cutlass.const_expr(P.dynamic):
+                    units = fixed
                 u0 = Int32((Int64(cta) * units) // C)
                 u1 = Int32((Int64(cta + 1) * units) // C)
                 for u in cutlass.range(u0, u1, unroll=1):
-                    if filled >= R:
-                        ptx.mbarrier_wait(empty_bar(s_base, slot), phase ^ 1)
-                    if lane == 0:
-                        ptx.mbarrier_arrive_expect_tx(
-                            full_bar(s_base, slot), Int32(P.copies * copy)
-                        )
-                    cute.arch.sync_warp()
-                    if cutlass.const_expr(P.tensor):
-                        if lane == 0:
-                            tile = u // chunks
-                            ptx.cp_async_bulk_tensor_3d_g2s(
-                                s_ring + slot * P.stage_bytes,
-                                g_map,
-                                Int32(0),
-                                tile * P.copies,
-                                (u - tile * chunks) * (copy // 128),
-                                full_bar(s_base, slot),
-                            )
-                    elif lane < P.copies:
-                        tile = u // chunks
-                        src = (
-                            Int64(base)
-                            + Int64(tile) * (P.copies * row)
-                            + Int64(u - tile * chunks) * copy
-                            + Int64(lane) * row
-                        )
-                        ptx.cp_async_bulk_g2s(
-                            s_ring + slot * P.stage_bytes + lane * copy,
-                            g_buf + src,
-                            Int32(copy),
-                            full_bar(s_base, slot),
-                        )
-                    filled = filled + 1
-                    slot, phase = ring_next(slot, phase)
+                    slot, phase, filled = request(
+                        g_buf, g_map, s_ring, s_base, u, slot, phase, filled, lane, i_phase
+                    )
+            if cutlass.const_expr(P.dynamic):
+                # Claims start after the previous kernel's end, so the counter holds a whole
+                # number of launches' claims; the next claim is in flight while a stage is
+                # requested.
+                cute.arch.griddepcontrol_wait()
+                g_claims = Int64(m_out.iterator.toint()) + Int64(claim_word * 4)
+                value = claim(g_claims, lane)
+                u = claimed_stage(value)
+                while u < phases[0][1]:
+                    value = claim(g_claims, lane)
+                    slot, phase, filled = request(
+                        g_buf, g_map, s_ring, s_base, u, slot, phase, filled, lane, 0
+                    )
+                    u = claimed_stage(value)
+                if filled >= R:
+                    ptx.mbarrier_wait(empty_bar(s_base, slot), phase ^ 1)
+                if lane == 0:
+                    ptx.st_shared_f32(unit_word(s_base, slot), ptx.i32_as_f32(Int32(_END)))
+                    ptx.mbarrier_arrive(full_bar(s_base, slot))
         else:
             cute.arch.griddepcontrol_wait()
             cute.arch.griddepcontrol_launch_dependents()
             acc = Int32(0)
-            for i_phase in cutlass.range_constexpr(len(phases)):
-                _, units, _, copy, _ = phases[i_phase]
-                if cutlass.const_expr(i_phase > 0 and P.barrier):
-                    wait_for_every_cta(Int64(m_out.iterator.toint()), tid)
-                u0 = Int32((Int64(cta) * units) // C)
-                u1 = Int32((Int64(cta + 1) * units) // C)
-                for _u in cutlass.range(u0, u1, unroll=1):
+            if cutlass.const_expr(P.dynamic):
+                _, _, _, copy, _ = phases[0]
+                more = Int32(1)
+                while more != 0:
                     ptx.mbarrier_wait(full_bar(s_base, slot), phase)
-                    for w in cutlass.range(tid, P.copies * copy // 16, 32 * W, unroll=1):
-                        v = ptx.ld_shared_v4(s_ring + slot * P.stage_bytes + w * 16)
-                        acc = acc ^ v[0] ^ v[1] ^ v[2] ^ v[3]
-                    cute.arch.sync_warp()
-                    if lane == 0:
-                        ptx.mbarrier_arrive(empty_bar(s_base, slot))
+                    if ptx.f32_as_i32(ptx.ld_shared_f32(unit_word(s_base, slot))) == _END:
+                        more = Int32(0)
+                    else:
+                        acc = read_stage(s_ring, slot, copy, tid, acc)
+                        cute.arch.sync_warp()
+                        if lane == 0:
+                            ptx.mbarrier_arrive(empty_bar(s_base, slot))
                     slot, phase = ring_next(slot, phase)
+            else:
+                for i_phase in cutlass.range_constexpr(len(phases)):
+                    _, units, _, copy, _ = phases[i_phase]
+                    if cutlass.const_expr(i_phase > 0 and P.barrier):
+                        wait_for_every_cta(Int64(m_out.iterator.toint()), tid)
+                    u0 = Int32((Int64(cta) * units) // C)
+                    u1 = Int32((Int64(cta + 1) * units) // C)
+                    for _u in cutlass.range(u0, u1, unroll=1):
+                        ptx.mbarrier_wait(full_bar(s_base, slot), phase)
+                        acc = read_stage(s_ring, slot, copy, tid, acc)
+                        cute.arch.sync_warp()
+                        if lane == 0:
+                            ptx.mbarrier_arrive(empty_bar(s_base, slot))
+                        slot, phase = ring_next(slot, phase)
             m_out[cta * (32 * W) + tid] = acc
+
+    @cute.jit
+    def read_stage(s_ring, slot, copy: cutlass.Constexpr, tid, acc):
+        """A consumer thread's share of a stage: the XOR of its 16-byte words."""
+        for w in cutlass.range(tid, P.copies * copy // 16, 32 * W, unroll=1):
+            v = ptx.ld_shared_v4(s_ring + slot * P.stage_bytes + w * 16)
+            acc = acc ^ v[0] ^ v[1] ^ v[2] ^ v[3]
+        return acc
 
     @cute.jit
     def wait_for_every_cta(g_out: Int64, tid: Int32):

@@ -2,7 +2,8 @@
 consumer threads read equals the buffer's), in row and contiguous stages, rings that wrap
 many times, CTA counts that do not divide the stages, four consumer warps, two phases with
 and without the grid-wide barrier, stages of one TMA tensor copy (the XOR does not see the
-swizzle), in PDL chains launched twice."""
+swizzle), stages claimed from a counter (dynamic; the counter after the two rounds is two
+launches' claims), in PDL chains launched twice."""
 
 from __future__ import annotations
 
@@ -53,9 +54,29 @@ CASES = {
         nbytes=3072 * 6144, row_bytes=6144, copy_bytes=2048, copies=16, stages=6, tensor=True
     ),  # fmt: skip
     "tensor_short_rows": dict(
-        nbytes=7168 * 256, row_bytes=256, copy_bytes=256, copies=8, stages=3, ctas=131,
+        nbytes=7168 * 256,
+        row_bytes=256,
+        copy_bytes=256,
+        copies=8,
+        stages=3,
+        ctas=131,
         tensor=True,
     ),  # fmt: skip
+    "dynamic_rows": dict(
+        nbytes=3072 * 6144, row_bytes=6144, copy_bytes=2048, copies=16, stages=6, dynamic=2
+    ),  # fmt: skip
+    "dynamic_contiguous": dict(
+        nbytes=7 * 1 << 20,
+        row_bytes=32768,
+        copy_bytes=32768,
+        copies=1,
+        stages=3,
+        ctas=131,
+        dynamic=1,
+    ),  # fmt: skip
+    "dynamic_all_fixed": dict(
+        nbytes=6144 * 1536, row_bytes=1536, copy_bytes=1536, copies=16, stages=2, dynamic=8
+    ),  # fmt: skip (384 stages, 8 per CTA: every claim is refused)
 }
 
 
@@ -88,7 +109,7 @@ def test_every_byte_is_read_once(case) -> None:
     outs = [torch.full((params.out_words,), 0x5A5A5A5A, dtype=torch.int32, device="cuda")
             for _ in bufs]  # fmt: skip
     for out in outs:
-        out[-1] = 0  # the barrier's arrival count
+        out[params.thread_words :] = 0  # the barrier's arrival count (and the claim counter)
     maps = [()] * len(bufs)
     if params.tensor:
         from mlpjit.kernels.tensor_map import weight_block_map
@@ -100,5 +121,8 @@ def test_every_byte_is_read_once(case) -> None:
             kernel.launch((out, buf, *tmap))
     torch.cuda.synchronize()
     for out, buf in zip(outs, bufs, strict=True):
-        assert xor_words(out[:-1].view(torch.uint8)) == xor_words(buf)
-        assert int(out[-1]) == (2 * params.ctas if params.barrier else 0)
+        assert xor_words(out[: params.thread_words].view(torch.uint8)) == xor_words(buf)
+        assert int(out[params.thread_words]) == (2 * params.ctas if params.barrier else 0)
+        if params.dynamic:
+            claims = out[params.thread_words + 2 :].view(torch.int64)
+            assert int(claims[0]) == 2 * params.dynamic_claims
