@@ -318,24 +318,6 @@ def test_heuristic_clusters_from_five_tokens_where_the_grid_allows() -> None:
     assert tuning.choose_config(144, 4096, 8, False).cluster == 1
 
 
-def test_spread_picks_share_x_from_five_tokens_where_they_can() -> None:
-    """A _spread pick of whole 512-K slices without K splits (the 640-wide shards of hidden
-    4096-8192: 80 gate_up tiles, too few to balance one wave of whole-K CTAs) shares x over
-    clusters of HEURISTIC_CLUSTER from HEURISTIC_CLUSTER_MIN_TOKENS tokens on, where every
-    CTA would otherwise read and quantize up to 128 KB of x; K splits (already a cluster)
-    and 128/256-K slices keep none."""
-    for k in (4096, 7168, 8192):
-        for tokens in range(1, gemv_params.MAX_TOKENS + 1):
-            config = tuning.choose_config(1280, k, tokens, True)
-            assert config.splits == 1 and config.slice_k == gemv_params.SLICE
-            clustered = tokens >= tuning.HEURISTIC_CLUSTER_MIN_TOKENS
-            want = tuning.HEURISTIC_CLUSTER if clustered else 1
-            assert config.cluster == want, (k, tokens, config)
-            assert tuning.config_fits(1280, k, tokens, config)
-    split = tuning.choose_config(2304, 3072, 8, True)  # h3072-i1152's gate_up: K splits
-    assert split.splits > 1 and split.cluster == 1
-
-
 def test_register_budget_follows_the_scheduler_split() -> None:
     """The register file is split over 4 schedulers: 14 warps per SM (k 7168, 448 threads)
     get 128 registers under the launch bound (ptxas 13.0), too few for the persistent form

@@ -236,7 +236,6 @@ HEURISTIC_MAX_IN_REGS = 3
 # at 8 tokens that won 0.4-2.3 us per layer on every untuned GLM-4.5 shape (TP4/TP2/TP1),
 # at 4 tokens it won at TP1 only and lost up to 0.4 us elsewhere.
 HEURISTIC_CLUSTER_MIN_TOKENS = 5
-HEURISTIC_CLUSTER = 2
 
 
 def config_fits(rows: int, k: int, tokens: int, config: GemvConfig, sms: int = hopper.SMS) -> bool:
@@ -934,18 +933,12 @@ def choose_config(
     if _balance(launch) < SPREAD_BELOW_BALANCE:  # uneven: _spread's best may model faster
         spread = _spread(rows, k, tokens, sms)
         if spread is not None and spread[0] < SPREAD_GAIN * _launch_cost(launch):
-            return _shared_x(rows, k, tokens, _spread_pick(rows, k, tokens, sms), sms)
-    return _shared_x(rows, k, tokens, pick, sms)
-
-
-def _shared_x(rows: int, k: int, tokens: int, pick: GemvConfig, sms: int) -> GemvConfig:
-    """``pick`` in clusters of HEURISTIC_CLUSTER CTAs that share x's quantization from
-    HEURISTIC_CLUSTER_MIN_TOKENS tokens on, where it can take them (whole 512-K slices, no
-    K splits, every CTA of a one-wave grid resident); else ``pick``."""
-    if tokens < HEURISTIC_CLUSTER_MIN_TOKENS or pick.splits > 1 or pick.slice_k != SLICE:
-        return pick
-    clustered = replace(pick, cluster=HEURISTIC_CLUSTER)
-    return clustered if config_fits(rows, k, tokens, clustered, sms) else pick
+            return _spread_pick(rows, k, tokens, sms)
+    if tokens >= HEURISTIC_CLUSTER_MIN_TOKENS:
+        clustered = replace(pick, cluster=2)
+        if config_fits(rows, k, tokens, clustered, sms):
+            return clustered
+    return pick
 
 
 def planned_waves(rows: int, k: int, tokens: int, swiglu: bool, sms: int = hopper.SMS) -> int:
