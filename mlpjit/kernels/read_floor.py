@@ -242,24 +242,9 @@ def _program(params: ReadParams) -> Any:
     import cutlass
     import cutlass.cute as cute
     from cutlass import Int32, Int64
-    from cutlass.cutlass_dsl import dsl_user_op
 
     from mlpjit.kernels import ptx
     from mlpjit.kernels.cubin import launch_options
-
-    @dsl_user_op
-    def atom_add_u64(addr: Int64, value: Int64, *, loc=None, ip=None) -> Int64:
-        """atom.relaxed.gpu.global.add.u64 old, [addr], value; (the claim counter's only
-        user, kept here so that no other kernel's source hash moves)."""
-        return ptx._asm(
-            [ptx._I64],
-            [(ptx._I64, addr), (ptx._I64, value)],
-            "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;",
-            "=l,l,l,~{memory}",
-            side_effects=True,
-            loc=loc,
-            ip=ip,
-        )
 
     P = params
     W, R, C = P.warps, P.stages, P.ctas
@@ -357,7 +342,8 @@ def _program(params: ReadParams) -> Any:
         """Lane 0 takes the next claim (relaxed: a claim orders nothing); the others 0."""
         value = Int64(0)
         if lane == 0:
-            value = atom_add_u64(g_claims, Int64(1))
+            counter = cute.make_ptr(Int64, g_claims, cute.AddressSpace.gmem, assumed_align=8)
+            value = cute.arch.atomic_add(counter, Int64(1), sem="relaxed", scope="gpu")
         return value
 
     @cute.jit
