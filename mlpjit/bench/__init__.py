@@ -2,7 +2,7 @@
 CPU (tests/test_bench_*.py); never imported by the package itself. Each script keeps its
 usage docstring (its --help) and calls the matching module's ``main(argv, description)``.
 
-cli_args.py             argparse value types the command lines share
+cli_args.py             argparse value types and options the command lines share
 decode_step.py          one repeatable decode step of a transformers model (bench_transformers)
 transformers_bench.py   bench_transformers: arguments, guarded sections, timing, MLP chains
 transformers_report.py  bench_transformers' report and JSON results

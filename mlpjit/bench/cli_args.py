@@ -1,6 +1,6 @@
-"""argparse value types the benchmark and demo command lines share.
+"""argparse value types and options the benchmark, sweep and demo command lines share.
 
-Each raises argparse.ArgumentTypeError with a one-line message naming what is allowed, so
+Each type raises argparse.ArgumentTypeError with a one-line message naming what is allowed, so
 argparse exits 2 with "argument --NAME: <message>".
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["positive_int", "token_list"]
+__all__ = ["add_rounds", "positive_int", "token_list"]
 
 
 def positive_int(text: str) -> int:
@@ -36,3 +36,15 @@ def token_list(text: str, most: int | None = None) -> list[int]:
             f"token counts must be in 1..{most} (the decode sizes the kernels take), got {text!r}"
         )
     return counts
+
+
+def add_rounds(parser: argparse.ArgumentParser) -> None:
+    """The sweeps' ``--rounds`` (mlpjit.testing.layers.graph_rounds): a positive int,
+    default 2."""
+    parser.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=2,
+        help="time every variant once per round, odd rounds in reverse order; a variant's "
+        "time is the mean of its rounds' medians (default 2)",
+    )

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mlpjit.bench.cli_args import add_rounds
 from mlpjit.bench.gemv_sweep import (
     ARCH,
     DEFAULT_KERNEL_SHAPES,
@@ -92,8 +93,8 @@ def _check(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     args.cluster_list = _ints(args.clusters, "--clusters", p)
     if any(n not in CLUSTER_SIZES for n in args.cluster_list):
         p.error(f"--clusters values must be in {CLUSTER_SIZES}, got {args.clusters!r}")
-    if args.replays < 1 or args.warmup < 0 or args.rounds < 1 or not args.l2_multiple > 0:
-        p.error("--replays and --rounds must be >= 1, --warmup >= 0 and --l2-multiple > 0")
+    if args.replays < 1 or args.warmup < 0 or not args.l2_multiple > 0:
+        p.error("--replays must be >= 1, --warmup >= 0 and --l2-multiple > 0")
     if args.mode == "kernel":
         args.spw_list = _ints(args.slices_per_warp, "--slices-per-warp", p)
         if any(v < 2 for v in args.spw_list):
@@ -123,13 +124,7 @@ def parse_args(
     common.add_argument("--l2-multiple", type=float, default=4.0, help="chain weights / L2 size")
     common.add_argument("--replays", type=int, default=100)
     common.add_argument("--warmup", type=int, default=10)
-    common.add_argument(
-        "--rounds",
-        type=int,
-        default=2,
-        help="time every variant once per round, odd rounds in reverse order; a variant's "
-        "time is the mean of its rounds' medians (default 2)",
-    )
+    add_rounds(common)
     common.add_argument("--seed", type=int, default=0)
 
     p = argparse.ArgumentParser(

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from mlpjit.bench.cli_args import add_rounds
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.kernels.fp8_gemv import plan as gemv_plan
 from mlpjit.kernels.fp8_gemv import tuning
@@ -595,13 +596,7 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
     parser.add_argument("--l2-multiple", type=float, default=4.0)
     parser.add_argument("--replays", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=2,
-        help="time every variant once per round, odd rounds in reverse order; a variant's "
-        "time is the mean of its rounds' medians (default 2)",
-    )
+    add_rounds(parser)
     parser.add_argument(
         "--trace",
         action="store_true",
@@ -615,10 +610,10 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
         help="results of an earlier --json run or of bench_dense_mlp.py --json (for --plot)",
     )
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.replays < 1 or args.warmup < 0:
+    if args.replays < 1 or args.warmup < 0:
         parser.error(
-            f"--rounds and --replays must be >= 1 and --warmup >= 0, got --rounds "
-            f"{args.rounds}, --replays {args.replays}, --warmup {args.warmup}"
+            f"--replays must be >= 1 and --warmup >= 0, got --replays {args.replays}, "
+            f"--warmup {args.warmup}"
         )
     if args.plot:
         if not args.from_json:

@@ -194,23 +194,26 @@ class ReadParams:
         return self.thread_words + (4 if self.dynamic else 1)
 
     @property
+    def units(self) -> int:
+        """Stages of the first phase."""
+        return self.nbytes // (self.copies * self.copy_bytes)
+
+    @property
     def fixed_units(self) -> int:
         """dynamic: the stages dealt in fixed ranges (N per CTA where there are enough)."""
-        units = self.nbytes // (self.copies * self.copy_bytes)
-        return min(units, self.dynamic * self.ctas)
+        return min(self.units, self.dynamic * self.ctas)
 
     @property
     def dynamic_claims(self) -> int:
         """dynamic: the claims one launch makes (every stage past the fixed ranges, then one
         refused claim per CTA): the claim counter's step per launch."""
-        units = self.nbytes // (self.copies * self.copy_bytes)
-        return units - self.fixed_units + self.ctas
+        return self.units - self.fixed_units + self.ctas
 
     def claimed_stage(self, value: int) -> int | None:
         """dynamic: the stage a claim that read ``value`` off the counter reads, None where
         the claim is refused (the host twin of the kernel's claimed_stage)."""
         stage = value % self.dynamic_claims + self.fixed_units
-        return stage if stage < self.nbytes // (self.copies * self.copy_bytes) else None
+        return stage if stage < self.units else None
 
     def cta_units(self, cta: int, phase: int = 0) -> tuple[int, int]:
         """[u0, u1): the stages of ``phase`` CTA ``cta`` reads (the host twin of the
@@ -390,7 +393,7 @@ def _program(params: ReadParams) -> Any:
                 g_claims = Int64(m_out.iterator.toint()) + Int64(claim_word * 4)
                 value = claim(g_claims, lane)
                 u = claimed_stage(value)
-                while u < phases[0][1]:
+                while u < P.units:
                     value = claim(g_claims, lane)
                     slot, phase, filled = request(
                         g_buf, g_map, s_ring, s_base, u, slot, phase, filled, lane, 0
@@ -413,10 +416,7 @@ def _program(params: ReadParams) -> Any:
                     if ptx.f32_as_i32(ptx.ld_shared_f32(unit_word(s_base, slot))) == _END:
                         more = Int32(0)
                     else:
-                        acc = read_stage(s_ring, slot, copy, tid, acc)
-                        cute.arch.sync_warp()
-                        if lane == 0:
-                            ptx.mbarrier_arrive(empty_bar(s_base, slot))
+                        acc = read_stage(s_base, s_ring, slot, copy, tid, lane, acc)
                     slot, phase = ring_next(slot, phase)
             else:
                 for i_phase in cutlass.range_constexpr(len(phases)):
@@ -427,19 +427,20 @@ def _program(params: ReadParams) -> Any:
                     u1 = Int32((Int64(cta + 1) * units) // C)
                     for _u in cutlass.range(u0, u1, unroll=1):
                         ptx.mbarrier_wait(full_bar(s_base, slot), phase)
-                        acc = read_stage(s_ring, slot, copy, tid, acc)
-                        cute.arch.sync_warp()
-                        if lane == 0:
-                            ptx.mbarrier_arrive(empty_bar(s_base, slot))
+                        acc = read_stage(s_base, s_ring, slot, copy, tid, lane, acc)
                         slot, phase = ring_next(slot, phase)
             m_out[cta * (32 * W) + tid] = acc
 
     @cute.jit
-    def read_stage(s_ring, slot, copy: cutlass.Constexpr, tid, acc):
-        """A consumer thread's share of a stage: the XOR of its 16-byte words."""
+    def read_stage(s_base, s_ring, slot, copy: cutlass.Constexpr, tid, lane, acc):
+        """A consumer thread's share of a stage (the XOR of its 16-byte words), then the
+        warp's release of the slot."""
         for w in cutlass.range(tid, P.copies * copy // 16, 32 * W, unroll=1):
             v = ptx.ld_shared_v4(s_ring + slot * P.stage_bytes + w * 16)
             acc = acc ^ v[0] ^ v[1] ^ v[2] ^ v[3]
+        cute.arch.sync_warp()
+        if lane == 0:
+            ptx.mbarrier_arrive(empty_bar(s_base, slot))
         return acc
 
     @cute.jit
