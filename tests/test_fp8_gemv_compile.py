@@ -312,6 +312,31 @@ def test_wide_warps_compile_clean(changes, persistent) -> None:
     assert facts["regs"] * binary.block[0] * p["ctas_per_sm"] <= hopper.REGS_PER_SM
 
 
+TRACE_VARIANTS = {
+    "one-tile": {},
+    "persistent-s2": {"rows": 24576, "tokens": 2, "in_regs": 2, "ctas_per_sm": 1,
+                      "slices_per_warp": 2},
+    "splits-7": {"rows": 1024, "k": 7168, "tokens": 1, "tiles": 2, "slice_k": 256, "splits": 7},
+    "persistent-n2": {"tokens": 8, "ctas_per_sm": 1, "cluster": 2},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("changes", TRACE_VARIANTS.values(), ids=TRACE_VARIANTS)
+def test_trace_builds_stamp_every_point_without_spills(changes) -> None:
+    """A trace build reads %globaltimer at each of TRACE_NAMES' points and stores those
+    stamps and the SM id (one 64-bit store each); the build without it has neither, and the
+    stamps cost no spill."""
+    plain = _freeze(_variant(**changes))
+    traced = _freeze(_variant(**changes, trace=True))
+    counts = [_facts(f)["count"] for f in (plain, traced)]
+    assert counts[0]["CS2R"] == 0 and counts[0]["STG.E.64"] == 0
+    assert counts[1]["CS2R"] == len(gemv_params.TRACE_NAMES)
+    assert counts[1]["STG.E.64"] == gemv_params.TRACE_POINTS
+    facts = _facts(traced)
+    assert facts["stack"] == 0 and facts["local"] == 0
+    assert facts["regs"] <= _facts(plain)["regs"] + 8
+
+
 # Clustered variants of _variant: persistent and not, chunk counts the cluster does not divide.
 CLUSTER_VARIANTS = {
     "persistent-n2": {"tokens": 8, "ctas_per_sm": 1, "cluster": 2},

@@ -442,6 +442,27 @@ def test_slice_and_split_are_in_the_cache_key() -> None:
     assert len({request_key(r) for r in requests}) == 3
 
 
+def test_trace_builds_are_their_own_key_and_stamp_after_the_output() -> None:
+    """A trace build is a request of its own (the default one leaves trace out), and its
+    stamps sit after the output, 16-byte aligned, TRACE_POINTS 8-byte slots per CTA."""
+    from mlpjit.jit.key import request_key
+    from mlpjit.kernels.fp8_gemv.params import TRACE_POINTS, GemvParams
+
+    kwargs = {"swiglu": True, "limit": None, "ue8m0": True, "arch": ARCH}
+    plain = fp8_plan.gemv_request(3072, 6144, 3, **kwargs)
+    traced = fp8_plan.gemv_request(3072, 6144, 3, **kwargs, trace=True)
+    assert "trace" not in plain.params and traced.params["trace"] is True
+    assert request_key(plain) != request_key(traced)
+    p = GemvParams(**{**plain.params, "trace": True})
+    assert p.trace_offset == 3 * 3072  # 3 tokens x 1536 act columns x 2 bytes
+    assert p.out_bytes == p.trace_offset + p.ctas * TRACE_POINTS * 8
+    odd = GemvParams(**{**plain.params, "tokens": 1, "rows": 16 * 3, "trace": True})
+    assert odd.trace_offset == 48 and odd.trace_offset >= 24 * 2  # 24 act columns, aligned
+    assert GemvParams(**plain.params).out_bytes == p.trace_offset  # no stamps by default
+    with pytest.raises(ValueError, match="trace"):
+        GemvParams(**{**plain.params, "trace": 1})
+
+
 def test_support_follows_the_sm_count() -> None:
     """Whether a shape takes the kernels depends on the GPU: Qwen3-14B TP 1 down needs 5
     waves on 132 SMs, more than SPREAD_MAX_WAVES on an H20's 78, so there it runs the stock

@@ -73,13 +73,19 @@ def test_emit_writes_both_kernels_of_every_layer(tune, tmp_path) -> None:
     assert code == 0
     requests = [KernelRequest.from_json_line(line) for line in out.read_text().splitlines()]
     kinds = {(r.kernel, r.params["swiglu"], r.params.get("trace", False)) for r in requests}
-    # gate_up and down of fp8_gemv and of fp8_stream, and fp8_stream's trace builds
+    # gate_up and down of fp8_gemv and of fp8_stream, and the trace builds of both
     assert kinds == {
         ("fp8_gemv", True, False), ("fp8_gemv", False, False),
+        ("fp8_gemv", True, True), ("fp8_gemv", False, True),
         ("fp8_stream", True, False), ("fp8_stream", False, False),
         ("fp8_stream", True, True), ("fp8_stream", False, True),
     }  # fmt: skip
-    assert len(requests) == len(set(r.to_json_line() for r in requests)) == 2 * 2 * 2 * 3
+    assert len(requests) == len(set(r.to_json_line() for r in requests)) == 2 * 2 * 2 * 4
+    # A pair of one half on each kernel has no trace build.
+    out.unlink()
+    assert tune.main(["--shapes", "glm5-tp8", "--tokens", "1", "--variants", "8x0b2d",
+                      "--trace", "--emit", str(out)]) == 0  # fmt: skip
+    assert not any("trace" in line for line in out.read_text().splitlines())
 
 
 def test_gemv_alternatives_differ_from_the_pick_and_each_other(tune) -> None:
@@ -241,6 +247,25 @@ def test_spread_line_names_the_slow_sms_and_whether_they_repeat(tune) -> None:
     assert "launch 1 vs 2..) 1.00" in line
     flipped = tune._spread_line([launch(busy, sms), launch(busy[::-1], sms)], blocks)
     assert "launch 1 vs 2..) -" in flipped  # the slow SMs moved: negative correlation
+
+
+def test_gemv_spread_line_splits_each_ctas_time_after_the_wait(tune) -> None:
+    import torch
+
+    from mlpjit.kernels.fp8_gemv.params import TRACE_NAMES, TRACE_POINTS
+
+    at = dict.fromkeys(TRACE_NAMES, 0)
+    stamps = torch.zeros(4, TRACE_POINTS, dtype=torch.int64)
+    for cta in range(4):  # ns: x 400 + 100 * cta, sums 1000, store 300
+        at.update(waited=500, **{"x ready": 900 + 100 * cta})
+        at["sums last"] = at["x ready"] + 1000
+        at["done"] = at["sums last"] + 300
+        stamps[cta, : len(TRACE_NAMES)] = torch.tensor([at[n] for n in TRACE_NAMES])
+        stamps[cta, -1] = 7 if cta < 3 else 2  # three CTAs on SM 7
+    line = tune.gemv_spread_line(stamps)
+    assert "x 0.43/0.55/0.67/0.70" in line
+    assert "sums 1.00/1.00/1.00/1.00" in line and "store 0.30/0.30/0.30/0.30" in line
+    assert "busy 1.73/1.85/1.97/2.00" in line and line.endswith("CTAs per SM <= 3")
 
 
 def test_beside_line_counts_down_ctas_that_shared_an_sm_with_gate_up(tune) -> None:

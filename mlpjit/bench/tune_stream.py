@@ -182,9 +182,9 @@ def layer_requests(
             configs[half == "d"] = found[rank]
         return [
             gemv_plan.gemv_request(2 * inter, hidden, tokens, swiglu=True, limit=None,
-                                   ue8m0=True, arch=arch, config=configs[0]),
+                                   ue8m0=True, arch=arch, config=configs[0], trace=trace),
             gemv_plan.gemv_request(hidden, inter, tokens, swiglu=False, limit=None, ue8m0=True,
-                                   arch=arch, config=configs[1]),
+                                   arch=arch, config=configs[1], trace=trace),
         ]  # fmt: skip
     v = StreamVariant(*variant)
     half, cluster, share = v.half, v.cluster, v.share_x
@@ -230,6 +230,17 @@ def _is_layer(variant: tuple | None) -> bool:
     return variant is not None and variant[0] == "L"
 
 
+def _is_gemv(variant: tuple | None) -> bool:
+    """Whether both halves of a variant are fp8_gemv's ('gemv', gN, dN)."""
+    return variant is None or isinstance(variant[0], str) and not _is_layer(variant)
+
+
+def _traced(variant: tuple | None) -> bool:
+    """Whether --trace has trace builds of a variant: a one-kernel layer, or a pair whose
+    halves are both fp8_stream's or both fp8_gemv's."""
+    return _is_layer(variant) or _is_gemv(variant) or _streamed(variant) == (True, True)
+
+
 def all_requests(args: argparse.Namespace) -> list[KernelRequest]:
     seen: list[KernelRequest] = []
     for hidden, inter in shapes_of(args).values():
@@ -237,7 +248,7 @@ def all_requests(args: argparse.Namespace) -> list[KernelRequest]:
             for variant in args.variants:
                 try:
                     reqs = layer_requests(hidden, inter, tokens, variant)
-                    if args.trace and _streamed(variant) == (True, True):
+                    if args.trace and _traced(variant) and not _is_layer(variant):
                         reqs += layer_requests(hidden, inter, tokens, variant, trace=True)
                     for r in reqs:
                         if r not in seen:
@@ -312,6 +323,13 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                         layer_requests(hidden, inter, tokens, variant, trace=True)[0],
                         [out, act, x, layers[0]["w13"], layers[0]["w13_scale"],
                          layers[0]["w2"], layers[0]["w2_scale"]],
+                    )  # fmt: skip
+                elif args.trace and _is_gemv(variant):
+                    print_gemv_trace(
+                        name, tokens, label, manager, device,
+                        layer_requests(hidden, inter, tokens, variant, trace=True),
+                        [x, layers[0]["w13"], layers[0]["w13_scale"]],
+                        [layers[0]["w2"], layers[0]["w2_scale"]],
                     )  # fmt: skip
                 elif args.trace and _streamed(variant) == (True, True):
                     print_trace(
@@ -436,6 +454,71 @@ def print_trace(name, tokens, label, manager, device, reqs, gate_up_args, down_a
         print(f"spread {name} t{tokens} {label} {half}: " + _spread_line(
             [launch[k] for launch in launches], blocks), flush=True)  # fmt: skip
     print(f"beside {name} t{tokens} {label}: " + _beside_line(*first), flush=True)
+
+
+def print_gemv_trace(name, tokens, label, manager, device, reqs, gate_up_args, down_args):
+    """TRACE_LAUNCHES launches of an fp8_gemv gate_up + down pair of trace builds, each
+    after an idle GPU (their act and out buffers hold the stamps after the values). For the
+    first: per kernel and stamp, the median and the latest CTA in microseconds from gate_up's
+    first CTA start; then per kernel, where a CTA's time after the PDL wait goes
+    (gemv_spread_line, over every launch)."""
+    import torch
+    from torch.cuda import _sleep  # torch's private helper: a GPU spin of N cycles
+
+    from mlpjit.jit.launcher import load_kernel
+    from mlpjit.kernels.fp8_gemv.params import TRACE_NAMES, TRACE_POINTS, GemvParams
+
+    params = [GemvParams(**r.params) for r in reqs]
+    kernels = [load_kernel(manager.get(r), device) for r in reqs]
+    act, out = (torch.zeros(p.out_bytes, dtype=torch.uint8, device=device) for p in params)
+    launches = []  # per launch: per kernel, a (ctas, TRACE_POINTS) int64 tensor
+    for _ in range(TRACE_LAUNCHES):
+        torch.cuda.synchronize()
+        _sleep(1_000_000)  # the launches queue behind this, as in a busy stream
+        kernels[0].launch([act, *gate_up_args])
+        kernels[1].launch([out, act, *down_args])
+        torch.cuda.synchronize()
+        launches.append(
+            [
+                buf[p.trace_offset : p.out_bytes].view(torch.int64).view(p.ctas, TRACE_POINTS).cpu()
+                for p, buf in zip(params, (act, out), strict=True)
+            ]
+        )
+    origin = launches[0][0][:, 0].min()
+    for k, half in enumerate(("gate_up", "down")):
+        rel = (launches[0][k][:, : len(TRACE_NAMES)] - origin).double() / 1e3
+        cells = "  ".join(
+            f"{n} {rel[:, i].median():.2f}/{rel[:, i].max():.2f}"
+            for i, n in enumerate(TRACE_NAMES)
+        )
+        print(f"trace {name} t{tokens} {label} {half}: {cells}", flush=True)
+        stamps = torch.cat([launch[k] for launch in launches])
+        print(f"spread {name} t{tokens} {label} {half}: {gemv_spread_line(stamps)}", flush=True)
+
+
+def gemv_spread_line(stamps) -> str:
+    """Where fp8_gemv's CTAs spend their time after the PDL wait, from trace stamps (a
+    (ctas, TRACE_POINTS) int64 tensor, launches stacked): per phase (x: waited to x ready;
+    sums: x ready to the last tile's partial sums; store: to done; busy: waited to done),
+    the p10 / median / p90 / max over CTAs in microseconds; and the most CTAs one SM ran."""
+    import torch
+
+    from mlpjit.kernels.fp8_gemv.params import TRACE_NAMES
+
+    at = {n: stamps[:, i].double() for i, n in enumerate(TRACE_NAMES)}
+    phases = {
+        "x": at["x ready"] - at["waited"],
+        "sums": at["sums last"] - at["x ready"],
+        "store": at["done"] - at["sums last"],
+        "busy": at["done"] - at["waited"],
+    }
+    q = torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
+    cells = []
+    for n, us in phases.items():
+        values = [*torch.quantile(us / 1e3, q).tolist(), us.max().item() / 1e3]
+        cells.append(f"{n} " + "/".join(f"{v:.2f}" for v in values))
+    per_sm = torch.bincount(stamps[:, -1].long()).max().item()
+    return "  ".join(cells) + f"  (p10/p50/p90/max us)  CTAs per SM <= {per_sm}"
 
 
 def _beside_line(gate_up, down) -> str:

@@ -36,7 +36,15 @@ from cutlass import Float32, Int32, Int64
 
 from mlpjit.kernels import ptx
 from mlpjit.kernels.cubin import compile_to_cubin, launch_options
-from mlpjit.kernels.fp8_gemv.params import GROUP, KERNEL_ARGS, STEP, GemvParams, split_slots
+from mlpjit.kernels.fp8_gemv.params import (
+    GROUP,
+    KERNEL_ARGS,
+    STEP,
+    TRACE_NAMES,
+    TRACE_POINTS,
+    GemvParams,
+    split_slots,
+)
 from mlpjit.kernels.numerics import quantize16, swiglu
 
 __all__ = ["Fp8Gemv", "compile_cubin"]
@@ -118,6 +126,7 @@ class Fp8Gemv:
         s_bar = s_base + self.smem_mbarrier
 
         g_out = Int64(m_out.iterator.toint())
+        self.stamp(g_out, tid, cta, "start")
         g_x = Int64(m_x.iterator.toint())
         g_w = Int64(m_w.iterator.toint())
         g_ws = Int64(m_ws.iterator.toint())
@@ -171,8 +180,10 @@ class Fp8Gemv:
             # The same, for the bytes of x the other CTAs of the cluster send us.
             ptx.mbarrier_init_expect_tx_if_zero(s_bar, tid, self.shared_x_bytes())
             ptx.cluster_arrive_relaxed()  # "started": others may send to us after the wait
+        self.stamp(g_out, tid, cta, "issued")
 
         cute.arch.griddepcontrol_wait()
+        self.stamp(g_out, tid, cta, "waited")
         if cutlass.const_expr(not self.early_launch):
             cute.arch.griddepcontrol_launch_dependents()
 
@@ -196,6 +207,7 @@ class Fp8Gemv:
         else:
             self.quantize_short_slices(g_x, s_act, s_xsc, tile, slc0, lane)
             cute.arch.sync_threads()
+        self.stamp(g_out, tid, cta, "x ready")
 
         # ---- main loop per row tile, partial sums, epilogue
         t_b = cutlass.min(g, T - 1)  # B columns >= tokens repeat the last token
@@ -216,6 +228,8 @@ class Fp8Gemv:
                 s_part = s_act + tid * 16
             ptx.st_shared_v4_f32(s_part, total[0], total[1], total[2], total[3])
             cute.arch.sync_threads()
+            self.stamp(g_out, tid, cta, "sums 1st")
+            self.stamp(g_out, tid, cta, "sums last")
             if cutlass.const_expr(self.splits == 1):
                 if warp < TL:
                     # Warp `tile` < tiles is slice 0 of its tile: s_part is where it reads from.
@@ -223,6 +237,7 @@ class Fp8Gemv:
             else:
                 blk = ptx.fresh_ctaid_x() // self.splits
                 self.send_splits(g_out, s_part, s_red, s_bar, warp, lane, split, blk)
+            self.stamp(g_out, tid, cta, "done")
         else:
             # Persistent: row tiles cta, cta + grid, ... Tile i+1's weights are requested
             # while tile i is computed: each register step and staged slot is refilled as soon
@@ -242,6 +257,10 @@ class Fp8Gemv:
                 )  # fmt: skip
                 ptx.st_shared_v4_f32(s_part, total[0], total[1], total[2], total[3])
                 cute.arch.sync_threads()
+                if cutlass.const_expr(self.trace):
+                    if blk == blk0:
+                        self.stamp(g_out, tid, cta, "sums 1st")
+                    self.stamp(g_out, tid, cta, "sums last")
                 if cutlass.const_expr(self.splits == 1):
                     if warp < TL:
                         self.reduce_and_store(g_out, s_part, blk)
@@ -266,6 +285,20 @@ class Fp8Gemv:
                 # Past the last tile: a valid re-read, never used.
                 w_row0, w_row1 = self.tile_rows(cutlass.min(nxt, self.row_tiles - 1), tile, g)
                 r_ws0, r_ws1 = self.weight_scales(g_ws, w_row0, w_row1, slc0, grp0)
+            self.stamp(g_out, tid, cta, "done")
+
+    @cute.jit
+    def stamp(self, g_out: Int64, tid: Int32, cta: Int32, name: str):
+        """A trace build's %globaltimer stamp at point ``name`` (TRACE_NAMES) of this CTA,
+        from its first thread (nothing otherwise); with the start stamp, the CTA's SM id in
+        its last slot."""
+        if cutlass.const_expr(self.trace):  # noqa: SIM102 (compile time, then run time)
+            if tid == 0:
+                base = g_out + Int64(self.trace_offset + cta * (TRACE_POINTS * 8))
+                point = TRACE_NAMES.index(name)
+                ptx.st_global_u64(base + point * 8, ptx.globaltimer())
+                if cutlass.const_expr(point == 0):
+                    ptx.st_global_u64(base + (TRACE_POINTS - 1) * 8, Int64(ptx.smid()))
 
     @cute.jit
     def weight_scales(self, g_ws: Int64, row0: Int32, row1: Int32, slc0: Int32, grp0: Int32):

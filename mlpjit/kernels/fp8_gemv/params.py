@@ -35,6 +35,8 @@ __all__ = [
     "SLICE_SIZES",
     "SPLITS_MAX",
     "STEPS",
+    "TRACE_NAMES",
+    "TRACE_POINTS",
     "GemvConfig",
     "GemvParams",
     "check_limit",
@@ -83,6 +85,11 @@ CLUSTER_SIZES = (1, 2, 4, 8)
 PERSISTENT_MIN_REGS = 136
 # The kernel's parameters, in order (all device pointers): output, input, weight, scales.
 KERNEL_ARGS = ("out", "x", "w", "w_scale")
+# Timestamps per CTA of a ``trace`` build (a developer aid: where a launch spends its time),
+# stored after the output (GemvParams.trace_offset): %globaltimer at TRACE_NAMES' points, then
+# the CTA's SM id in the last slot.
+TRACE_NAMES = ("start", "issued", "waited", "x ready", "sums 1st", "sums last", "done")
+TRACE_POINTS = len(TRACE_NAMES) + 1
 
 
 def cta_threads(
@@ -241,6 +248,7 @@ class GemvParams:
     splits: int = 1
     send_x: bool = False
     sms: int = hopper.SMS  # the target GPU's SM count: sizes a persistent grid
+    trace: bool = False  # record TRACE_POINTS stamps per CTA after the output (never planned)
 
     def __post_init__(self) -> None:
         check_int("rows", self.rows, 16, MAX_ROWS)
@@ -251,7 +259,7 @@ class GemvParams:
         check_int("splits", self.splits, 1, SPLITS_MAX)
         check_int("in_regs", self.in_regs, 0, self.steps)
         check_int("ctas_per_sm", self.ctas_per_sm, 1, 32)
-        for name in ("swiglu", "ue8m0", "early_launch", "send_x"):
+        for name in ("swiglu", "ue8m0", "early_launch", "send_x", "trace"):
             check_bool(name, getattr(self, name))
         object.__setattr__(self, "limit", check_limit(self.limit))
         if self.k % (self.splits * self.slice_k):
@@ -328,6 +336,7 @@ class GemvParams:
         limit: float | None,
         ue8m0: bool,
         sms: int = hopper.SMS,
+        trace: bool = False,
     ) -> GemvParams:
         """The params of a shape tuned by ``config``. The clamp only shapes the SwiGLU
         epilogue, so the plain kernel drops it (one compile for every limit)."""
@@ -339,6 +348,7 @@ class GemvParams:
             limit=limit if swiglu else None,
             ue8m0=ue8m0,
             sms=sms,
+            trace=trace,
             **{name: getattr(config, name) for name in _CONFIG_FIELDS},
         )
 
@@ -436,6 +446,18 @@ class GemvParams:
     @property
     def out_cols(self) -> int:
         return self.rows // 2 if self.swiglu else self.rows
+
+    @property
+    def trace_offset(self) -> int:
+        """Where a trace build's stamps start, in bytes from the output's start (CTA c,
+        point i: + (c * TRACE_POINTS + i) * 8): after its tokens x out_cols bf16 values."""
+        return _align16(self.tokens * self.out_cols * 2)
+
+    @property
+    def out_bytes(self) -> int:
+        """The bytes the output argument must hold: the output, and a trace build's stamps."""
+        stamps = self.ctas * TRACE_POINTS * 8 if self.trace else 0
+        return self.trace_offset + stamps
 
     @property
     def smem_weights(self) -> int:

@@ -30,16 +30,19 @@ def gemv_request(
     arch: str,
     config: GemvConfig | None = None,
     sms: int = hopper.SMS,
+    trace: bool = False,
 ) -> KernelRequest:
     """The compile request of one fp8_gemv launch (config defaults to choose_config) for a
-    GPU of ``sms`` SMs. ValueError (from GemvParams) for anything the kernel cannot take."""
+    GPU of ``sms`` SMs; ``trace``: the build that records per-CTA timestamps after its
+    output (a developer aid). ValueError (from GemvParams) for anything the kernel cannot
+    take."""
     hopper.check_sms(sms)
     if config is None:
         config = choose_config(rows, k, tokens, swiglu, sms)
     elif not isinstance(config, GemvConfig):
         raise ValueError(f"config must be a GemvConfig or None, got {config!r}")
     params = GemvParams.of(
-        rows, k, tokens, config, swiglu=swiglu, limit=limit, ue8m0=ue8m0, sms=sms
+        rows, k, tokens, config, swiglu=swiglu, limit=limit, ue8m0=ue8m0, sms=sms, trace=trace
     )
     # Defaults left out, as the key does: requests stay short (and record files readable).
     return KernelRequest(kernel=SPEC.name, params=SPEC.key_params(params), arch=arch)
