@@ -26,6 +26,9 @@ Compile here, time there (the GPU machine has no compiler):
     MLPJIT_CACHE_DIR=.gpu-cache mlpjit warm --from /tmp/stream.jsonl --arch sm_90a --jobs 2
     MLPJIT_CACHE_DIR=$PWD/.gpu-cache python3 scripts/tune_fp8_stream.py --json out.json
 
+``--trace`` also launches trace builds of each fp8_stream pair, one-kernel layer and fp8_gemv
+pair three times after an idle GPU and prints per-CTA timestamps: each stamp's median and
+latest CTA, and where the CTAs' time goes (docs/KERNEL_NOTES.md reads them).
 ``--grid`` adds the off-table grid (hidden x intermediate shard) of the benchmarks;
 ``--plot PNG --from-json JSON`` draws a --json file's times against layer size (x the
 floor, one series per variant and token count; matplotlib, no GPU).
