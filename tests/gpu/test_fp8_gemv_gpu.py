@@ -101,10 +101,19 @@ def _request(
     limit: float | None,
     arch: str = ARCH,
     config: gemv_params.GemvConfig | None = None,
+    trace: bool = False,
 ):
     rows, k, swiglu = SHAPES[shape]
     return fp8_plan.gemv_request(
-        rows, k, m, swiglu=swiglu, limit=limit, ue8m0=ue8m0, arch=arch, config=config
+        rows,
+        k,
+        m,
+        swiglu=swiglu,
+        limit=limit,
+        ue8m0=ue8m0,
+        arch=arch,
+        config=config,
+        trace=trace,
     )
 
 
@@ -130,7 +139,9 @@ def kernel_requests(arch: str = ARCH) -> list:
         + fewer_sms
         + chain_requests(arch)
         + cluster_chain_requests(arch)
-    )
+        + [_request(s, m, True, None, arch, c, trace=t) for s, m, c in TRACE_CASES
+           for t in (False, True)]
+    )  # fmt: skip
 
 
 def chain_requests(arch: str = ARCH) -> list:
@@ -180,7 +191,6 @@ def _launch(request, out, x, w, w_scale) -> None:
 
     kernel = load_kernel(default_manager().get(request), out.device)
     kernel.launch([out, x, w, w_scale])
-
 
 
 @pytest.mark.parametrize(
@@ -256,6 +266,40 @@ def test_clusters_match_unclustered_bit_for_bit(case) -> None:
     assert not torch.isnan(outs[0]).any(), "unwritten (NaN-poisoned) or NaN outputs"
     assert same, "a cluster must not change a single output bit"
     assert err < TOL
+
+
+# Trace builds (GemvParams.trace): one CTA per tile, persistent, K splits, a cluster.
+TRACE_CASES = (
+    ("glm5-tp8-gate_up", 1, C(1, 3, 2)),
+    ("glm5-tp1-gate_up", 2, C(1, 2, 1, slices_per_warp=2)),
+    ("glm5-tp8-down", 1, C(4, 1, 2, slice_k=128, splits=3)),
+    ("glm5-tp8-gate_up", 8, C(1, 3, 1, cluster=2)),
+)
+
+
+@pytest.mark.parametrize("case", TRACE_CASES, ids=[f"{s}-t{m}" for s, m, _ in TRACE_CASES])
+def test_trace_builds_compute_the_same_and_stamp_in_order(case) -> None:
+    """A trace build writes the same outputs bit for bit, and after them, per CTA, stamps
+    that follow TRACE_NAMES' order and an SM id the GPU has."""
+    shape, m, config = case
+    swiglu, w, w_scale, x, cols = _inputs(shape, m)
+    plain = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _launch(_request(shape, m, True, None, config=config), plain, x, w, w_scale)
+    request = _request(shape, m, True, None, config=config, trace=True)
+    p = gemv_params.GemvParams(**request.params)
+    buf = torch.zeros(p.out_bytes, dtype=torch.uint8, device="cuda")
+    buf[: p.trace_offset].view(torch.bfloat16).fill_(float("nan"))
+    _launch(request, buf, x, w, w_scale)
+    torch.cuda.synchronize()
+    traced = buf[: m * cols * 2].view(torch.bfloat16).view(m, cols)
+    stamps = buf[p.trace_offset :].view(torch.int64).view(p.ctas, gemv_params.TRACE_POINTS).cpu()
+    times = stamps[:, : len(gemv_params.TRACE_NAMES)]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    span = (times[:, -1] - times[:, 0]).max().item() / 1e3
+    print(f"\n[fp8_gemv trace] {shape} tokens={m} {config} ctas={p.ctas} longest CTA {span:.2f} us")
+    assert torch.equal(traced, plain), "a trace build must not change a single output bit"
+    assert (times > 0).all() and (times.diff(dim=1) >= 0).all(), times
+    assert ((stamps[:, -1] >= 0) & (stamps[:, -1] < sms)).all()
 
 
 # Persistent grids planned for fewer SMs (sms=66: half the H200's): another row-tile to CTA
