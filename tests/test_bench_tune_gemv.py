@@ -62,11 +62,11 @@ def test_emit_writes_valid_requests(tmp_path):
         assert set(item) == {"kernel", "params", "arch"}
         assert item["kernel"] == "fp8_gemv" and item["arch"] == "sm_90a"
         params = item["params"]
-        # early_launch is never set in a per-kernel sweep, sms stays the H200's (132);
+        # early_launch and trace are never set in a per-kernel sweep, sms stays the H200's;
         # slices_per_warp, cluster and send_x only when not the default (plan's pick for TP8
         # at 8 tokens has clusters of 2, its gate_up sending x by st.async)
         optional = {"slices_per_warp", "cluster", "slice_k", "splits", "send_x"}
-        never = {"early_launch", "sms"}
+        never = {"early_launch", "sms", "trace"}
         assert set(params) - optional == allowed - never - optional
         assert params["tokens"] == 8 and params["ue8m0"] is True and params["limit"] is None
         assert (params["rows"], params["k"], params["swiglu"]) in gemv_sweep.KERNEL_SHAPES.values()
