@@ -82,6 +82,22 @@ def test_parse_config_rejects_malformed(text: str) -> None:
         gemv_sweep.parse_config(text)
 
 
+def test_late_steps_parse_label_and_pairs() -> None:
+    config = gemv_sweep.parse_config("t1/r3/c2/l2")
+    assert config.late_steps == 2 and gemv_sweep.label(config) == "t1/r3/c2/l2"
+    with pytest.raises(ValueError):
+        gemv_sweep.parse_config("t1/r3/c2/l-1")
+    found = gemv_sweep.pairs(6144, 1536, 1, late=(2, 99))
+    lates = [(g.late_steps, d.late_steps) for g, d in found if g.late_steps or d.late_steps]
+    # GLM-5 TP 8 at 1 token: both kernels keep 3 steps in registers, 5 staged (99 -> 5)
+    assert lates == [(2, 0), (0, 2), (2, 2), (5, 0), (0, 5), (5, 5)]
+    # Several slices per warp take no late steps: the 8-token down (s3) pairs only gate_up.
+    found = gemv_sweep.pairs(6144, 1536, 8, late=(2,))
+    assert [(g.late_steps, d.late_steps) for g, d in found if g.late_steps or d.late_steps] == [
+        (2, 0)
+    ]
+
+
 def test_parse_config_slices_per_warp() -> None:
     assert gemv_sweep.parse_config("t1/r0/c2/s3").slices_per_warp == 3
     assert gemv_sweep.parse_config("t1/r0/c2").slices_per_warp == 1

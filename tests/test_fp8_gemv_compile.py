@@ -337,6 +337,33 @@ def test_trace_builds_stamp_every_point_without_spills(changes) -> None:
     assert facts["regs"] <= _facts(plain)["regs"] + 8
 
 
+LATE_VARIANTS = {
+    "one-tile-l2": {"tokens": 1, "late_steps": 2},
+    "all-staged-late": {"tokens": 3, "late_steps": 5},
+    "down-slice128-l1": {"rows": 6144, "k": 1536, "in_regs": 1, "swiglu": False, "tokens": 1,
+                         "slice_k": 128},
+    "persistent-cluster-l2": {"tokens": 8, "ctas_per_sm": 1, "cluster": 2, "send_x": True,
+                              "late_steps": 2},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("changes", LATE_VARIANTS.values(), ids=LATE_VARIANTS)
+def test_late_steps_follow_the_x_loads(changes) -> None:
+    """late_steps moves that many staged steps' cp.async (two LDGSTS each) from before the
+    PDL wait to after x's loads, without spills; the rest stays before the wait."""
+    changes = {"late_steps": 1, **changes}
+    late = changes["late_steps"]
+    staged = gemv_params.GemvParams(**_variant(**changes)).staged
+    facts = _facts(_freeze(_variant(**changes)))
+    assert facts["stack"] == 0 and facts["local"] == 0
+    ops = facts["ops"]
+    wait = ops.index("ACQBULK")
+    copies = [i for i, op in enumerate(ops) if op.startswith("LDGSTS")]
+    assert len([i for i in copies if i < wait]) == 2 * (staged - late)
+    x_loads = [i for i, op in enumerate(ops) if i > wait and op == "LDG.E.128"]
+    assert x_loads and x_loads[0] < min(i for i in copies if i > wait)
+
+
 # Clustered variants of _variant: persistent and not, chunk counts the cluster does not divide.
 CLUSTER_VARIANTS = {
     "persistent-n2": {"tokens": 8, "ctas_per_sm": 1, "cluster": 2},
@@ -522,6 +549,8 @@ def test_deterministic_across_processes() -> None:
         ({"splits": 2, "cluster": 2}, "cluster must be 1 with splits > 1"),
         ({"send_x": True}, "send_x needs cluster > 1"),
         ({"send_x": 1, "cluster": 2}, "send_x must be a bool"),
+        ({"late_steps": 6}, r"late_steps must be in \[0, 5\]"),  # in_regs 3: 5 staged
+        ({"late_steps": 2, "slices_per_warp": 2}, "late_steps needs slices_per_warp=1"),
     ],
 )
 def test_bad_params(changes, match) -> None:

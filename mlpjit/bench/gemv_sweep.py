@@ -15,7 +15,13 @@ from collections.abc import Sequence
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.kernels import hopper
 from mlpjit.kernels.fp8_gemv import plan, tuning
-from mlpjit.kernels.fp8_gemv.params import CLUSTER_SIZES, MAX_TOKENS, GemvConfig, smem_bytes
+from mlpjit.kernels.fp8_gemv.params import (
+    CLUSTER_SIZES,
+    MAX_TOKENS,
+    STEP,
+    GemvConfig,
+    smem_bytes,
+)
 from mlpjit.testing.layers import DENSE_SHAPES, GEMV_SHAPES
 
 __all__ = [
@@ -78,27 +84,33 @@ ARCH = "sm_90a"
 def label(config: GemvConfig) -> str:
     """'t4/r3/c2' (tiles, in_regs, ctas_per_sm), with '/s3' for 3 slices per warp, '/n2'
     for clusters of 2 CTAs, '/k256' for 256-K slices, '/x4' for 4 K splits, '/send' for x
-    sent by st.async (send_x) and '/early' for the PDL trigger at kernel entry."""
+    sent by st.async (send_x), '/l2' for 2 late steps (late_steps) and '/early' for the PDL
+    trigger at kernel entry."""
     c = config
     spw = f"/s{c.slices_per_warp}" if c.slices_per_warp != 1 else ""
     cluster = f"/n{c.cluster}" if c.cluster != 1 else ""
     slice_k = f"/k{c.slice_k}" if c.slice_k != 512 else ""
     splits = f"/x{c.splits}" if c.splits != 1 else ""
     send = "/send" if c.send_x else ""
+    late = f"/l{c.late_steps}" if c.late_steps else ""
     early = "/early" if c.early_launch else ""
-    return f"t{c.tiles}/r{c.in_regs}/c{c.ctas_per_sm}{spw}{cluster}{slice_k}{splits}{send}{early}"
+    knobs = f"{spw}{cluster}{slice_k}{splits}{send}{late}{early}"
+    return f"t{c.tiles}/r{c.in_regs}/c{c.ctas_per_sm}{knobs}"
 
 
 def parse_config(text: str) -> GemvConfig:
     """'t4/r3/c2' (tiles, in_regs, ctas_per_sm), then optionally, in any order, '/s2'
-    (slices_per_warp), '/n2' (CTAs per cluster), '/k256' (slice_k), '/x4' (K splits) and
-    '/send' (send_x) -> GemvConfig, trigger after the wait. ValueError otherwise."""
+    (slices_per_warp), '/n2' (CTAs per cluster), '/k256' (slice_k), '/x4' (K splits), '/l2'
+    (late_steps) and '/send' (send_x) -> GemvConfig, trigger after the wait. ValueError
+    otherwise."""
     form = "t4/r3/c2, t1/r0/c2/s3, t1/r3/c1/s2/n4, t1/r3/c1/n2/send or t2/r1/c2/k256/x4"
     parts = text.split("/")
     send_x = "send" in parts[3:]
     if send_x:
         parts.remove("send")
-    optional = {"s": "slices_per_warp", "n": "cluster", "k": "slice_k", "x": "splits"}
+    optional = {
+        "s": "slices_per_warp", "n": "cluster", "k": "slice_k", "x": "splits", "l": "late_steps"
+    }
     if len(parts) < 3 or [x[:1] for x in parts[:3]] != ["t", "r", "c"]:
         raise ValueError(f"config must look like {form}, got {text!r}")
     try:
@@ -112,7 +124,7 @@ def parse_config(text: str) -> GemvConfig:
     except (KeyError, ValueError):
         raise ValueError(f"config must look like {form}, got {text!r}") from None
     spw = extra.get("slices_per_warp", 1)
-    if min(tiles, cps, spw) < 1 or in_regs < 0:
+    if min(tiles, cps, spw) < 1 or in_regs < 0 or extra.get("late_steps", 0) < 0:
         raise ValueError(f"config needs tiles, ctas_per_sm, slices >= 1 and in_regs >= 0: {text!r}")
     if extra.get("cluster", 1) not in CLUSTER_SIZES:
         raise ValueError(f"config's cluster (/n) must be one of {CLUSTER_SIZES}: {text!r}")
@@ -233,6 +245,7 @@ def pairs(
     clusters: Sequence[int] = (),
     spread: int = 0,
     send_x: bool = False,
+    late: Sequence[int] = (),
 ) -> list[tuple[GemvConfig, GemvConfig]]:
     """choose_config's (gate_up, down) with each early_launch combination, then every
     (gate_up, down) of the defaults, tuning.spread_config's picks and the extra configs
@@ -240,7 +253,9 @@ def pairs(
     at entry and after the wait (down's after the wait); then, per cluster size in
     ``clusters``, the default pair with gate_up, down and both set to that cluster size
     (where it fits); with ``send_x``, the default pair with the way each of its clustered
-    kernels shares x (GemvConfig.send_x) switched, and both."""
+    kernels shares x (GemvConfig.send_x) switched, and both; per count in ``late``, the
+    default pair with gate_up, down and both requesting that many staged steps after x
+    (GemvConfig.late_steps, at most the config's staged steps; where it fits)."""
     gate_up = tuning.choose_config(2 * inter, hidden, m, True)
     down = tuning.choose_config(hidden, inter, m, False)
     found = [
@@ -275,7 +290,23 @@ def pairs(
         for pair in ((g, down), (gate_up, d), (g, d)):
             if pair not in found:
                 found.append(pair)
+    for n in late:
+        g, d = _with_late(gate_up, n), _with_late(down, n)
+        g_fits = g is not None and tuning.config_fits(2 * inter, hidden, m, g)
+        d_fits = d is not None and tuning.config_fits(hidden, inter, m, d)
+        for pair, ok in (((g, down), g_fits), ((gate_up, d), d_fits), ((g, d), g_fits and d_fits)):
+            if ok and pair not in found:
+                found.append(pair)
     return found
+
+
+def _with_late(config: GemvConfig, n: int) -> GemvConfig | None:
+    """``config`` with min(n, its staged steps) late steps; None where it has several slices
+    per warp or nothing staged (late_steps needs one slice per warp and a staged step)."""
+    staged = config.slice_k // STEP - config.in_regs
+    if config.slices_per_warp > 1 or staged < 1:
+        return None
+    return dataclasses.replace(config, late_steps=min(n, staged))
 
 
 def pair_requests(
@@ -298,6 +329,7 @@ def layer_requests(
     clusters: Sequence[int] = (),
     spread: int = 0,
     send_x: bool = False,
+    late: Sequence[int] = (),
 ) -> list[KernelRequest]:
     """The distinct compile requests of every pair the layer sweep times."""
     out: list[KernelRequest] = []
@@ -305,7 +337,7 @@ def layer_requests(
         hidden, inter = LAYER_SHAPES[name]
         for m in tokens:
             for pair in pairs(
-                hidden, inter, m, extra_down, extra_gate_up, clusters, spread, send_x
+                hidden, inter, m, extra_down, extra_gate_up, clusters, spread, send_x, late
             ):
                 out += [r for r in pair_requests(hidden, inter, m, pair, arch) if r not in out]
     return out

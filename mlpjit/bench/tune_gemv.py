@@ -66,7 +66,7 @@ def _layer_pairs(args: argparse.Namespace, name: str, m: int) -> list:
     hidden, inter = LAYER_SHAPES[name]
     return pairs(
         hidden, inter, m, args.extra_down, args.extra_gate_up, args.cluster_list, args.spread,
-        args.send_x,
+        args.send_x, args.late_list,
     )  # fmt: skip
 
 
@@ -103,6 +103,9 @@ def _check(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         if not args.spw_tiles_list or any(v < 1 for v in args.spw_tiles_list):
             p.error(f"--spw-tiles must be ints >= 1, got {args.spw_tiles!r}")
     else:
+        args.late_list = _ints(args.late, "--late", p)
+        if any(n < 1 for n in args.late_list):
+            p.error(f"--late values must be >= 1, got {args.late!r}")
         try:
             args.extra_down = [parse_config(c) for c in args.down_configs.split(",") if c]
             args.extra_gate_up = [parse_config(c) for c in args.gate_up_configs.split(",") if c]
@@ -166,6 +169,11 @@ def parse_args(
         "--clusters",
         default="",
         help="cluster sizes to try on the default pair, e.g. 1,2,4 (1: none)",
+    )
+    layer.add_argument(
+        "--late",
+        default="",
+        help="staged steps to request after x on the default pair, e.g. 2,5 (late_steps)",
     )
     layer.add_argument(
         "--spread",
@@ -405,6 +413,7 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
                 args.cluster_list,
                 args.spread,
                 args.send_x,
+                args.late_list,
             )
         args.emit.parent.mkdir(parents=True, exist_ok=True)
         args.emit.write_text("".join(r.to_json_line() + "\n" for r in items))

@@ -141,6 +141,8 @@ def kernel_requests(arch: str = ARCH) -> list:
         + cluster_chain_requests(arch)
         + [_request(s, m, True, None, arch, c, trace=t) for s, m, c in TRACE_CASES
            for t in (False, True)]
+        + [_request(s, m, True, None, arch, c) for s, m, case in LATE_CASES
+           for c in (case, dataclasses.replace(case, late_steps=0))]
     )  # fmt: skip
 
 
@@ -300,6 +302,36 @@ def test_trace_builds_compute_the_same_and_stamp_in_order(case) -> None:
     assert torch.equal(traced, plain), "a trace build must not change a single output bit"
     assert (times > 0).all() and (times.diff(dim=1) >= 0).all(), times
     assert ((stamps[:, -1] >= 0) & (stamps[:, -1] < sms)).all()
+
+
+# late_steps: staged steps requested after x's loads; one tile per CTA, all staged late,
+# slices of 128 K (the short-slice quantization), persistent in a cluster with send_x.
+LATE_CASES = (
+    ("glm5-tp8-gate_up", 1, C(1, 3, 2, late_steps=2)),
+    ("glm5-tp8-down", 3, C(2, 3, 2, late_steps=5)),
+    ("glm5-tp8-down", 1, C(1, 1, 2, slice_k=128, late_steps=1)),
+    ("glm5-tp1-gate_up", 8, C(1, 3, 1, cluster=2, send_x=True, late_steps=2)),
+)
+
+
+@pytest.mark.parametrize(
+    "case", LATE_CASES, ids=[f"{s}-t{m}-l{c.late_steps}" for s, m, c in LATE_CASES]
+)
+def test_late_steps_compute_the_same(case) -> None:
+    """Where the weights are requested changes no output bit."""
+    shape, m, config = case
+    swiglu, w, w_scale, x, cols = _inputs(shape, m)
+    outs = []
+    for c in (config, dataclasses.replace(config, late_steps=0)):
+        out = torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
+        _launch(_request(shape, m, True, None, config=c), out, x, w, w_scale)
+        outs.append(out)
+    torch.cuda.synchronize()
+    err = rel_l2(outs[0], ref.gemv_reference(x, w, w_scale, swiglu=swiglu, ue8m0=True))
+    print(f"\n[fp8_gemv late] {shape} tokens={m} {config} rel_l2={err:.3e}")
+    assert not torch.isnan(outs[0]).any(), "unwritten (NaN-poisoned) or NaN outputs"
+    assert torch.equal(outs[0], outs[1])
+    assert err < TOL
 
 
 # Persistent grids planned for fewer SMs (sms=66: half the H200's): another row-tile to CTA

@@ -162,13 +162,9 @@ class Fp8Gemv:
                 r_a0[s].append(ptx.ld_global_nc_v4_hint(g_a0 + (s * SL + st * STEP), policy))
                 r_a1[s].append(ptx.ld_global_nc_v4_hint(g_a1 + (s * SL + st * STEP), policy))
         s_stage = s_wgt + (warp * SPW * self.staged) * 1024 + lane * 16
-        for s in cutlass.range_constexpr(SPW):
-            for j in cutlass.range_constexpr(self.staged):
-                st = self.in_regs + j
-                s_slot = s_stage + (s * self.staged + j) * 1024
-                ptx.cp_async_cg_16(s_slot, g_a0 + (s * SL + st * STEP))
-                ptx.cp_async_cg_16(s_slot + 512, g_a1 + (s * SL + st * STEP))
-                cute.arch.cp_async_commit_group()
+        early = self.staged - self.late_steps
+        self.request_staged(s_stage, g_a0, g_a1, 0, early)
+        late = (s_stage, g_a0, g_a1, early, self.staged)  # requested once x's loads are out
         r_ws0, r_ws1 = self.weight_scales(g_ws, row0, row1, slc0, grp0)
         if cutlass.const_expr(split_barrier):
             # Made before our arrive, so no other split can signal it earlier; after the
@@ -188,7 +184,7 @@ class Fp8Gemv:
             cute.arch.griddepcontrol_launch_dependents()
 
         if cutlass.const_expr(self.cluster > 1):
-            self.quantize_across_cluster(g_x, s_act, s_xsc, s_bar, warp, lane)
+            self.quantize_across_cluster(g_x, s_act, s_xsc, s_bar, warp, lane, late)
         elif cutlass.const_expr(self.chunk_lanes == 32):
             # ---- quantize x once per CTA: warp (tile i, slice s) takes tokens i, i+tiles, ...
             # All of a warp's x loads are issued before the first is consumed, so the global
@@ -199,13 +195,14 @@ class Fp8Gemv:
                 for s in range(SPW)
                 for j in range(per_warp)
             ]
+            self.request_staged(*late)
             for s in cutlass.range_constexpr(SPW):
                 for j in cutlass.range_constexpr(per_warp):
                     word = words[s * per_warp + j]
                     self.quantize_if_valid(word, s_act, s_xsc, tile + j * TL, slc0 + s, lane)
             cute.arch.sync_threads()
         else:
-            self.quantize_short_slices(g_x, s_act, s_xsc, tile, slc0, lane)
+            self.quantize_short_slices(g_x, s_act, s_xsc, tile, slc0, lane, late)
             cute.arch.sync_threads()
         self.stamp(g_out, tid, cta, "x ready")
 
@@ -286,6 +283,23 @@ class Fp8Gemv:
                 w_row0, w_row1 = self.tile_rows(cutlass.min(nxt, self.row_tiles - 1), tile, g)
                 r_ws0, r_ws1 = self.weight_scales(g_ws, w_row0, w_row1, slc0, grp0)
             self.stamp(g_out, tid, cta, "done")
+
+    @cute.jit
+    def request_staged(self, s_stage: Int32, g_a0: Int64, g_a1: Int64, first: int, end: int):
+        """cp.async the staged steps [first, end) of each of the warp's slices into their
+        slots, one group per step (groups commit in (slice, step) order: late steps need one
+        slice per warp)."""
+        if cutlass.const_expr(first < end):
+            # A warp barrier orders them after the x loads issued before this: without it
+            # ptxas schedules the copies first, and x would wait behind them again.
+            cute.arch.sync_warp()
+        for s in cutlass.range_constexpr(self.spw):
+            for j in cutlass.range_constexpr(first, end):
+                st = self.in_regs + j
+                s_slot = s_stage + (s * self.staged + j) * 1024
+                ptx.cp_async_cg_16(s_slot, g_a0 + (s * self.slice_k + st * STEP))
+                ptx.cp_async_cg_16(s_slot + 512, g_a1 + (s * self.slice_k + st * STEP))
+                cute.arch.cp_async_commit_group()
 
     @cute.jit
     def stamp(self, g_out: Int64, tid: Int32, cta: Int32, name: str):
@@ -454,7 +468,14 @@ class Fp8Gemv:
 
     @cute.jit
     def quantize_short_slices(
-        self, g_x: Int64, s_act: Int32, s_xsc: Int32, tile: Int32, slc0: Int32, lane: Int32
+        self,
+        g_x: Int64,
+        s_act: Int32,
+        s_xsc: Int32,
+        tile: Int32,
+        slc0: Int32,
+        lane: Int32,
+        late: tuple,
     ):
         """The per-CTA quantization for slices shorter than 512: a chunk takes slice_k/16
         lanes, so a warp quantizes 32/(slice_k/16) tokens of its slice at once (warp of tile
@@ -471,6 +492,7 @@ class Fp8Gemv:
             for s in range(self.spw)
             for p in range(passes)
         ]
+        self.request_staged(*late)
         for s in cutlass.range_constexpr(self.spw):
             for p in cutlass.range_constexpr(passes):
                 t = tile + (p * per_pass + sub) * TL
@@ -509,7 +531,7 @@ class Fp8Gemv:
 
     @cute.jit
     def quantize_across_cluster(
-        self, g_x: Int64, s_act: Int32, s_xsc: Int32, s_bar: Int32, warp, lane
+        self, g_x: Int64, s_act: Int32, s_xsc: Int32, s_bar: Int32, warp, lane, late: tuple
     ):
         """Quantize x once per cluster instead of once per CTA: the (token, 512-K) chunks are
         dealt round robin to the cluster's CTAs, and each quantized chunk and its scales are
@@ -538,6 +560,7 @@ class Fp8Gemv:
             if cutlass.const_expr(not always_valid):
                 c = cutlass.min(c, chunks - 1)  # past the end: a valid re-read, not quantized
             todo.append((c, self.load_chunk(g_x, c % T, c // T, lane)))
+        self.request_staged(*late)  # (late weight steps, if any: after x's loads)
         for j in cutlass.range_constexpr(per_warp):
             c, words = todo[j]
             if cutlass.const_expr(always_valid):  # noqa: SIM114 (static branch, see above)

@@ -197,6 +197,10 @@ class GemvConfig:
     # their mbarriers, instead of DSMEM stores met at a fenced cluster barrier. Faster for
     # some kernels, slower for others (docs/KERNEL_NOTES.md, variant 37): a measured choice.
     send_x: bool = False
+    # The last late_steps staged steps of each slice are requested after x's loads instead
+    # of before the PDL wait, so x's loads wait behind fewer weight requests (one slice per
+    # warp only: the cp.async groups must commit in step order).
+    late_steps: int = 0
 
 
 # GemvConfig's field names, each also one of GemvParams': its values are plain ints and
@@ -247,6 +251,7 @@ class GemvParams:
     slice_k: int = SLICE
     splits: int = 1
     send_x: bool = False
+    late_steps: int = 0
     sms: int = hopper.SMS  # the target GPU's SM count: sizes a persistent grid
     trace: bool = False  # record TRACE_POINTS stamps per CTA after the output (never planned)
 
@@ -296,6 +301,12 @@ class GemvParams:
             raise ValueError(
                 f"cluster must be 1 with slice_k={self.slice_k} (clusters share x in "
                 f"{SLICE}-K chunks), got cluster={self.cluster}"
+            )
+        check_int("late_steps", self.late_steps, 0, self.staged)
+        if self.late_steps and self.spw > 1:
+            raise ValueError(
+                f"late_steps needs slices_per_warp=1 (cp.async groups commit in step order), "
+                f"got late_steps={self.late_steps}, slices_per_warp={self.slices_per_warp}"
             )
         if self.send_x and self.cluster == 1:
             raise ValueError(
