@@ -254,8 +254,8 @@ def pairs(
     ``clusters``, the default pair with gate_up, down and both set to that cluster size
     (where it fits); with ``send_x``, the default pair with the way each of its clustered
     kernels shares x (GemvConfig.send_x) switched, and both; per count in ``late``, the
-    default pair with gate_up, down and both requesting that many staged steps after x
-    (GemvConfig.late_steps, at most the config's staged steps; where it fits)."""
+    default pair with gate_up requesting that many staged steps after x (GemvConfig.late_steps,
+    at most the config's staged steps; where it fits)."""
     gate_up = tuning.choose_config(2 * inter, hidden, m, True)
     down = tuning.choose_config(hidden, inter, m, False)
     found = [
@@ -290,13 +290,10 @@ def pairs(
         for pair in ((g, down), (gate_up, d), (g, d)):
             if pair not in found:
                 found.append(pair)
-    for n in late:
-        g, d = _with_late(gate_up, n), _with_late(down, n)
-        g_fits = g is not None and tuning.config_fits(2 * inter, hidden, m, g)
-        d_fits = d is not None and tuning.config_fits(hidden, inter, m, d)
-        for pair, ok in (((g, down), g_fits), ((gate_up, d), d_fits), ((g, d), g_fits and d_fits)):
-            if ok and pair not in found:
-                found.append(pair)
+    for n in late:  # gate_up only: on the down projection late steps lost everywhere
+        g = _with_late(gate_up, n)
+        if g is not None and tuning.config_fits(2 * inter, hidden, m, g) and (g, down) not in found:
+            found.append((g, down))
     return found
 
 

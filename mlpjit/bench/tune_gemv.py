@@ -173,7 +173,7 @@ def parse_args(
     layer.add_argument(
         "--late",
         default="",
-        help="staged steps to request after x on the default pair, e.g. 2,5 (late_steps)",
+        help="staged steps the default pair's gate_up requests after x, e.g. 1,2 (late_steps)",
     )
     layer.add_argument(
         "--spread",
