@@ -152,6 +152,7 @@ def test_gemv_request_params() -> None:
         "slice_k",
         "splits",
         "send_x",
+        "late_steps",
         "sms",
         "trace",
     }

@@ -101,8 +101,11 @@ def _config(
     slice_k: int = SLICE,
     splits: int = 1,
     send_x: bool = False,
+    late: int = 0,
 ) -> GemvConfig:
-    return GemvConfig(tiles, in_regs, ctas_per_sm, early, spw, cluster, slice_k, splits, send_x)
+    return GemvConfig(
+        tiles, in_regs, ctas_per_sm, early, spw, cluster, slice_k, splits, send_x, late
+    )
 
 
 # The fastest config per GLM shape on one H200 (132 SMs), from per-kernel sweeps
@@ -122,7 +125,11 @@ def _config(
 # per layer in two device runs; on other clustered kernels it was level or slower. The
 # entries of Qwen3-32B TP 8 and of DeepSeek-V3's shared expert at TP 1 are gone: both layers
 # now stream (layer_plan.stream_halves), 1-9% faster than their measured pairs at 1, 4, 6
-# and 8 tokens and level at 2 (docs/KERNEL_NOTES.md, variant 40).
+# and 8 tokens and level at 2 (docs/KERNEL_NOTES.md, variant 40). late ("variant 60": the
+# last staged steps requested after x's loads, so x does not queue behind them) where a layer
+# sweep measured it more than 3% faster and the GPU tests cover its form: GLM-4.5 TP 8's
+# gate_up at 1 token (the DeepSeek-V3 TP-8 shared expert's K-split gate_up gained 5-7% too,
+# and waits for a GPU run of the K-split case); on the down projections it lost everywhere.
 TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...]] = {
     # GLM-5 (hidden 6144, intermediate 12288) TP 8
     (3072, 6144, True): (
@@ -182,7 +189,7 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
     ),
     # GLM-4.5 (hidden 5120) TP 8
     (3072, 5120, True): (
-        (1, _config(1, 3, 2)),
+        (1, _config(1, 3, 2, late=2)),  # variant 60
         (2, _config(1, 2, 2)),
         (4, _config(1, 3, 1)),
         (8, _config(2, 2, 1, early=True)),
