@@ -164,7 +164,7 @@ class Fp8Gemv:
         s_stage = s_wgt + (warp * SPW * self.staged) * 1024 + lane * 16
         early = self.staged - self.late_steps
         self.request_staged(s_stage, g_a0, g_a1, 0, early)
-        late = (s_stage, g_a0, g_a1, early, self.staged)  # requested once x's loads are out
+        late = (s_stage, g_a0, g_a1, early, self.staged, True)  # once x's loads are out
         r_ws0, r_ws1 = self.weight_scales(g_ws, row0, row1, slc0, grp0)
         if cutlass.const_expr(split_barrier):
             # Made before our arrive, so no other split can signal it earlier; after the
@@ -285,11 +285,19 @@ class Fp8Gemv:
             self.stamp(g_out, tid, cta, "done")
 
     @cute.jit
-    def request_staged(self, s_stage: Int32, g_a0: Int64, g_a1: Int64, first: int, end: int):
+    def request_staged(
+        self,
+        s_stage: Int32,
+        g_a0: Int64,
+        g_a1: Int64,
+        first: int,
+        end: int,
+        after_x: bool = False,
+    ):
         """cp.async the staged steps [first, end) of each of the warp's slices into their
         slots, one group per step (groups commit in (slice, step) order: late steps need one
-        slice per warp)."""
-        if cutlass.const_expr(first < end):
+        slice per warp); ``after_x``: they follow x's loads."""
+        if cutlass.const_expr(after_x and first < end):
             # A warp barrier orders them after the x loads issued before this: without it
             # ptxas schedules the copies first, and x would wait behind them again.
             cute.arch.sync_warp()
