@@ -268,6 +268,15 @@ def test_gemv_spread_line_splits_each_ctas_time_after_the_wait(tune) -> None:
     assert "busy 1.73/1.85/1.97/2.00" in line and line.endswith("CTAs per SM <= 3")
 
 
+def test_stamp_cells_give_each_stamps_median_and_latest_cta(tune) -> None:
+    import torch
+
+    stamps = torch.tensor([[1000, 2000, 7], [1000, 4000, 7], [1500, 3000, 9]])
+    names = ("start", "end")
+    assert tune._stamp_cells(stamps, 500, names) == "start 0.50/1.00  end 2.50/3.50"
+    assert tune._stamp_cells(stamps, 500, names, (1,)) == "end 2.50/3.50"
+
+
 def test_beside_line_counts_down_ctas_that_shared_an_sm_with_gate_up(tune) -> None:
     import torch
 

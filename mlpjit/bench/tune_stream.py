@@ -235,10 +235,10 @@ def _is_gemv(variant: tuple | None) -> bool:
     return variant is None or isinstance(variant[0], str) and not _is_layer(variant)
 
 
-def _traced(variant: tuple | None) -> bool:
-    """Whether --trace has trace builds of a variant: a one-kernel layer, or a pair whose
-    halves are both fp8_stream's or both fp8_gemv's."""
-    return _is_layer(variant) or _is_gemv(variant) or _streamed(variant) == (True, True)
+def _traced_pair(variant: tuple | None) -> bool:
+    """Whether --trace has trace builds of a two-kernel variant: both halves fp8_gemv's or
+    both fp8_stream's (a one-kernel layer has its own)."""
+    return _is_gemv(variant) or _streamed(variant) == (True, True)
 
 
 def all_requests(args: argparse.Namespace) -> list[KernelRequest]:
@@ -248,7 +248,7 @@ def all_requests(args: argparse.Namespace) -> list[KernelRequest]:
             for variant in args.variants:
                 try:
                     reqs = layer_requests(hidden, inter, tokens, variant)
-                    if args.trace and _traced(variant) and not _is_layer(variant):
+                    if args.trace and _traced_pair(variant):
                         reqs += layer_requests(hidden, inter, tokens, variant, trace=True)
                     for r in reqs:
                         if r not in seen:
@@ -413,40 +413,34 @@ def print_trace(name, tokens, label, manager, device, reqs, gate_up_args, down_a
     the same SMs are slow in every launch (correlation of per-SM rates between launches);
     and how many of down's CTAs started beside a running gate_up CTA (_beside_line)."""
     import torch
-    from torch.cuda import _sleep  # torch's private helper: a GPU spin of N cycles
 
     from mlpjit.jit.launcher import load_kernel
     from mlpjit.kernels.fp8_stream.params import TRACE_POINTS, StreamParams
 
-    names = _TRACE_NAMES
     kernels = []
     for r, args in zip(reqs, (gate_up_args, down_args), strict=True):
         params = StreamParams(**r.params)
         work = torch.zeros(params.workspace_bytes, dtype=torch.uint8, device=device)
         kernels.append((params, work, load_kernel(manager.get(r), device), [*args, work]))
-    launches = []  # per launch: per kernel, a (ctas, TRACE_POINTS) int64 tensor
-    for _ in range(TRACE_LAUNCHES):
-        torch.cuda.synchronize()
-        _sleep(1_000_000)  # the launches queue behind this, as in a busy stream
+
+    def launch():
         for _, _, kernel, args in kernels:
             kernel.launch(args)
-        torch.cuda.synchronize()
-        launches.append(
-            [
-                work[params.trace_offset :]
-                .view(torch.int64)[: params.ctas * TRACE_POINTS]
-                .view(params.ctas, TRACE_POINTS)
-                .cpu()
-                for params, work, _, _ in kernels
-            ]
-        )
+
+    def read():
+        return [
+            work[params.trace_offset :]
+            .view(torch.int64)[: params.ctas * TRACE_POINTS]
+            .view(params.ctas, TRACE_POINTS)
+            .cpu()
+            for params, work, _, _ in kernels
+        ]
+
+    launches = _after_idle(launch, read)  # per launch: per kernel, (ctas, TRACE_POINTS) int64
     first = launches[0]
     origin = first[0][:, 0].min()
     for half, t in zip(("gate_up", "down"), first, strict=True):
-        rel = (t[:, : len(names)] - origin).double() / 1e3
-        cells = "  ".join(
-            f"{n} {rel[:, i].median():.2f}/{rel[:, i].max():.2f}" for i, n in enumerate(names)
-        )
+        cells = _stamp_cells(t, origin, _TRACE_NAMES)
         print(f"trace {name} t{tokens} {label} {half}: {cells}", flush=True)
     for k, half in enumerate(("gate_up", "down")):
         params = kernels[k][0]
@@ -463,7 +457,6 @@ def print_gemv_trace(name, tokens, label, manager, device, reqs, gate_up_args, d
     first CTA start; then per kernel, where a CTA's time after the PDL wait goes
     (gemv_spread_line, over every launch)."""
     import torch
-    from torch.cuda import _sleep  # torch's private helper: a GPU spin of N cycles
 
     from mlpjit.jit.launcher import load_kernel
     from mlpjit.kernels.fp8_gemv.params import TRACE_NAMES, TRACE_POINTS, GemvParams
@@ -471,26 +464,21 @@ def print_gemv_trace(name, tokens, label, manager, device, reqs, gate_up_args, d
     params = [GemvParams(**r.params) for r in reqs]
     kernels = [load_kernel(manager.get(r), device) for r in reqs]
     act, out = (torch.zeros(p.out_bytes, dtype=torch.uint8, device=device) for p in params)
-    launches = []  # per launch: per kernel, a (ctas, TRACE_POINTS) int64 tensor
-    for _ in range(TRACE_LAUNCHES):
-        torch.cuda.synchronize()
-        _sleep(1_000_000)  # the launches queue behind this, as in a busy stream
+
+    def launch():
         kernels[0].launch([act, *gate_up_args])
         kernels[1].launch([out, act, *down_args])
-        torch.cuda.synchronize()
-        launches.append(
-            [
-                buf[p.trace_offset : p.out_bytes].view(torch.int64).view(p.ctas, TRACE_POINTS).cpu()
-                for p, buf in zip(params, (act, out), strict=True)
-            ]
-        )
+
+    def read():
+        return [
+            buf[p.trace_offset : p.out_bytes].view(torch.int64).view(p.ctas, TRACE_POINTS).cpu()
+            for p, buf in zip(params, (act, out), strict=True)
+        ]
+
+    launches = _after_idle(launch, read)  # per launch: per kernel, (ctas, TRACE_POINTS) int64
     origin = launches[0][0][:, 0].min()
     for k, half in enumerate(("gate_up", "down")):
-        rel = (launches[0][k][:, : len(TRACE_NAMES)] - origin).double() / 1e3
-        cells = "  ".join(
-            f"{n} {rel[:, i].median():.2f}/{rel[:, i].max():.2f}"
-            for i, n in enumerate(TRACE_NAMES)
-        )
+        cells = _stamp_cells(launches[0][k], origin, TRACE_NAMES)
         print(f"trace {name} t{tokens} {label} {half}: {cells}", flush=True)
         stamps = torch.cat([launch[k] for launch in launches])
         print(f"spread {name} t{tokens} {label} {half}: {gemv_spread_line(stamps)}", flush=True)
@@ -512,13 +500,41 @@ def gemv_spread_line(stamps) -> str:
         "store": at["done"] - at["sums last"],
         "busy": at["done"] - at["waited"],
     }
-    q = torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
-    cells = []
-    for n, us in phases.items():
-        values = [*torch.quantile(us / 1e3, q).tolist(), us.max().item() / 1e3]
-        cells.append(f"{n} " + "/".join(f"{v:.2f}" for v in values))
+    cells = [f"{n} {_quantiles(ns / 1e3)}" for n, ns in phases.items()]
     per_sm = torch.bincount(stamps[:, -1].long()).max().item()
     return "  ".join(cells) + f"  (p10/p50/p90/max us)  CTAs per SM <= {per_sm}"
+
+
+def _after_idle(launch, read, times: int = TRACE_LAUNCHES) -> list:  # pragma: no cover
+    """``times`` x: wait for an idle GPU, queue ``launch()`` behind a GPU spin (as in a
+    busy stream), wait for it, and keep ``read()``."""
+    import torch
+    from torch.cuda import _sleep  # torch's private helper: a GPU spin of N cycles
+
+    out = []
+    for _ in range(times):
+        torch.cuda.synchronize()
+        _sleep(1_000_000)
+        launch()
+        torch.cuda.synchronize()
+        out.append(read())
+    return out
+
+
+def _stamp_cells(stamps, origin, names, points=None) -> str:
+    """'name median/latest ...' in microseconds from ``origin`` (ns), for each stamp of
+    ``names`` (or those at ``points``): a (ctas, slots) int64 tensor of one launch."""
+    rel = (stamps - origin).double() / 1e3
+    points = range(len(names)) if points is None else points
+    return "  ".join(f"{names[i]} {rel[:, i].median():.2f}/{rel[:, i].max():.2f}" for i in points)
+
+
+def _quantiles(v) -> str:
+    """'p10/p50/p90/max' of a float tensor, two decimals."""
+    import torch
+
+    q = torch.quantile(v, torch.tensor([0.1, 0.5, 0.9], dtype=v.dtype))
+    return "/".join(f"{x:.2f}" for x in [*q.tolist(), v.max().item()])
 
 
 def _beside_line(gate_up, down) -> str:
@@ -546,10 +562,6 @@ def _spread_line(stamps: list, blocks) -> str:
     the SM id); ``blocks``: each CTA's blocks."""
     import torch
 
-    def quantiles(v):
-        q = torch.quantile(v, torch.tensor([0.1, 0.5, 0.9], dtype=v.dtype))
-        return "/".join(f"{x:.2f}" for x in [*q.tolist(), v.max().item()])
-
     busy = [(t[:, 4] - t[:, 0]).double() / 1e3 for t in stamps]  # us per CTA
     has = blocks > 0
     rates = []
@@ -567,7 +579,7 @@ def _spread_line(stamps: list, blocks) -> str:
     with_blocks = torch.corrcoef(torch.stack([busy[0][has], blocks[has]]))[0, 1].item()
     slow = torch.argsort(both[0].nan_to_num(float("inf")))[:6].tolist()
     return (
-        f"busy us p10/p50/p90/max {quantiles(busy[0][has])}  blocks min/max "
+        f"busy us p10/p50/p90/max {_quantiles(busy[0][has])}  blocks min/max "
         f"{int(blocks[has].min())}/{int(blocks.max())}  corr(busy, blocks) {with_blocks:.2f}  "
         f"corr(SM rate, launch 1 vs 2..) {' '.join(f'{c:.2f}' for c in corr)}  slowest SMs {slow}"
     )
@@ -577,7 +589,6 @@ def print_layer_trace(name, tokens, label, manager, device, req, args):  # pragm
     """One launch of a one-kernel layer's trace build after an idle GPU: the stamps of its
     gate_up and down phases, as print_trace prints them ("waited" of down: act ready)."""
     import torch
-    from torch.cuda import _sleep
 
     from mlpjit.jit.launcher import load_kernel
     from mlpjit.kernels.fp8_layer.params import LayerParams
@@ -586,10 +597,7 @@ def print_layer_trace(name, tokens, label, manager, device, req, args):  # pragm
     params = LayerParams(**req.params)
     work = torch.zeros(params.workspace_bytes, dtype=torch.uint8, device=device)
     kernel = load_kernel(manager.get(req), device)
-    torch.cuda.synchronize()
-    _sleep(1_000_000)
-    kernel.launch([*args, work])
-    torch.cuda.synchronize()
+    _after_idle(lambda: kernel.launch([*args, work]), lambda: None, times=1)
     times = []
     for base, phase in ((0, params.gate_up), (params.work_down, params.down)):
         start = base + phase.trace_offset
@@ -598,10 +606,7 @@ def print_layer_trace(name, tokens, label, manager, device, req, args):  # pragm
     origin = times[0][:, 0].min()
     stamped = ((0, 1, 2, 3, 4, 5, 6, 7), (1, 2, 3, 4, 6, 7))  # down: no start, no copies
     for half, t, points in zip(("gate_up", "down"), times, stamped, strict=True):
-        rel = (t - origin) / 1e3
-        cells = "  ".join(
-            f"{_TRACE_NAMES[i]} {rel[:, i].median():.2f}/{rel[:, i].max():.2f}" for i in points
-        )
+        cells = _stamp_cells(t, origin, _TRACE_NAMES, points)
         print(f"trace {name} t{tokens} {label} {half}: {cells}", flush=True)
 
 
