@@ -128,8 +128,8 @@ def _config(
 # and 8 tokens and level at 2 (docs/KERNEL_NOTES.md, variant 40). late ("variant 60": the
 # last staged steps requested after x's loads, so x does not queue behind them) where a layer
 # sweep measured it more than 3% faster and the GPU tests cover its form: GLM-4.5 TP 8's
-# gate_up at 1 token (the DeepSeek-V3 TP-8 shared expert's K-split gate_up gained 5-7% too,
-# and waits for a GPU run of the K-split case); on the down projections it lost everywhere.
+# gate_up at 1 token, and the DeepSeek-V3 TP-8 shared expert's K-split gate_up at 1 and 8
+# tokens (5-7% on the H200, 3-7% on the H100); on the down projections it lost everywhere.
 TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...]] = {
     # GLM-5 (hidden 6144, intermediate 12288) TP 8
     (3072, 6144, True): (
@@ -218,10 +218,10 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
     ),
     # DeepSeek-V3 shared expert TP 8 (512 gate_up rows split 4 or 7 ways along K).
     (512, 7168, True): (
-        (1, None),
+        (1, _config(1, 3, 2, slice_k=256, splits=4, late=1)),  # variant 60
         (4, None),
         (7, _config(2, 3, 2, slice_k=256, splits=7)),
-        (8, _config(2, 3, 1, slice_k=256, splits=7)),  # variant 33
+        (8, _config(2, 3, 1, slice_k=256, splits=7, late=1)),  # variants 33, 60
     ),
     (7168, 256, False): (
         (1, _config(4, 1, 2, slice_k=128)),
