@@ -256,8 +256,9 @@ def test_wide_persistent_heuristic_follows_the_measured_picks(monkeypatch) -> No
 
 
 def test_glm45_tp4_gate_up_keeps_the_measured_one_token_pick() -> None:
-    """The wide heuristic lost there (pair_sweep_heuristic_glm45_h200.txt); 2+ tokens use it."""
-    assert tuning.choose_config(6144, 5120, 1, True) == GemvConfig(2, 3, 1)
+    """The wide heuristic lost there (pair_sweep_heuristic_glm45_h200.txt); 2+ tokens use it.
+    Its last 3 staged steps are requested after x (late_steps_sweep_wide_h100*.json)."""
+    assert tuning.choose_config(6144, 5120, 1, True) == GemvConfig(2, 3, 1, late_steps=3)
     assert tuning.choose_config(6144, 5120, 2, True).slices_per_warp == 2
 
 

@@ -305,14 +305,15 @@ def test_trace_builds_compute_the_same_and_stamp_in_order(case) -> None:
 
 
 # late_steps: staged steps requested after x's loads; one tile per CTA, all staged late,
-# slices of 128 K (the short-slice quantization), persistent in a cluster with send_x, and
-# K splits.
+# slices of 128 K (the short-slice quantization), persistent in a cluster with send_x, K
+# splits, and one wave of clusters sharing x at a fenced cluster barrier.
 LATE_CASES = (
     ("glm5-tp8-gate_up", 1, C(1, 3, 2, late_steps=2)),
     ("glm5-tp8-down", 3, C(2, 3, 2, late_steps=5)),
     ("glm5-tp8-down", 1, C(1, 1, 2, slice_k=128, late_steps=1)),
     ("glm5-tp1-gate_up", 8, C(1, 3, 1, cluster=2, send_x=True, late_steps=2)),
     ("glm5-tp8-down", 1, C(4, 1, 2, slice_k=128, splits=3, late_steps=1)),
+    ("glm5-tp8-gate_up", 8, C(1, 3, 2, cluster=2, late_steps=3)),
 )
 
 

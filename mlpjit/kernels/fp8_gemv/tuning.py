@@ -130,6 +130,9 @@ def _config(
 # sweep measured it more than 3% faster and the GPU tests cover its form: GLM-4.5 TP 8's
 # gate_up at 1 token, and the DeepSeek-V3 TP-8 shared expert's K-split gate_up at 1 and 8
 # tokens (5-7% on the H200, 3-7% on the H100); on the down projections it lost everywhere.
+# Entries marked "(H100)" come from two H100 layer sweeps of 3 rounds each in which the pair
+# won by more than 3% in every round (the H200 has not timed them; the GPUs share the SM
+# count, and where both timed late steps they agreed in direction).
 TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...]] = {
     # GLM-5 (hidden 6144, intermediate 12288) TP 8
     (3072, 6144, True): (
@@ -204,7 +207,7 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
     # one (16.54 vs 17.57 us per layer), at 2-8 tokens the wide one won by 1.08-1.15x; at 8
     # tokens clusters of 2 by 0.2-0.6 us.
     (6144, 5120, True): (
-        (1, _config(2, 3, 1)),
+        (1, _config(2, 3, 1, late=3)),  # variant 60 (H100)
         (7, _config(1, 0, 1, spw=2)),
         (8, _config(1, 0, 1, spw=2, cluster=2)),
     ),
@@ -219,9 +222,62 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
     # DeepSeek-V3 shared expert TP 8 (512 gate_up rows split 4 or 7 ways along K).
     (512, 7168, True): (
         (1, _config(1, 3, 2, slice_k=256, splits=4, late=1)),  # variant 60
+        (2, _config(1, 3, 2, slice_k=256, splits=4, late=1)),  # variant 60 (H100)
         (4, None),
         (7, _config(2, 3, 2, slice_k=256, splits=7)),
         (8, _config(2, 3, 1, slice_k=256, splits=7, late=1)),  # variants 33, 60
+    ),
+    # Late steps on the planner's gate_up picks (variant 60, H100): the token counts a layer
+    # sweep measured, each other count the planner's pick (None).
+    # DeepSeek-V3 shared expert TP 4 and TP 2.
+    (1024, 7168, True): (
+        (1, _config(1, 3, 1, slice_k=256, splits=2, late=1)),
+        (3, None),
+        (4, _config(1, 3, 1, slice_k=256, splits=2, late=1)),
+        (7, None),
+        (8, _config(1, 3, 1, slice_k=256, splits=2, late=1)),
+    ),
+    (2048, 7168, True): (
+        (3, None),
+        (4, _config(1, 3, 1, late=3)),
+        (7, None),
+        (8, _config(1, 3, 1, cluster=2, late=3)),
+    ),
+    # GLM-5 shared expert (intermediate 2048) TP 8 and TP 2.
+    (512, 6144, True): (
+        (3, None),
+        (4, _config(1, 3, 1, slice_k=256, splits=3, late=1)),
+        (7, None),
+        (8, _config(2, 0, 2, slice_k=128, splits=8, late=1)),
+    ),
+    (2048, 6144, True): (
+        (3, None),
+        (4, _config(1, 3, 1, late=3)),
+        (7, None),
+        (8, _config(1, 3, 1, cluster=2, late=3)),
+    ),
+    # GLM-4.5 shared expert (intermediate 1536) TP 4 and TP 2.
+    (768, 5120, True): (
+        (1, None),
+        (2, _config(1, 3, 1, slice_k=256, splits=2, late=1)),
+        (3, None),
+        (4, _config(1, 3, 1, slice_k=256, splits=2, late=1)),
+        (7, None),
+        (8, _config(2, 3, 1, slice_k=256, splits=5, late=1)),
+    ),
+    (1536, 5120, True): (
+        (2, _config(1, 3, 1, late=3)),
+        (3, None),
+        (4, _config(1, 3, 1, late=3)),
+        (7, None),
+        (8, _config(1, 3, 1, late=3)),
+    ),
+    # Qwen3-8B (hidden 4096, intermediate 12288) TP 8.
+    (3072, 4096, True): (
+        (2, _config(3, 3, 1, splits=2, late=3)),
+        (3, None),
+        (4, _config(3, 3, 1, splits=2, late=2)),
+        (8, None),
     ),
     (7168, 256, False): (
         (1, _config(4, 1, 2, slice_k=128)),
