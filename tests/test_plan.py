@@ -217,6 +217,34 @@ def test_tuned_table_fits_every_token_count_it_covers():
             assert config == expected, (rows, k, swiglu, tokens)
 
 
+# Late-steps entries measured as "the planner's pick plus late steps" (variant 60 on the
+# H100): (rows, k) of the gate_up -> the token counts they cover.
+PLANNER_PICKS_WITH_LATE_STEPS = {
+    (1024, 7168): (1, 4, 8),
+    (2048, 7168): (4, 8),
+    (512, 6144): (4, 8),
+    (2048, 6144): (4, 8),
+    (768, 5120): (2, 4, 8),
+    (1536, 5120): (1, 2, 4, 8),
+    (3072, 4096): (2, 4),
+}
+
+
+@pytest.mark.parametrize("shape", PLANNER_PICKS_WITH_LATE_STEPS)
+def test_late_steps_entries_are_the_planner_picks_that_were_measured(shape) -> None:
+    """Each such entry differs from the planner's own pick only by its late steps, at the
+    token counts measured; every other count is the planner's pick unchanged. A planner
+    change that moves those picks then fails here instead of pinning a stale decomposition."""
+    rows, k = shape
+    for tokens in range(1, gemv_params.MAX_TOKENS + 1):
+        config = tuning.choose_config(rows, k, tokens, True)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(tuning, "TUNED_H200", {})
+            planned = tuning.choose_config(rows, k, tokens, True)
+        assert replace(config, late_steps=0) == planned, (shape, tokens)
+        assert (config.late_steps > 0) == (tokens in PLANNER_PICKS_WITH_LATE_STEPS[shape])
+
+
 def test_heuristic_keeps_few_steps_in_registers():
     # a shape outside the table (GLM-5 TP 16 would not fit 512; take hidden 4096, inter 2048)
     for tokens in (1, 8):
