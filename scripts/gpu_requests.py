@@ -8,13 +8,14 @@ lists its kernels in ``kernel_requests(arch)``; the output feeds
 
     pip install -e .   # the scripts import the installed package
     python3 scripts/gpu_requests.py --arch sm_90a -o .gpu-cache/requests.jsonl
-    M=mlpjit.testing.smoke,mlpjit.kernels.read_floor,mlpjit.kernels.wgmma_probe
+    M=mlpjit.testing.smoke,mlpjit.kernels.read_floor,mlpjit.kernels.wgmma_probe,mlpjit.kernels.queue_probe
     export MLPJIT_KERNEL_MODULES=$M
     MLPJIT_CACHE_DIR=.gpu-cache \
         mlpjit warm --from .gpu-cache/requests.jsonl --arch sm_90a --jobs 2
 
-(the launcher tests use the smoke kernel, the read-floor tests the read_floor probe and the
-wgmma-probe tests the wgmma_probe kernel, which register only when their modules are
+(the launcher tests use the smoke kernel, the read-floor tests the read_floor probe, the
+wgmma-probe tests the wgmma_probe kernel and the queue-probe tests the queue_probe kernel,
+which register only when their modules are
 imported: MLPJIT_KERNEL_MODULES names them).
 
 The demos (serve_demo.py, tp_demo.py at TP 8 and 2) use GLM-5 shards that
@@ -42,6 +43,7 @@ SOURCES: tuple[Path | str, ...] = (
     REPO / "tests" / "gpu" / "test_launcher_gpu.py",
     REPO / "tests" / "gpu" / "test_read_floor_gpu.py",
     REPO / "tests" / "gpu" / "test_wgmma_probe_gpu.py",
+    REPO / "tests" / "gpu" / "test_queue_probe_gpu.py",
     "mlpjit.bench.dense_mlp_bench",
     "mlpjit.bench.launch",
     REPO / "tests" / "gpu" / "test_transformers_gpu.py",
