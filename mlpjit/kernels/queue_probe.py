@@ -158,9 +158,10 @@ def _program(params: QueueParams) -> Any:
             stamps = (start, issued, requested, ready, landed)
             for i in cutlass.range_constexpr(len(stamps)):
                 ptx.st_global_u64(g_out + i * 8, stamps[i])
-            ptx.st_global_u64(g_out + 5 * 8, Int64(ptx.smid()))
+            ptx.st_global_u64(g_out + STAMP_NAMES.index("smid") * 8, Int64(ptx.smid()))
             xor = ptx.ld_shared_v4(s_base + s_xor_offset)
-            ptx.st_global_u64(g_out + 6 * 8, Int64(xor[0]) & Int64(0xFFFFFFFF))
+            word_at = g_out + STAMP_NAMES.index("x xor") * 8
+            ptx.st_global_u64(word_at, Int64(xor[0]) & Int64(0xFFFFFFFF))
 
     options = launch_options(P.ctas, THREADS, P.smem_bytes)
     options["use_pdl"] = False
