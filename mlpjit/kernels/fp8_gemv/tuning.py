@@ -34,6 +34,7 @@ from mlpjit.kernels.fp8_gemv.params import (
 )
 
 __all__ = [
+    "LATE_STEPS",
     "TUNED_H200",
     "choose_config",
     "config_fits",
@@ -101,11 +102,8 @@ def _config(
     slice_k: int = SLICE,
     splits: int = 1,
     send_x: bool = False,
-    late: int = 0,
 ) -> GemvConfig:
-    return GemvConfig(
-        tiles, in_regs, ctas_per_sm, early, spw, cluster, slice_k, splits, send_x, late
-    )
+    return GemvConfig(tiles, in_regs, ctas_per_sm, early, spw, cluster, slice_k, splits, send_x)
 
 
 # The fastest config per GLM shape on one H200 (132 SMs), from per-kernel sweeps
@@ -125,14 +123,8 @@ def _config(
 # per layer in two device runs; on other clustered kernels it was level or slower. The
 # entries of Qwen3-32B TP 8 and of DeepSeek-V3's shared expert at TP 1 are gone: both layers
 # now stream (layer_plan.stream_halves), 1-9% faster than their measured pairs at 1, 4, 6
-# and 8 tokens and level at 2 (docs/KERNEL_NOTES.md, variant 40). late ("variant 60": the
-# last staged steps requested after x's loads, so x does not queue behind them) where a layer
-# sweep measured it more than 3% faster and the GPU tests cover its form: GLM-4.5 TP 8's
-# gate_up at 1 token, and the DeepSeek-V3 TP-8 shared expert's K-split gate_up at 1 and 8
-# tokens (5-7% on the H200, 3-7% on the H100); on the down projections it lost everywhere.
-# Entries marked "(H100)" come from two H100 layer sweeps of 3 rounds each in which the pair
-# won by more than 3% in every round (the H200 has not timed them; the GPUs share the SM
-# count, and where both timed late steps they agreed in direction).
+# and 8 tokens and level at 2 (docs/KERNEL_NOTES.md, variant 40). Late weight steps on top
+# of these picks and the planner's: LATE_STEPS.
 TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...]] = {
     # GLM-5 (hidden 6144, intermediate 12288) TP 8
     (3072, 6144, True): (
@@ -192,7 +184,7 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
     ),
     # GLM-4.5 (hidden 5120) TP 8
     (3072, 5120, True): (
-        (1, _config(1, 3, 2, late=2)),  # variant 60
+        (1, _config(1, 3, 2)),
         (2, _config(1, 2, 2)),
         (4, _config(1, 3, 1)),
         (8, _config(2, 2, 1, early=True)),
@@ -207,7 +199,7 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
     # one (16.54 vs 17.57 us per layer), at 2-8 tokens the wide one won by 1.08-1.15x; at 8
     # tokens clusters of 2 by 0.2-0.6 us.
     (6144, 5120, True): (
-        (1, _config(2, 3, 1, late=3)),  # variant 60 (H100)
+        (1, _config(2, 3, 1)),
         (7, _config(1, 0, 1, spw=2)),
         (8, _config(1, 0, 1, spw=2, cluster=2)),
     ),
@@ -221,65 +213,9 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
     ),
     # DeepSeek-V3 shared expert TP 8 (512 gate_up rows split 4 or 7 ways along K).
     (512, 7168, True): (
-        (1, _config(1, 3, 2, slice_k=256, splits=4, late=1)),  # variant 60
-        (2, _config(1, 3, 2, slice_k=256, splits=4, late=1)),  # variant 60 (H100)
         (4, None),
         (7, _config(2, 3, 2, slice_k=256, splits=7)),
-        (8, _config(2, 3, 1, slice_k=256, splits=7, late=1)),  # variants 33, 60
-    ),
-    # Late steps on the planner's gate_up picks (variant 60, H100): the token counts a layer
-    # sweep measured, each other count the planner's pick (None).
-    # DeepSeek-V3 shared expert TP 4 and TP 2.
-    (1024, 7168, True): (
-        (1, _config(1, 3, 1, slice_k=256, splits=2, late=1)),
-        (3, None),
-        (4, _config(1, 3, 1, slice_k=256, splits=2, late=1)),
-        (7, None),
-        (8, _config(1, 3, 1, slice_k=256, splits=2, late=1)),
-    ),
-    (2048, 7168, True): (
-        (3, None),
-        (4, _config(1, 3, 1, late=3)),
-        (7, None),
-        (8, _config(1, 3, 1, cluster=2, late=3)),
-    ),
-    # GLM-5 shared expert (intermediate 2048) TP 8 and TP 2.
-    (512, 6144, True): (
-        (3, None),
-        (4, _config(1, 3, 1, slice_k=256, splits=3, late=1)),
-        (7, None),
-        (8, _config(2, 0, 2, slice_k=128, splits=8, late=1)),
-    ),
-    (2048, 6144, True): (
-        (3, None),
-        (4, _config(1, 3, 1, late=3)),
-        (7, None),
-        (8, _config(1, 3, 1, cluster=2, late=3)),
-    ),
-    # GLM-4.5 shared expert (intermediate 1536) TP 4 and TP 2.
-    (768, 5120, True): (
-        (1, None),
-        (2, _config(1, 3, 1, slice_k=256, splits=2, late=1)),
-        (3, None),
-        (4, _config(1, 3, 1, slice_k=256, splits=2, late=1)),
-        (7, None),
-        (8, _config(2, 3, 1, slice_k=256, splits=5, late=1)),
-    ),
-    (1536, 5120, True): (
-        (2, _config(1, 3, 1, late=3)),
-        (3, None),
-        (4, _config(1, 3, 1, late=3)),
-        (7, None),
-        (8, _config(1, 3, 1, late=3)),
-    ),
-    # Qwen3-8B (hidden 4096, intermediate 12288) TP 8.
-    # At 1 token the sweeps' 0.92 did not carry through DenseMlp (1.01 in its A/B).
-    (3072, 4096, True): (
-        (1, None),
-        (2, _config(3, 3, 1, splits=2, late=3)),
-        (3, None),
-        (4, _config(3, 3, 1, splits=2, late=2)),
-        (8, None),
+        (8, _config(2, 3, 1, slice_k=256, splits=7)),  # variant 33
     ),
     (7168, 256, False): (
         (1, _config(4, 1, 2, slice_k=128)),
@@ -293,6 +229,26 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
         (4, None),
         (8, _config(1, 1, 1, spw=3, slice_k=256, splits=2)),
     ),
+}
+# Late weight steps (GemvConfig.late_steps, "variant 60": the last staged steps of each
+# slice requested after x's loads, so x waits behind fewer weight requests) on top of the
+# pick, TUNED_H200's or the planner's, for the gate_up kernels and token counts where a
+# layer sweep measured that pick with them more than 3% faster in every round: (rows, k)
+# -> {tokens: late steps}. "H200": the H200's sweep; the others two H100 sweeps of 3 rounds
+# each and a DenseMlp A/B on the H100 (the H200 has not timed them; where both GPUs timed
+# late steps they agreed in direction). On the down projections late steps lost everywhere.
+LATE_STEPS: dict[tuple[int, int], dict[int, int]] = {
+    (3072, 5120): {1: 2},  # GLM-4.5 TP 8 (H200)
+    (6144, 5120): {1: 3},  # GLM-4.5 TP 4
+    (512, 7168): {1: 1, 2: 1, 8: 1},  # DeepSeek-V3 shared expert TP 8 (1 and 8: H200)
+    (1024, 7168): {1: 1, 4: 1, 8: 1},  # ... TP 4
+    (2048, 7168): {4: 3, 8: 3},  # ... TP 2
+    (512, 6144): {4: 1, 8: 1},  # GLM-5 shared expert TP 8
+    (2048, 6144): {4: 3, 8: 3},  # ... TP 2
+    (768, 5120): {2: 1, 4: 1, 8: 1},  # GLM-4.5 shared expert TP 4
+    (1536, 5120): {1: 3, 2: 3, 4: 3, 8: 3},  # ... TP 2
+    # Qwen3-8B TP 8; at 1 token the sweeps' 0.92 did not carry through DenseMlp (1.01).
+    (3072, 4096): {2: 3, 4: 2},
 }
 # Heuristic picks keep at most this many steps in registers: 2-3 beat more in the sweeps
 # (more registers cost occupancy, and ptxas may sink register loads below the PDL wait).
@@ -970,7 +926,7 @@ def choose_config(
     RERANK_MIN_BYTES). No register spills either way.
 
     ``swiglu`` takes the same tiling (a CTA's 16-row tile is 8 gate + 8 up rows). ``sms``:
-    the target GPU's SM count; TUNED_H200 only applies at hopper.SMS (132).
+    the target GPU's SM count; TUNED_H200 and LATE_STEPS only apply at hopper.SMS (132).
     ValueError if the kernel cannot take the shape (see kernel_supports).
     """
     hopper.check_sms(sms)
@@ -983,6 +939,17 @@ def choose_config(
             f"rows % 16 == 0 and 1 <= tokens <= {MAX_TOKENS}, within the shared-memory and "
             "register limits"
         )
+    pick = _planned(rows, k, tokens, swiglu, sms)
+    late = LATE_STEPS.get((rows, k), {}).get(tokens, 0) if swiglu and sms == hopper.SMS else 0
+    if late:
+        with_late = replace(pick, late_steps=late)
+        if config_fits(rows, k, tokens, with_late, sms):
+            return with_late
+    return pick
+
+
+def _planned(rows: int, k: int, tokens: int, swiglu: bool, sms: int) -> GemvConfig:
+    """choose_config's pick before LATE_STEPS: TUNED_H200's or the heuristics'."""
     measured = tuned(rows, k, tokens, swiglu, sms)
     if measured is not None:
         return measured
