@@ -189,3 +189,8 @@ def test_timed_in_rounds_alternates_so_equal_runs_time_equal(monkeypatch) -> Non
     # variant 0 at calls 3 and 8: (0.026 + 0.036) / 2 ms per chain of 4 = 7.75 us each
     assert [t["us"] for t in timed] == pytest.approx([7.75] * 3)
     assert timed[0]["round_us"] == pytest.approx([6.5, 9.0])
+
+
+def test_layer_norm_between_is_off_unless_asked() -> None:
+    assert not tune_gemv.parse_args(["layer", "--dry-run"]).norm_between
+    assert tune_gemv.parse_args(["layer", "--norm-between", "--dry-run"]).norm_between

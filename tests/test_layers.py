@@ -132,3 +132,14 @@ def test_the_first_timings_of_a_run_are_discarded(monkeypatch) -> None:
     later = layers.times_in_rounds([lambda: None] * 2, 1, fast_start_timer)
     assert next(calls) == layers.SETTLE_TIMINGS + 6 + 2  # settled once, not again
     assert len(later) == 2
+
+
+def test_norm_between_writes_x_in_place_and_keeps_its_values() -> None:
+    x = torch.tensor([[1.5, -0.0, float("inf"), 3.0e38], [float("nan"), 2.0**-133, -7.0, 0.0]])
+    x = x.to(torch.bfloat16)
+    before, version, ptr = x.clone(), x._version, x.data_ptr()
+    layers.norm_between(x)
+    assert x._version == version + 1 and x.data_ptr() == ptr  # one kernel wrote x itself
+    number = ~before.isnan()
+    assert torch.equal(x[number].view(torch.int16), before[number].view(torch.int16))
+    assert torch.equal(x.isnan(), before.isnan())  # a NaN stays one (its payload may not)

@@ -303,3 +303,11 @@ def test_timing_counts_are_checked(tune, argv, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         tune.main([*argv, "--emit", "/dev/null"])
     assert exc.value.code == 2 and argv[0] in capsys.readouterr().err
+
+
+def test_norm_between_emits_the_same_requests(tune, tmp_path) -> None:
+    plain, norm = tmp_path / "plain.jsonl", tmp_path / "norm.jsonl"
+    base = ["--shapes", "glm5-tp8", "--tokens", "1", "--variants", "gemv,0x0ka"]
+    assert tune.main([*base, "--emit", str(plain)]) == 0
+    assert tune.main([*base, "--norm-between", "--emit", str(norm)]) == 0
+    assert norm.read_text() == plain.read_text() != ""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_rounds", "positive_int", "token_list"]
+__all__ = ["add_norm_between", "add_rounds", "positive_int", "token_list"]
 
 
 def positive_int(text: str) -> int:
@@ -47,4 +47,16 @@ def add_rounds(parser: argparse.ArgumentParser) -> None:
         default=2,
         help="time every variant once per round, odd rounds in reverse order; a variant's "
         "time is the mean of its rounds' medians (default 2)",
+    )
+
+
+def add_norm_between(parser: argparse.ArgumentParser) -> None:
+    """The layer sweeps' ``--norm-between`` (mlpjit.testing.layers.norm_between)."""
+    parser.add_argument(
+        "--norm-between",
+        action="store_true",
+        help="before every layer, one torch elementwise kernel on x launched without PDL, "
+        "as a server's norm is: each gate_up then starts once the previous layer is done "
+        "instead of streaming during its down; rows also get that kernel's own time per "
+        "layer (norm_us)",
     )

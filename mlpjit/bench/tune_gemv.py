@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlpjit.bench.cli_args import add_rounds
+from mlpjit.bench.cli_args import add_norm_between, add_rounds
 from mlpjit.bench.gemv_sweep import (
     ARCH,
     DEFAULT_KERNEL_SHAPES,
@@ -42,6 +42,7 @@ from mlpjit.testing.layers import (
     device_l2_bytes,
     graph_rounds,
     layers_needed,
+    norm_between,
     random_fp8_weight,
     weight_bytes,
 )
@@ -165,6 +166,7 @@ def parse_args(
         "--down-configs", default="", help="extra down configs, e.g. t4/r3/c2,t4/r1/c2/s3"
     )
     layer.add_argument("--gate-up-configs", default="", help="extra gate_up configs, same form")
+    add_norm_between(layer)
     layer.add_argument(
         "--clusters",
         default="",
@@ -300,11 +302,17 @@ def time_layers(name: str, args: argparse.Namespace, gpu: dict) -> list[dict]:
 
             def run(kg=kg, kd=kd, x=x, acts=acts, outs=outs) -> None:
                 for ((w13, s13), (w2, s2)), act, out in zip(layers, acts, outs, strict=True):
+                    if args.norm_between:
+                        norm_between(x)
                     kg.launch((act, x, w13, s13))
                     kd.launch((out, act, w2, s2))
 
             runs.append(run)
-        for pair, timed in zip(pairs_m, _timed_in_rounds(runs, count, args), strict=True):
+        if args.norm_between:
+            runs.append(lambda x=x: [norm_between(x) for _ in layers])
+        timings = _timed_in_rounds(runs, count, args)
+        norm = {"norm_us": timings.pop()["us"]} if args.norm_between else {}
+        for pair, timed in zip(pairs_m, timings, strict=True):
             row = {
                 "shape": name,
                 "hidden": hidden,
@@ -314,6 +322,7 @@ def time_layers(name: str, args: argparse.Namespace, gpu: dict) -> list[dict]:
                 "down": label(pair[1]),
                 "default": pair == default,
                 **timed,
+                **norm,
                 "layers": count,
             }
             results.append(row)

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from mlpjit.bench.cli_args import add_rounds
+from mlpjit.bench.cli_args import add_norm_between, add_rounds
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.kernels.fp8_gemv import plan as gemv_plan
 from mlpjit.kernels.fp8_gemv import tuning
@@ -269,6 +269,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
         chain_length,
         copy_bandwidth,
         graph_rounds,
+        norm_between,
         random_fp8_layer,
         rel_l2,
     )
@@ -313,8 +314,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                     launch = _pair_launcher(kernels, reqs, _streamed(variant), hidden, inter, x,
                                             act, out)  # fmt: skip
 
-                def chain(launch=launch, layers=layers):
+                def chain(launch=launch, layers=layers, x=x):
                     for layer in layers:
+                        if args.norm_between:
+                            norm_between(x)
                         launch(layer)
 
                 if args.trace and _is_layer(variant):
@@ -351,16 +354,22 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                 )  # fmt: skip
                 pending.append((row, chain))
             chains = [chain for _, chain in pending]
+            if args.norm_between:
+                chains.append(lambda x=x, n=n_layers: [norm_between(x) for _ in range(n)])
             timings = graph_rounds(chains, args.rounds, args.replays, args.warmup,
                                    scale=1e3 / n_layers)  # fmt: skip
+            norm_us = timings.pop()["us"] if args.norm_between else None
             for (row, _), timed in zip(pending, timings, strict=True):
                 us = timed["us"]
                 row.update(us=round(us, 3), x_floor=round(us / floor_us, 3),
                            round_us=timed["round_us"])  # fmt: skip
+                if norm_us is not None:
+                    row["norm_us"] = round(norm_us, 3)
                 rows_out.append(row)
                 print(f"{name:24s} t{tokens} {row['variant']:6s} {us:8.2f} us  "
                       f"x{us / floor_us:5.2f} floor {floor_us:7.2f} us  "
-                      f"err act {row['err_act']:.1e} out {row['err_out']:.1e}",
+                      f"err act {row['err_act']:.1e} out {row['err_out']:.1e}"
+                      + (f"  norm {norm_us:.2f} us" if norm_us is not None else ""),
                       flush=True)  # fmt: skip
     return rows_out
 
@@ -685,6 +694,7 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
     parser.add_argument("--replays", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
     add_rounds(parser)
+    add_norm_between(parser)
     parser.add_argument(
         "--trace",
         action="store_true",

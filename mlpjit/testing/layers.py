@@ -53,6 +53,7 @@ __all__ = [
     "layer_shapes",
     "layers_needed",
     "ms",
+    "norm_between",
     "output_digest",
     "random_fp8_layer",
     "random_fp8_weight",
@@ -375,6 +376,14 @@ def graph_rounds(
     graphs = [capture_graph(fn)[0] for fn in fns]
     samples = times_in_rounds(graphs, rounds, lambda g: replay_times(g, replays, warmup))
     return [round_summary(r, scale) for r in samples]
+
+
+def norm_between(x: Tensor) -> None:
+    """What a server runs between two MLP layers, for the layer sweeps: one torch
+    elementwise kernel that reads and writes ``x`` (its values unchanged) and is launched
+    without PDL, so the next layer's kernels start only once it, and so the previous
+    layer, is done."""
+    x.mul_(1.0)
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 20) -> float:
