@@ -140,3 +140,19 @@ def test_requests_hold_both_kernels_of_every_shape_on_the_kernel_path(shapes) ->
                 on_kernel_path += 1
                 assert {(2 * inter, hidden, m), (hidden, inter, m)} <= have, (name, m)
     assert on_kernel_path >= 4  # glm5-tp8 / qwen3-8b-tp8 at every token count, at least
+
+
+def test_norm_between_shows_in_the_dry_run_and_the_table(tmp_path, capsys) -> None:
+    assert not bench.parse_args([]).norm_between
+    assert bench.main(["--quick", "--norm-between", "--dry-run"]) == 0
+    assert "a torch kernel (no PDL) before every layer" in capsys.readouterr().out
+    assert bench.main(["--quick", "--dry-run"]) == 0
+    assert "before every layer" not in capsys.readouterr().out
+    row = {"shape": "glm5-tp8", "tokens": 1, "mlpjit_us": 10.0, "floor_us": 7.0, "norm_us": 2.5}
+    path = tmp_path / "r.json"
+    rows = [row, {**row, "tokens": 8, "norm_us": None}]
+    path.write_text(json.dumps({"meta": {}, "results": rows}))
+    assert bench.main(["--plot-from", str(path)]) == 0
+    head, _, with_norm, without = capsys.readouterr().out.splitlines()
+    assert head.endswith("| norm us |") and with_norm.endswith("| 2.50 |")
+    assert without.endswith("| - |")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from mlpjit.bench.cli_args import add_norm_between
 from mlpjit.testing.layers import (
     DENSE_SHAPES,
     GRID_SHAPES,
@@ -27,6 +28,7 @@ from mlpjit.testing.layers import (
     layer_bytes,
     layer_shapes,
     layers_needed,
+    norm_between,
     random_fp8_layer,
 )
 
@@ -97,6 +99,7 @@ def parse_args(
         help=f"chain {L2_RESIDENT_CALLS} calls of one layer instead (its weights stay in "
         "L2): what the kernels take without HBM",
     )
+    add_norm_between(p)
     p.add_argument("--host-calls", type=int, default=100, help="eager calls per host batch")
     p.add_argument("--fp32-scales", action="store_true", help="activation scales not ue8m0")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {METHODS}")
@@ -213,6 +216,7 @@ def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -
         chain * calls for chain in (fp8_layers, mlps, stock_scales, bf16_layers)
     )
     floor_us = layer_bytes(hidden, inter) / bw * 1e6
+    between = norm_between if args.norm_between else _nothing
     rows = []
     for m in args.token_list:
         x = (torch.randn(m, hidden, generator=gen, device="cuda")).to(torch.bfloat16)
@@ -223,23 +227,27 @@ def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -
         def run_mlpjit(x: torch.Tensor = x) -> torch.Tensor:
             y = x
             for mlp in mlps:
+                between(y)
                 y = mlp(y)
             return y
 
         def run_stock(x: torch.Tensor = x) -> torch.Tensor:
             y = x
             for w, (s13, s2) in zip(fp8_layers, stock_scales, strict=True):
+                between(y)
                 y = stock.forward(y, w["w13"], w["w2"], s13, s2, ue8m0=ue8m0)[1]
             return y
 
-        def run_scaled_mm(xq=xq, xs=xs, aq=aq, as_=as_) -> None:
+        def run_scaled_mm(xq=xq, xs=xs, aq=aq, as_=as_, x=x) -> None:
             for w, (s13, s2) in zip(fp8_layers, stock_scales, strict=True):
+                between(x)
                 stock.gemm(xq, xs, w["w13"], s13)
                 stock.gemm(aq, as_, w["w2"], s2)
 
         def run_bf16(x: torch.Tensor = x) -> torch.Tensor:
             y = x
             for w13, w2 in bf16_layers:
+                between(y)
                 gate_up = torch.mm(y, w13.t())
                 act = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
                 y = torch.mm(act, w2.t())
@@ -278,11 +286,15 @@ def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -
             row[f"{method}_us"] = statistics.median(per_layer)
             row[f"{method}_p10_us"] = _quantile(per_layer, 0.1)
             row[f"{method}_p90_us"] = _quantile(per_layer, 0.9)
+        if args.norm_between:
+            times = graph_times(lambda x=x: [norm_between(x) for _ in range(n_layers)],
+                                args.replays, args.warmup)  # fmt: skip
+            row["norm_us"] = statistics.median(t * 1e3 / n_layers for t in times)
         if "mlpjit" in args.method_list:
             row["host_us"] = host_overhead_us(functools.partial(mlps[0], x), args.host_calls)
             # The same measure for one torch elementwise op right after: this CPU's scale.
             row["host_torch_op_us"] = host_overhead_us(functools.partial(x.mul, 1), args.host_calls)
-            row["floor_ratio"] = row["mlpjit_us"] / floor_us
+            row["floor_ratio"] = (row["mlpjit_us"] - row.get("norm_us", 0.0)) / floor_us
             for other in ("stock", "scaled_mm", "bf16", "mlpjit_nopdl"):
                 if f"{other}_us" in row:
                     row[f"speedup_vs_{other}"] = row[f"{other}_us"] / row["mlpjit_us"]
@@ -292,6 +304,10 @@ def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -
         held.clear()  # free this shape's weights before the next one
     torch.cuda.empty_cache()
     return rows
+
+
+def _nothing(x: torch.Tensor) -> None:
+    """No kernel between the layers (the chain without --norm-between)."""
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -317,7 +333,7 @@ def markdown_table(rows: list[dict]) -> str:
     head = (
         "| shape | tokens | mlpjit us | floor us | x floor | PDL off us | stock us | "
         "2x _scaled_mm us | bf16 mm us | vs stock | vs _scaled_mm | host us/call | "
-        "torch op host us |"
+        "torch op host us | norm us |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -326,7 +342,8 @@ def markdown_table(rows: list[dict]) -> str:
             f"{_fmt(r, 'floor_ratio', '.3f')} | {_fmt(r, 'mlpjit_nopdl_us')} | "
             f"{_fmt(r, 'stock_us')} | {_fmt(r, 'scaled_mm_us')} | {_fmt(r, 'bf16_us')} | "
             f"{_fmt(r, 'speedup_vs_stock')}x | {_fmt(r, 'speedup_vs_scaled_mm')}x | "
-            f"{_fmt(r, 'host_us', '.1f')} | {_fmt(r, 'host_torch_op_us', '.1f')} |"
+            f"{_fmt(r, 'host_us', '.1f')} | {_fmt(r, 'host_torch_op_us', '.1f')} | "
+            f"{_fmt(r, 'norm_us')} |"
         )
     return "\n".join(lines)
 
@@ -353,6 +370,7 @@ def _meta(args: argparse.Namespace, l2_bytes: int, bw: float, argv: Sequence[str
         "replays": args.replays,
         "l2_multiple": args.l2_multiple,
         "l2_resident": args.l2_resident,
+        "norm_between": args.norm_between,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "python3 scripts/bench_dense_mlp.py " + " ".join(argv),
     }
@@ -388,6 +406,8 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
                 f"{layer_bytes(hidden, inter) / 2**20:.1f} MiB; tokens -> path {paths}"
             )
         print(f"methods {args.method_list}; {args.replays} replays after {args.warmup} warm-up")
+        if args.norm_between:
+            print("a torch kernel (no PDL) before every layer, timed alone too (norm_us)")
         print(f"kernels needed: {len(kernel_requests('sm_90a', args.shape_list))}")
         return 0
     if not torch.cuda.is_available():
