@@ -22,13 +22,14 @@ from mlpjit.testing.layers import (
     GRID_SHAPES,
     L2_BYTES_H200,
     TIMING_SCALE,
+    between_layers,
     copy_bandwidth,
     device_l2_bytes,
     graph_times,
     layer_bytes,
     layer_shapes,
     layers_needed,
-    norm_between,
+    norms_alone,
     random_fp8_layer,
 )
 
@@ -216,7 +217,7 @@ def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -
         chain * calls for chain in (fp8_layers, mlps, stock_scales, bf16_layers)
     )
     floor_us = layer_bytes(hidden, inter) / bw * 1e6
-    between = norm_between if args.norm_between else _nothing
+    between = between_layers(args.norm_between)
     rows = []
     for m in args.token_list:
         x = (torch.randn(m, hidden, generator=gen, device="cuda")).to(torch.bfloat16)
@@ -287,8 +288,7 @@ def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -
             row[f"{method}_p10_us"] = _quantile(per_layer, 0.1)
             row[f"{method}_p90_us"] = _quantile(per_layer, 0.9)
         if args.norm_between:
-            times = graph_times(lambda x=x: [norm_between(x) for _ in range(n_layers)],
-                                args.replays, args.warmup)  # fmt: skip
+            times = graph_times(norms_alone(x, n_layers), args.replays, args.warmup)
             row["norm_us"] = statistics.median(t * 1e3 / n_layers for t in times)
         if "mlpjit" in args.method_list:
             row["host_us"] = host_overhead_us(functools.partial(mlps[0], x), args.host_calls)
@@ -304,10 +304,6 @@ def bench_shape(name: str, args: argparse.Namespace, l2_bytes: int, bw: float) -
         held.clear()  # free this shape's weights before the next one
     torch.cuda.empty_cache()
     return rows
-
-
-def _nothing(x: torch.Tensor) -> None:
-    """No kernel between the layers (the chain without --norm-between)."""
 
 
 def _quantile(values: list[float], q: float) -> float:

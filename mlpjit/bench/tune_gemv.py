@@ -37,12 +37,13 @@ from mlpjit.kernels.fp8_gemv import tuning
 from mlpjit.kernels.fp8_gemv.params import CLUSTER_SIZES, MAX_TOKENS, GemvConfig
 from mlpjit.testing.layers import (
     TIMING_SCALE,
+    between_layers,
     chain_length,
     copy_bandwidth,
     device_l2_bytes,
     graph_rounds,
     layers_needed,
-    norm_between,
+    norms_alone,
     random_fp8_weight,
     weight_bytes,
 )
@@ -286,6 +287,7 @@ def time_layers(name: str, args: argparse.Namespace, gpu: dict) -> list[dict]:
         for _ in range(count)
     ]
     device = torch.device("cuda", torch.cuda.current_device())
+    between = between_layers(args.norm_between)
     results = []
     for m in args.token_list:
         x = torch.randn(m, hidden, generator=gen, device="cuda").to(torch.bfloat16)
@@ -302,14 +304,13 @@ def time_layers(name: str, args: argparse.Namespace, gpu: dict) -> list[dict]:
 
             def run(kg=kg, kd=kd, x=x, acts=acts, outs=outs) -> None:
                 for ((w13, s13), (w2, s2)), act, out in zip(layers, acts, outs, strict=True):
-                    if args.norm_between:
-                        norm_between(x)
+                    between(x)
                     kg.launch((act, x, w13, s13))
                     kd.launch((out, act, w2, s2))
 
             runs.append(run)
         if args.norm_between:
-            runs.append(lambda x=x: [norm_between(x) for _ in layers])
+            runs.append(norms_alone(x, count))
         timings = _timed_in_rounds(runs, count, args)
         norm = {"norm_us": timings.pop()["us"]} if args.norm_between else {}
         for pair, timed in zip(pairs_m, timings, strict=True):

@@ -266,10 +266,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
     from mlpjit.jit.manager import default_manager
     from mlpjit.kernels.fp8_layer.params import LayerParams
     from mlpjit.testing.layers import (
+        between_layers,
         chain_length,
         copy_bandwidth,
         graph_rounds,
-        norm_between,
+        norms_alone,
         random_fp8_layer,
         rel_l2,
     )
@@ -279,6 +280,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s (read + write)", flush=True)
     manager = default_manager()
+    between = between_layers(args.norm_between)
     rows_out = []
     for name, (hidden, inter) in shapes_of(args).items():
         nbytes = layer_bytes(hidden, inter)
@@ -316,8 +318,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
 
                 def chain(launch=launch, layers=layers, x=x):
                     for layer in layers:
-                        if args.norm_between:
-                            norm_between(x)
+                        between(x)
                         launch(layer)
 
                 if args.trace and _is_layer(variant):
@@ -355,7 +356,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:  # pragma: no cover -
                 pending.append((row, chain))
             chains = [chain for _, chain in pending]
             if args.norm_between:
-                chains.append(lambda x=x, n=n_layers: [norm_between(x) for _ in range(n)])
+                chains.append(norms_alone(x, n_layers))
             timings = graph_rounds(chains, args.rounds, args.replays, args.warmup,
                                    scale=1e3 / n_layers)  # fmt: skip
             norm_us = timings.pop()["us"] if args.norm_between else None

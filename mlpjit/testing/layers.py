@@ -52,8 +52,10 @@ __all__ = [
     "layer_bytes",
     "layer_shapes",
     "layers_needed",
+    "between_layers",
     "ms",
     "norm_between",
+    "norms_alone",
     "output_digest",
     "random_fp8_layer",
     "random_fp8_weight",
@@ -384,6 +386,27 @@ def norm_between(x: Tensor) -> None:
     without PDL, so the next layer's kernels start only once it, and so the previous
     layer, is done."""
     x.mul_(1.0)
+
+
+def between_layers(norm: bool) -> Callable[[Tensor], None]:
+    """What a layer chain runs on x before each layer: norm_between with the sweeps'
+    --norm-between, else nothing."""
+    return norm_between if norm else _no_kernel
+
+
+def _no_kernel(x: Tensor) -> None:
+    """Nothing between the layers (a chain back to back)."""
+
+
+def norms_alone(x: Tensor, count: int) -> Callable[[], None]:
+    """``count`` norm_between kernels on ``x`` and nothing else: the norms' own time, timed
+    beside the chains they sit in."""
+
+    def chain() -> None:
+        for _ in range(count):
+            norm_between(x)
+
+    return chain
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 20) -> float:
