@@ -143,3 +143,21 @@ def test_norm_between_writes_x_in_place_and_keeps_its_values() -> None:
     number = ~before.isnan()
     assert torch.equal(x[number].view(torch.int16), before[number].view(torch.int16))
     assert torch.equal(x.isnan(), before.isnan())  # a NaN stays one (its payload may not)
+
+
+def test_between_layers_runs_a_norm_only_when_asked() -> None:
+    x = torch.ones(2, 8, dtype=torch.bfloat16)
+    version = x._version
+    layers.between_layers(False)(x)
+    assert x._version == version  # back to back: no kernel between the layers
+    layers.between_layers(True)(x)
+    assert x._version == version + 1
+
+
+def test_norms_alone_runs_count_norms_on_x() -> None:
+    x = torch.ones(2, 8, dtype=torch.bfloat16)
+    version = x._version
+    chain = layers.norms_alone(x, 3)
+    assert x._version == version  # built, not run
+    chain()
+    assert x._version == version + 3 and torch.equal(x, torch.ones_like(x))
