@@ -38,6 +38,7 @@ SHAPES = {
     for name in (
         "glm5-tp8-gate_up",
         "glm5-tp8-down",
+        "glm5-tp4-gate_up",
         "glm5-tp1-gate_up",
         "glm5-tp1-down",
         "glm4.5-tp8-gate_up",
@@ -314,6 +315,9 @@ LATE_CASES = (
     ("glm5-tp1-gate_up", 8, C(1, 3, 1, cluster=2, send_x=True, late_steps=2)),
     ("glm5-tp8-down", 1, C(4, 1, 2, slice_k=128, splits=3, late_steps=1)),
     ("glm5-tp8-gate_up", 8, C(1, 3, 2, cluster=2, late_steps=3)),
+    # the planned 8-token gate_ups of GLM-5 TP 8 and TP 4 (tuning.LATE_STEPS)
+    ("glm5-tp8-gate_up", 8, C(1, 3, 1, cluster=2, send_x=True, late_steps=4)),
+    ("glm5-tp4-gate_up", 8, C(1, 3, 1, cluster=2, send_x=True, late_steps=4)),
 )
 
 

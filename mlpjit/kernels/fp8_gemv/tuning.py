@@ -236,8 +236,12 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
 # layer sweep measured that pick with them more than 3% faster in every round: (rows, k)
 # -> {tokens: late steps}. "H200": the H200's sweep; the others two H100 sweeps of 3 rounds
 # each and a DenseMlp A/B on the H100 (the H200 has not timed them; where both GPUs timed
-# late steps they agreed in direction). On the down projections late steps lost everywhere.
+# late steps they agreed in direction). "norm": more than 3% faster in every round with a
+# server's norm between the layers ("variant 65": a layer sweep and a DenseMlp A/B, H100)
+# and within 0.5% back to back. On the down projections late steps lost everywhere.
 LATE_STEPS: dict[tuple[int, int], dict[int, int]] = {
+    (3072, 6144): {8: 4},  # GLM-5 TP 8 (norm)
+    (6144, 6144): {8: 4},  # GLM-5 TP 4 (norm)
     (3072, 5120): {1: 2},  # GLM-4.5 TP 8 (H200)
     (6144, 5120): {1: 3},  # GLM-4.5 TP 4
     (512, 7168): {1: 1, 2: 1, 8: 1},  # DeepSeek-V3 shared expert TP 8 (1 and 8: H200)
