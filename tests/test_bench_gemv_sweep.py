@@ -96,6 +96,20 @@ def test_late_steps_parse_label_and_pairs() -> None:
     assert not any(g.late_steps or d.late_steps for g, d in found)
 
 
+def test_paced_parse_label_and_pairs() -> None:
+    config = gemv_sweep.parse_config("t1/r3/c2/p1")
+    assert config.paced == 1 and gemv_sweep.label(config) == "t1/r3/c2/p1"
+    with pytest.raises(ValueError):
+        gemv_sweep.parse_config("t1/r3/c2/p-1")
+    # GLM-5 TP 8 at 1 token: one-tile, one-wave gate_up; 5 staged steps (in_regs 3), so a
+    # pace of 5 does not fit (at most 4 in flight before the rest) and is left out.
+    found = gemv_sweep.pairs(6144, 1536, 1, paced=(1, 4, 5))
+    paced = [(g.paced, g.late_steps, d.paced) for g, d in found if g.paced or d.paced]
+    assert paced == [(1, 0, 0), (4, 0, 0)]
+    # A persistent gate_up (GLM-5 TP 8 at 8 tokens, one CTA per SM) takes no pace.
+    assert not any(g.paced for g, _ in gemv_sweep.pairs(6144, 1536, 8, paced=(1,)))
+
+
 def test_parse_config_slices_per_warp() -> None:
     assert gemv_sweep.parse_config("t1/r0/c2/s3").slices_per_warp == 3
     assert gemv_sweep.parse_config("t1/r0/c2").slices_per_warp == 1

@@ -63,9 +63,10 @@ def test_emit_writes_valid_requests(tmp_path):
         assert item["kernel"] == "fp8_gemv" and item["arch"] == "sm_90a"
         params = item["params"]
         # early_launch and trace are never set in a per-kernel sweep, sms stays the H200's;
-        # slices_per_warp, cluster, send_x and late_steps only when not the default (plan's
+        # slices_per_warp, cluster, send_x, late_steps and paced only when not the default (plan's
         # pick for TP8 at 8 tokens has clusters of 2, its gate_up sending x by st.async)
         optional = {"slices_per_warp", "cluster", "slice_k", "splits", "send_x", "late_steps"}
+        optional.add("paced")
         never = {"early_launch", "sms", "trace"}
         assert set(params) - optional == allowed - never - optional
         assert params["tokens"] == 8 and params["ue8m0"] is True and params["limit"] is None
@@ -122,6 +123,8 @@ def test_layer_dry_run_lists_every_pair(capsys) -> None:
         (["--clusters", "3"], "--clusters"),
         (["--down-configs", "t4/r3"], "--down-configs"),
         (["--rounds", "0"], "--rounds"),
+        (["--paced", "0"], "--paced"),
+        (["--paced", "x"], "--paced"),
     ],
 )
 def test_layer_bad_arguments(argv, match, capsys) -> None:

@@ -366,6 +366,36 @@ def test_late_steps_follow_the_x_loads(changes) -> None:
     assert x_loads and x_loads[0] < min(i for i in copies if i > wait)
 
 
+PACED_VARIANTS = {
+    "t1-p1": {"tokens": 1, "paced": 1},
+    "all-staged-p2": {"tokens": 2, "in_regs": 0, "paced": 2},
+    "cluster-send-p1": {"tokens": 8, "cluster": 2, "send_x": True, "paced": 1},
+    "down-slice128-p1": {"rows": 6144, "k": 1536, "in_regs": 0, "swiglu": False, "tokens": 1,
+                         "slice_k": 128, "paced": 1},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("changes", PACED_VARIANTS.values(), ids=PACED_VARIANTS)
+def test_paced_steps_before_the_wait_and_the_rest_after_x(changes) -> None:
+    """Before the PDL wait: every warp's first ``paced`` steps, warp 0's others and the
+    pacing loop's copies (two LDGSTS each); after it, x's loads, then the rest, predicated
+    (one group per step); no spills."""
+    p = gemv_params.GemvParams(**_variant(**changes))
+    rest = p.staged - p.paced
+    facts = _facts(_freeze(_variant(**changes)))
+    assert facts["stack"] == 0 and facts["local"] == 0
+    ops = facts["ops"]
+    wait = ops.index("ACQBULK")
+    copies = [i for i, op in enumerate(ops) if op.startswith("LDGSTS")]
+    assert len([i for i in copies if i < wait]) == 2 * p.paced + 4 * rest
+    after = [i for i in copies if i > wait]
+    assert len(after) == 2 * rest
+    x_loads = [i for i, op in enumerate(ops) if i > wait and op == "LDG.E.128"]
+    assert x_loads and x_loads[0] < after[0]
+    # The late copies are not behind a branch (which ptxas puts after x's data).
+    assert "BRA" not in ops[x_loads[0] : after[-1]]
+
+
 # Clustered variants of _variant: persistent and not, chunk counts the cluster does not divide.
 CLUSTER_VARIANTS = {
     "persistent-n2": {"tokens": 8, "ctas_per_sm": 1, "cluster": 2},
@@ -553,6 +583,10 @@ def test_deterministic_across_processes() -> None:
         ({"send_x": 1, "cluster": 2}, "send_x must be a bool"),
         ({"late_steps": 6}, r"late_steps must be in \[0, 5\]"),  # in_regs 3: 5 staged
         ({"late_steps": 2, "slices_per_warp": 2}, "late_steps needs slices_per_warp=1"),
+        ({"paced": 5}, r"paced must be in \[0, 4\]"),  # in_regs 3: 5 staged, one left late
+        ({"paced": 1, "late_steps": 1}, "paced needs"),
+        ({"paced": 1, "slices_per_warp": 2}, "paced needs"),
+        ({"paced": 1, "ctas_per_sm": 1}, "persistent=True"),  # 192 tiles on 132 CTAs
     ],
 )
 def test_bad_params(changes, match) -> None:

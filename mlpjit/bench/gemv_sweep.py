@@ -84,8 +84,9 @@ ARCH = "sm_90a"
 def label(config: GemvConfig) -> str:
     """'t4/r3/c2' (tiles, in_regs, ctas_per_sm), with '/s3' for 3 slices per warp, '/n2'
     for clusters of 2 CTAs, '/k256' for 256-K slices, '/x4' for 4 K splits, '/send' for x
-    sent by st.async (send_x), '/l2' for 2 late steps (late_steps) and '/early' for the PDL
-    trigger at kernel entry."""
+    sent by st.async (send_x), '/l2' for 2 late steps (late_steps), '/p1' for staged steps
+    paced one at a time before the wait (paced) and '/early' for the PDL trigger at kernel
+    entry."""
     c = config
     spw = f"/s{c.slices_per_warp}" if c.slices_per_warp != 1 else ""
     cluster = f"/n{c.cluster}" if c.cluster != 1 else ""
@@ -93,6 +94,7 @@ def label(config: GemvConfig) -> str:
     splits = f"/x{c.splits}" if c.splits != 1 else ""
     send = "/send" if c.send_x else ""
     late = f"/l{c.late_steps}" if c.late_steps else ""
+    late += f"/p{c.paced}" if c.paced else ""
     early = "/early" if c.early_launch else ""
     knobs = f"{spw}{cluster}{slice_k}{splits}{send}{late}{early}"
     return f"t{c.tiles}/r{c.in_regs}/c{c.ctas_per_sm}{knobs}"
@@ -101,15 +103,16 @@ def label(config: GemvConfig) -> str:
 def parse_config(text: str) -> GemvConfig:
     """'t4/r3/c2' (tiles, in_regs, ctas_per_sm), then optionally, in any order, '/s2'
     (slices_per_warp), '/n2' (CTAs per cluster), '/k256' (slice_k), '/x4' (K splits), '/l2'
-    (late_steps) and '/send' (send_x) -> GemvConfig, trigger after the wait. ValueError
-    otherwise."""
+    (late_steps), '/p1' (paced) and '/send' (send_x) -> GemvConfig, trigger after the wait.
+    ValueError otherwise."""
     form = "t4/r3/c2, t1/r0/c2/s3, t1/r3/c1/s2/n4, t1/r3/c1/n2/send or t2/r1/c2/k256/x4"
     parts = text.split("/")
     send_x = "send" in parts[3:]
     if send_x:
         parts.remove("send")
     optional = {
-        "s": "slices_per_warp", "n": "cluster", "k": "slice_k", "x": "splits", "l": "late_steps"
+        "s": "slices_per_warp", "n": "cluster", "k": "slice_k", "x": "splits", "l": "late_steps",
+        "p": "paced",
     }
     if len(parts) < 3 or [x[:1] for x in parts[:3]] != ["t", "r", "c"]:
         raise ValueError(f"config must look like {form}, got {text!r}")
@@ -124,7 +127,8 @@ def parse_config(text: str) -> GemvConfig:
     except (KeyError, ValueError):
         raise ValueError(f"config must look like {form}, got {text!r}") from None
     spw = extra.get("slices_per_warp", 1)
-    if min(tiles, cps, spw) < 1 or in_regs < 0 or extra.get("late_steps", 0) < 0:
+    later = min(extra.get("late_steps", 0), extra.get("paced", 0))
+    if min(tiles, cps, spw) < 1 or in_regs < 0 or later < 0:
         raise ValueError(f"config needs tiles, ctas_per_sm, slices >= 1 and in_regs >= 0: {text!r}")
     if extra.get("cluster", 1) not in CLUSTER_SIZES:
         raise ValueError(f"config's cluster (/n) must be one of {CLUSTER_SIZES}: {text!r}")
@@ -246,6 +250,7 @@ def pairs(
     spread: int = 0,
     send_x: bool = False,
     late: Sequence[int] = (),
+    paced: Sequence[int] = (),
 ) -> list[tuple[GemvConfig, GemvConfig]]:
     """choose_config's (gate_up, down) with each early_launch combination, then every
     (gate_up, down) of the defaults, tuning.spread_config's picks and the extra configs
@@ -255,7 +260,9 @@ def pairs(
     (where it fits); with ``send_x``, the default pair with the way each of its clustered
     kernels shares x (GemvConfig.send_x) switched, and both; per count in ``late``, the
     default pair with gate_up requesting that many staged steps after x (GemvConfig.late_steps,
-    at most the config's staged steps; where it fits)."""
+    at most the config's staged steps; where it fits); per count in ``paced``, the default
+    pair with gate_up keeping that many staged steps in flight until the wait returns
+    (GemvConfig.paced, instead of any late steps; where it fits)."""
     gate_up = tuning.choose_config(2 * inter, hidden, m, True)
     down = tuning.choose_config(hidden, inter, m, False)
     found = [
@@ -294,6 +301,10 @@ def pairs(
         g = _with_late(gate_up, n)
         if g is not None and tuning.config_fits(2 * inter, hidden, m, g) and (g, down) not in found:
             found.append((g, down))
+    for n in paced:
+        g = dataclasses.replace(gate_up, late_steps=0, paced=n)
+        if tuning.config_fits(2 * inter, hidden, m, g) and (g, down) not in found:
+            found.append((g, down))
     return found
 
 
@@ -327,6 +338,7 @@ def layer_requests(
     spread: int = 0,
     send_x: bool = False,
     late: Sequence[int] = (),
+    paced: Sequence[int] = (),
 ) -> list[KernelRequest]:
     """The distinct compile requests of every pair the layer sweep times."""
     out: list[KernelRequest] = []
@@ -334,7 +346,7 @@ def layer_requests(
         hidden, inter = LAYER_SHAPES[name]
         for m in tokens:
             for pair in pairs(
-                hidden, inter, m, extra_down, extra_gate_up, clusters, spread, send_x, late
+                hidden, inter, m, extra_down, extra_gate_up, clusters, spread, send_x, late, paced
             ):
                 out += [r for r in pair_requests(hidden, inter, m, pair, arch) if r not in out]
     return out

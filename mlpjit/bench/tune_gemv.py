@@ -68,7 +68,7 @@ def _layer_pairs(args: argparse.Namespace, name: str, m: int) -> list:
     hidden, inter = LAYER_SHAPES[name]
     return pairs(
         hidden, inter, m, args.extra_down, args.extra_gate_up, args.cluster_list, args.spread,
-        args.send_x, args.late_list,
+        args.send_x, args.late_list, args.paced_list,
     )  # fmt: skip
 
 
@@ -108,6 +108,9 @@ def _check(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         args.late_list = _ints(args.late, "--late", p)
         if any(n < 1 for n in args.late_list):
             p.error(f"--late values must be >= 1, got {args.late!r}")
+        args.paced_list = _ints(args.paced, "--paced", p)
+        if any(n < 1 for n in args.paced_list):
+            p.error(f"--paced values must be >= 1, got {args.paced!r}")
         try:
             args.extra_down = [parse_config(c) for c in args.down_configs.split(",") if c]
             args.extra_gate_up = [parse_config(c) for c in args.gate_up_configs.split(",") if c]
@@ -177,6 +180,12 @@ def parse_args(
         "--late",
         default="",
         help="staged steps the default pair's gate_up requests after x, e.g. 1,2 (late_steps)",
+    )
+    layer.add_argument(
+        "--paced",
+        default="",
+        help="staged steps the default pair's gate_up keeps in flight until its PDL wait "
+        "returns, the rest requested after x, e.g. 1,2 (paced)",
     )
     layer.add_argument(
         "--spread",
@@ -424,6 +433,7 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
                 args.spread,
                 args.send_x,
                 args.late_list,
+                args.paced_list,
             )
         args.emit.parent.mkdir(parents=True, exist_ok=True)
         args.emit.write_text("".join(r.to_json_line() + "\n" for r in items))

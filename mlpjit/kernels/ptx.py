@@ -69,6 +69,7 @@ __all__ = [
     "ld_shared_f32",
     "ld_shared_v4",
     "ld_shared_v4_f32",
+    "ld_volatile_shared_u32",
     "mapa_shared",
     "mma_m16n8k32_e4m3",
     "mul_bf16x2",
@@ -85,6 +86,7 @@ __all__ = [
     "st_shared_f32",
     "st_shared_v4",
     "st_shared_v4_f32",
+    "st_volatile_shared_u32",
     "trap_unless_cluster_size",
 ]
 
@@ -316,6 +318,7 @@ def cp_async_cg_16_if(smem: Int32, gmem: Int64, pred: Int32, *, loc=None, ip=Non
     )
 
 
+
 # ---------------------------------------------------------------- memory: shared
 
 
@@ -404,6 +407,34 @@ def st_shared_f32(addr: Int32, value: Float32, *, loc=None, ip=None) -> None:
         ip=ip,
     )
 
+
+
+@dsl_user_op
+def ld_volatile_shared_u32(addr: Int32, *, loc=None, ip=None) -> Int32:
+    """ld.volatile.shared.u32 r, [addr]; (re-read every time: a flag another warp sets)"""
+    return _asm(
+        [_I32],
+        [(_I32, addr)],
+        "ld.volatile.shared.u32 $0, [$1];",
+        "=r,r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def st_volatile_shared_u32(addr: Int32, value: Int32, *, loc=None, ip=None) -> None:
+    """st.volatile.shared.u32 [addr], value;"""
+    _asm(
+        [],
+        [(_I32, addr), (_I32, value)],
+        "st.volatile.shared.u32 [$0], $1;",
+        "r,r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
 
 # ---------------------------------------------------------------- thread block clusters
 # A cluster's CTAs write into each other's shared memory (DSMEM). barrier.cluster counts

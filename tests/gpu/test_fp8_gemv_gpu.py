@@ -144,6 +144,8 @@ def kernel_requests(arch: str = ARCH) -> list:
            for t in (False, True)]
         + [_request(s, m, True, None, arch, c) for s, m, case in LATE_CASES
            for c in (case, dataclasses.replace(case, late_steps=0))]
+        + [_request(s, m, True, None, arch, c) for s, m, case in PACED_CASES
+           for c in (case, dataclasses.replace(case, paced=0))]
     )  # fmt: skip
 
 
@@ -338,6 +340,48 @@ def test_late_steps_compute_the_same(case) -> None:
     print(f"\n[fp8_gemv late] {shape} tokens={m} {config} rel_l2={err:.3e}")
     assert not torch.isnan(outs[0]).any(), "unwritten (NaN-poisoned) or NaN outputs"
     assert torch.equal(outs[0], outs[1])
+    assert err < TOL
+
+
+# paced: staged steps kept in flight until the PDL wait returns, the rest after x's loads;
+# one tile per CTA, all staged, a cluster sharing x by st.async, 128-K slices, K splits.
+PACED_CASES = (
+    ("glm5-tp8-gate_up", 1, C(1, 3, 2, paced=1)),
+    ("glm5-tp8-gate_up", 2, C(1, 0, 2, paced=2)),
+    ("glm5-tp8-gate_up", 8, C(1, 3, 2, cluster=2, send_x=True, paced=1)),
+    ("glm5-tp8-down", 1, C(1, 0, 2, slice_k=128, paced=1)),
+    ("glm5-tp8-down", 3, C(8, 0, 2, slice_k=128, splits=3, paced=1)),
+)
+
+
+@pytest.mark.parametrize(
+    "case", PACED_CASES, ids=[f"{s}-t{m}-p{c.paced}" for s, m, c in PACED_CASES]
+)
+def test_paced_steps_compute_the_same(case) -> None:
+    """Paced behind a running kernel (its loop runs until that one is done) or not: the same
+    output bits as the kernel that requests every step at once."""
+    from mlpjit.jit.launcher import load_kernel
+    from mlpjit.jit.manager import default_manager
+
+    shape, m, config = case
+    swiglu, w, w_scale, x, cols = _inputs(shape, m)
+    plain, paced = (
+        load_kernel(default_manager().get(_request(shape, m, True, None, config=c)), x.device)
+        for c in (dataclasses.replace(config, paced=0), config)
+    )
+    outs = [
+        torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(4)
+    ]
+    torch.cuda.synchronize()
+    # The first paced launch paces while the plain one runs; the second while the first does.
+    for kernel, out in zip((plain, paced, paced, plain), outs, strict=True):
+        kernel.launch([out, x, w, w_scale])
+    torch.cuda.synchronize()
+    err = rel_l2(outs[1], ref.gemv_reference(x, w, w_scale, swiglu=swiglu, ue8m0=True))
+    print(f"\n[fp8_gemv paced] {shape} tokens={m} {config} rel_l2={err:.3e}")
+    assert not torch.isnan(outs[1]).any(), "unwritten (NaN-poisoned) or NaN outputs"
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
     assert err < TOL
 
 

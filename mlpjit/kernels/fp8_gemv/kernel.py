@@ -163,8 +163,19 @@ class Fp8Gemv:
                 r_a1[s].append(ptx.ld_global_nc_v4_hint(g_a1 + (s * SL + st * STEP), policy))
         s_stage = s_wgt + (warp * SPW * self.staged) * 1024 + lane * 16
         early = self.staged - self.late_steps
+        if cutlass.const_expr(self.paced):
+            early = self.paced
         self.request_staged(s_stage, g_a0, g_a1, 0, early)
         late = (s_stage, g_a0, g_a1, early, self.staged, True)  # once x's loads are out
+        if cutlass.const_expr(self.paced):
+            s_flag = s_base + self.smem_flag
+            requested = Int32(early)  # the warp's staged steps requested so far
+            # Warp 0 waits for the previous grid (below) and requests all of its steps now.
+            if warp == 0:
+                self.request_staged(s_stage, g_a0, g_a1, early, self.staged)
+                requested = Int32(self.staged)
+            if tid == 0:
+                ptx.st_volatile_shared_u32(s_flag, Int32(0))
         r_ws0, r_ws1 = self.weight_scales(g_ws, row0, row1, slc0, grp0)
         if cutlass.const_expr(split_barrier):
             # Made before our arrive, so no other split can signal it earlier; after the
@@ -178,7 +189,14 @@ class Fp8Gemv:
             ptx.cluster_arrive_relaxed()  # "started": others may send to us after the wait
         self.stamp(g_out, tid, cta, "issued")
 
+        if cutlass.const_expr(self.paced):
+            cute.arch.sync_threads()  # the flag is 0 before anyone reads it
+            requested = self.pace(s_stage, g_a0, g_a1, s_flag, requested)
+            late = (*late, requested)
         cute.arch.griddepcontrol_wait()
+        if cutlass.const_expr(self.paced):  # noqa: SIM102 (compile time, then run time)
+            if tid == 0:
+                ptx.st_volatile_shared_u32(s_flag, Int32(1))
         self.stamp(g_out, tid, cta, "waited")
         if cutlass.const_expr(not self.early_launch):
             cute.arch.griddepcontrol_launch_dependents()
@@ -195,7 +213,7 @@ class Fp8Gemv:
                 for s in range(SPW)
                 for j in range(per_warp)
             ]
-            self.request_staged(*late)
+            self.request_late(late)
             for s in cutlass.range_constexpr(SPW):
                 for j in cutlass.range_constexpr(per_warp):
                     word = words[s * per_warp + j]
@@ -308,6 +326,41 @@ class Fp8Gemv:
                 ptx.cp_async_cg_16(s_slot, g_a0 + (s * self.slice_k + st * STEP))
                 ptx.cp_async_cg_16(s_slot + 512, g_a1 + (s * self.slice_k + st * STEP))
                 cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def pace(self, s_stage: Int32, g_a0: Int64, g_a1: Int64, s_flag: Int32, requested: Int32):
+        """Until warp 0 flags that the PDL wait returned, request staged step j only once
+        step j - paced has landed, so the warp keeps ``paced`` steps in flight; returns the
+        steps requested (warp 0: all of them, so it skips this)."""
+        for j in cutlass.range_constexpr(self.paced, self.staged):
+            if requested == j:  # noqa: SIM102 (runtime conditions, kept apart)
+                if ptx.ld_volatile_shared_u32(s_flag) == 0:
+                    cute.arch.cp_async_wait_group(self.paced - 1)
+                    if ptx.ld_volatile_shared_u32(s_flag) == 0:
+                        self.request_staged(s_stage, g_a0, g_a1, j, j + 1)
+                        requested = Int32(j + 1)
+        return requested
+
+    @cute.jit
+    def request_late(self, late: tuple):
+        """The staged steps not requested before the wait, after x's loads: late_steps's
+        fixed count, or a paced warp's rest (the steps from the count it requested)."""
+        if cutlass.const_expr(self.paced):
+            s_stage, g_a0, g_a1, first, end, _, requested = late
+            cute.arch.sync_warp()  # after x's loads (see request_staged)
+            # Predicated copies and a group per step, empty where the step went out before
+            # the wait: no branch, which ptxas would place after x's data (stalling the
+            # copies). The consumer's waits stay right: step j's group is then followed by
+            # staged-1-j groups, or by more for the first `paced` steps (they wait a little
+            # longer than they need to, for steps requested before the wait).
+            for j in cutlass.range_constexpr(first, end):
+                due = Int32(j >= requested)
+                st = self.in_regs + j
+                ptx.cp_async_cg_16_if(s_stage + j * 1024, g_a0 + st * STEP, due)
+                ptx.cp_async_cg_16_if(s_stage + j * 1024 + 512, g_a1 + st * STEP, due)
+                cute.arch.cp_async_commit_group()
+        else:
+            self.request_staged(*late)
 
     @cute.jit
     def stamp(self, g_out: Int64, tid: Int32, cta: Int32, name: str):
@@ -500,7 +553,7 @@ class Fp8Gemv:
             for s in range(self.spw)
             for p in range(passes)
         ]
-        self.request_staged(*late)
+        self.request_late(late)
         for s in cutlass.range_constexpr(self.spw):
             for p in cutlass.range_constexpr(passes):
                 t = tile + (p * per_pass + sub) * TL
@@ -568,7 +621,7 @@ class Fp8Gemv:
             if cutlass.const_expr(not always_valid):
                 c = cutlass.min(c, chunks - 1)  # past the end: a valid re-read, not quantized
             todo.append((c, self.load_chunk(g_x, c % T, c // T, lane)))
-        self.request_staged(*late)  # (late weight steps, if any: after x's loads)
+        self.request_late(late)  # (late weight steps, if any: after x's loads)
         for j in cutlass.range_constexpr(per_warp):
             c, words = todo[j]
             if cutlass.const_expr(always_valid):  # noqa: SIM114 (static branch, see above)

@@ -58,6 +58,7 @@ SPLITS_MAX = 8
 # The mbarrier that counts the bytes the cluster's other CTAs send (the K splits' partials,
 # or x's shares with send_x): 8 bytes, 16 for alignment.
 MBARRIER_BYTES = 16
+PACED_FLAG_BYTES = 16  # a paced kernel's flag word, padded to 16
 MAX_TOKENS = 8  # the mma's N
 # The largest layer sizes planned: hidden 65536 and an intermediate (shard) of 1M are far
 # past every released model (DeepSeek-V3: 7168 and 18432; Llama-3.1-405B: 16384 and
@@ -110,10 +111,13 @@ def smem_bytes(
     slice_k: int = SLICE,
     splits: int = 1,
     send_x: bool = False,
+    paced: bool = False,
 ) -> int:
     """Dynamic shared memory of a specialization: staged weights | activations (reused for
     the partial sums) | x scales | the other splits' partials (first CTA of a cluster) |
-    the mbarrier counting what the cluster's other CTAs send (K splits, or send_x)."""
+    the mbarrier counting what the cluster's other CTAs send (K splits, or send_x) | a
+    paced kernel's flag."""
+    flag = PACED_FLAG_BYTES if paced else 0
     kc = k // splits
     slices = kc // slice_k
     warps = tiles * slices // slices_per_warp
@@ -121,8 +125,8 @@ def smem_bytes(
     act = max(tokens * kc, warps * 32 * 16)
     scales = tokens * (kc // GROUP) * 4
     if splits == 1 and not send_x:
-        return staged + act + scales
-    return staged + act + _align16(scales) + split_slots(tiles, splits) + MBARRIER_BYTES
+        return staged + act + (_align16(scales) + flag if paced else scales)
+    return staged + act + _align16(scales) + split_slots(tiles, splits) + MBARRIER_BYTES + flag
 
 
 def split_slots(tiles: int, splits: int) -> int:
@@ -201,6 +205,11 @@ class GemvConfig:
     # of before the PDL wait, so x's loads wait behind fewer weight requests (one slice per
     # warp only: the cp.async groups must commit in step order).
     late_steps: int = 0
+    # Paced staged steps: until the PDL wait returns (seen through a flag the first warp
+    # sets), each other warp keeps only this many staged steps in flight, requesting the
+    # next as its oldest lands; the steps not yet requested follow x's loads. So the weights
+    # stream before the wait with few bytes queued ahead of x (0: all requested at once).
+    paced: int = 0
 
 
 # GemvConfig's field names, each also one of GemvParams': its values are plain ints and
@@ -252,6 +261,7 @@ class GemvParams:
     splits: int = 1
     send_x: bool = False
     late_steps: int = 0
+    paced: int = 0
     sms: int = hopper.SMS  # the target GPU's SM count: sizes a persistent grid
     trace: bool = False  # record TRACE_POINTS stamps per CTA after the output (never planned)
 
@@ -334,6 +344,15 @@ class GemvParams:
                 f"{budget} B at ctas_per_sm={self.ctas_per_sm}; raise in_regs (now "
                 f"{self.in_regs}), lower tiles (now {self.tiles}) or ctas_per_sm"
             )
+        if self.paced:
+            check_int("paced", self.paced, 0, self.staged - 1)
+            if self.spw > 1 or self.late_steps or self.warps < 2 or self.persistent:
+                raise ValueError(
+                    "paced needs one row tile per CTA, slices_per_warp=1, late_steps=0 and 2 "
+                    "or more warps (it decides the late steps as the weights land), got "
+                    f"slices_per_warp={self.slices_per_warp}, late_steps={self.late_steps}, "
+                    f"{self.warps} warps, persistent={self.persistent}"
+                )
 
     @classmethod
     def of(
@@ -504,7 +523,13 @@ class GemvParams:
             slice_k=self.slice_k,
             splits=self.splits,
             send_x=self.send_x,
+            paced=bool(self.paced),
         )
+
+    @property
+    def smem_flag(self) -> int:
+        """Where a paced kernel's flag sits (4 bytes: the PDL wait has returned): last."""
+        return self.smem_bytes - PACED_FLAG_BYTES
 
     @property
     def grid(self) -> tuple[int, int, int]:
