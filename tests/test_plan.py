@@ -153,6 +153,7 @@ def test_gemv_request_params() -> None:
         "splits",
         "send_x",
         "late_steps",
+        "paced",
         "sms",
         "trace",
     }
