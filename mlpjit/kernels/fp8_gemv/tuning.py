@@ -102,8 +102,11 @@ def _config(
     slice_k: int = SLICE,
     splits: int = 1,
     send_x: bool = False,
+    paced: int = 0,
 ) -> GemvConfig:
-    return GemvConfig(tiles, in_regs, ctas_per_sm, early, spw, cluster, slice_k, splits, send_x)
+    return GemvConfig(
+        tiles, in_regs, ctas_per_sm, early, spw, cluster, slice_k, splits, send_x, paced=paced
+    )
 
 
 # The fastest config per GLM shape on one H200 (132 SMs), from per-kernel sweeps
@@ -124,11 +127,14 @@ def _config(
 # entries of Qwen3-32B TP 8 and of DeepSeek-V3's shared expert at TP 1 are gone: both layers
 # now stream (layer_plan.stream_halves), 1-9% faster than their measured pairs at 1, 4, 6
 # and 8 tokens and level at 2 (docs/KERNEL_NOTES.md, variant 40). Late weight steps on top
-# of these picks and the planner's: LATE_STEPS.
+# of these picks and the planner's: LATE_STEPS. Entries marked "paced" ("variant 67": staged steps
+# kept in flight N at a time until the PDL wait returns, the rest after x) beat the pick before
+# them by more than 3% in every round of two H100 layer sweeps back to back, and were no slower
+# with a server's norm between the layers.
 TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...]] = {
     # GLM-5 (hidden 6144, intermediate 12288) TP 8
     (3072, 6144, True): (
-        (1, _config(1, 3, 2)),
+        (1, _config(1, 3, 2, paced=1)),  # paced (H100)
         (4, _config(1, 3, 1)),
         (5, _config(1, 3, 1, cluster=2)),
         (8, _config(1, 3, 1, cluster=2, send_x=True)),  # variant 37
@@ -184,9 +190,10 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
     ),
     # GLM-4.5 (hidden 5120) TP 8
     (3072, 5120, True): (
-        (1, _config(1, 3, 2)),
+        (1, _config(1, 0, 2, paced=2)),  # paced (H100)
         (2, _config(1, 2, 2)),
-        (4, _config(1, 3, 1)),
+        (3, _config(1, 3, 1)),
+        (4, _config(1, 1, 2, paced=1)),  # paced (H100)
         (8, _config(2, 2, 1, early=True)),
     ),
     (5120, 1536, False): (
@@ -217,6 +224,12 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
         (7, _config(2, 3, 2, slice_k=256, splits=7)),
         (8, _config(2, 3, 1, slice_k=256, splits=7)),  # variant 33
     ),
+    # Qwen3-8B (hidden 4096) TP 8 gate_up, paced (H100); 2-7 tokens keep the planner's pick.
+    (3072, 4096, True): (
+        (1, _config(1, 0, 2, paced=2)),
+        (7, None),
+        (8, _config(3, 3, 1, splits=2, paced=2)),
+    ),
     (7168, 256, False): (
         (1, _config(4, 1, 2, slice_k=128)),
         (8, None),
@@ -242,7 +255,6 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
 LATE_STEPS: dict[tuple[int, int], dict[int, int]] = {
     (3072, 6144): {8: 4},  # GLM-5 TP 8 (norm)
     (6144, 6144): {8: 4},  # GLM-5 TP 4 (norm)
-    (3072, 5120): {1: 2},  # GLM-4.5 TP 8 (H200)
     (6144, 5120): {1: 3},  # GLM-4.5 TP 4
     (512, 7168): {1: 1, 2: 1, 8: 1},  # DeepSeek-V3 shared expert TP 8 (1 and 8: H200)
     (1024, 7168): {1: 1, 4: 1, 8: 1},  # ... TP 4
