@@ -131,7 +131,7 @@ def check_kernel_sass(p: dict) -> None:
     slice_k, splits = params.slice_k, params.splits
     assert binary.smem_bytes == gemv_params.smem_bytes(
         p["k"], p["tokens"], p["tiles"], p["in_regs"], spw, slice_k=slice_k, splits=splits,
-        send_x=p.get("send_x", False),
+        send_x=p.get("send_x", False), paced=bool(p.get("paced", 0)),
     )  # fmt: skip
     assert binary.smem_bytes + facts["static_smem"] <= hopper.SMEM_PER_CTA_MAX
     assert binary.smem_bytes <= hopper.smem_budget(p["ctas_per_sm"])
@@ -168,13 +168,18 @@ def check_kernel_sass(p: dict) -> None:
     assert all(ops[i] in ("LDGSTS.E.BYPASS.128", "LDGSTS.E.BYPASS.LTC128B.128") for i in cp_async)
     staged = params.steps - in_regs
     assert count["LDG.E.NA.128.CONSTANT"] == 2 * in_regs * copies * spw
-    assert len(cp_async) == 2 * staged * copies * spw
+    # A paced kernel's steps past its first `paced` have three copies: the first warp's, the
+    # pacing loop's (both before the wait) and the predicated one after x's loads.
+    paced = p.get("paced", 0)
+    rest = staged - paced
+    assert len(cp_async) == (2 * paced + 6 * rest if paced else 2 * staged * copies * spw)
     # PDL: the first tile's cp.async share is issued before the dependency wait (ACQBULK),
     # but for its late steps (after x's loads).
     assert ops.count("ACQBULK") == 1
     wait = ops.index("ACQBULK")
     late = p.get("late_steps", 0)
-    assert sum(i < wait for i in cp_async) == 2 * (staged - late) * spw
+    before = 2 * paced + 4 * rest if paced else 2 * (staged - late) * spw
+    assert sum(i < wait for i in cp_async) == before
     # The PDL trigger (PREEXIT): after the wait, or with early_launch before any weight load.
     assert ops.count("PREEXIT") == 1
     trigger = ops.index("PREEXIT")

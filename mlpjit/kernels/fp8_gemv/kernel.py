@@ -10,7 +10,9 @@ one of ``splits`` equal parts); one warp per (tile, ``slices_per_warp`` consecut
 ``slice_k``-K slices) issues one m16n8k32 e4m3 mma per 32 K with the tokens as the 8 B
 columns. Weights are loaded before griddepcontrol.wait (PDL): per slice, the first
 ``in_regs`` 64-K steps into registers (L2 evict-first hint), the rest by cp.async into
-shared memory (no hint: see ptx.cp_async_cg_16). With ``cluster`` > 1 the CTAs of a thread
+shared memory (no hint: see ptx.cp_async_cg_16); ``late_steps`` of them after x's loads, or
+with ``paced`` only that many at a time until the wait returns, so that x does not queue
+behind the whole share. With ``cluster`` > 1 the CTAs of a thread
 block cluster quantize x together (each a share, written to all of them through
 distributed shared memory; with ``send_x``, sent by st.async counted on each one's
 mbarrier). With ``splits`` > 1 the K splits of a row tile are the CTAs of
