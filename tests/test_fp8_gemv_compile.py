@@ -589,6 +589,7 @@ def test_deterministic_across_processes() -> None:
         ({"late_steps": 6}, r"late_steps must be in \[0, 5\]"),  # in_regs 3: 5 staged
         ({"late_steps": 2, "slices_per_warp": 2}, "late_steps needs slices_per_warp=1"),
         ({"paced": 5}, r"paced must be in \[0, 4\]"),  # in_regs 3: 5 staged, one left late
+        ({"paced": True}, "paced must be an int"),
         ({"paced": 1, "late_steps": 1}, "paced needs"),
         ({"paced": 1, "slices_per_warp": 2}, "paced needs"),
         ({"paced": 1, "ctas_per_sm": 1}, "persistent=True"),  # 192 tiles on 132 CTAs
