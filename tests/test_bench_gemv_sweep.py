@@ -89,8 +89,10 @@ def test_late_steps_parse_label_and_pairs() -> None:
         gemv_sweep.parse_config("t1/r3/c2/l-1")
     found = gemv_sweep.pairs(6144, 1536, 1, late=(2, 99))
     lates = [(g.late_steps, d.late_steps) for g, d in found if g.late_steps or d.late_steps]
-    # GLM-5 TP 8 at 1 token: gate_up keeps 3 steps in registers, 5 staged (99 -> 5)
+    # GLM-5 TP 8 at 1 token: gate_up keeps 3 steps in registers, 5 staged (99 -> 5); late
+    # steps replace its pacing
     assert lates == [(2, 0), (5, 0)]
+    assert not any(g.paced for g, d in found if g.late_steps)
     # Several slices per warp take no late steps: DeepSeek-V3 TP 8's gate_up (s2).
     found = gemv_sweep.pairs(7168, 2304, 1, late=(2,))
     assert not any(g.late_steps or d.late_steps for g, d in found)
@@ -101,11 +103,11 @@ def test_paced_parse_label_and_pairs() -> None:
     assert config.paced == 1 and gemv_sweep.label(config) == "t1/r3/c2/p1"
     with pytest.raises(ValueError):
         gemv_sweep.parse_config("t1/r3/c2/p-1")
-    # GLM-5 TP 8 at 1 token: one-tile, one-wave gate_up; 5 staged steps (in_regs 3), so a
-    # pace of 5 does not fit (at most 4 in flight before the rest) and is left out.
-    found = gemv_sweep.pairs(6144, 1536, 1, paced=(1, 4, 5))
+    # GLM-4.5 TP 8 at 2 tokens: one-tile, one-wave gate_up; 6 staged steps (in_regs 2), so a
+    # pace of 6 does not fit (at most 5 in flight before the rest) and is left out.
+    found = gemv_sweep.pairs(5120, 1536, 2, paced=(1, 5, 6))
     paced = [(g.paced, g.late_steps, d.paced) for g, d in found if g.paced or d.paced]
-    assert paced == [(1, 0, 0), (4, 0, 0)]
+    assert paced == [(1, 0, 0), (5, 0, 0)]
     # A persistent gate_up (GLM-5 TP 8 at 8 tokens, one CTA per SM) takes no pace.
     assert not any(g.paced for g, _ in gemv_sweep.pairs(6144, 1536, 8, paced=(1,)))
 
@@ -152,16 +154,16 @@ def test_parse_config_cluster() -> None:
 
 def test_cluster_pairs_set_each_kernel_and_both() -> None:
     """GLM-5 TP8 at 8 tokens: plan's pair uses clusters of 2 (gate_up sending x by
-    st.async); --clusters 1 adds the unclustered kernels, 4 only where the grid allows it
-    (not gate_up's persistent grid)."""
+    st.async, with 4 late steps); --clusters 1 adds the unclustered kernels, 4 only where
+    the grid allows it (not gate_up's persistent grid)."""
     hidden, inter = gemv_sweep.LAYER_SHAPES["glm5-tp8"]
     found = gemv_sweep.pairs(hidden, inter, 8, clusters=[1, 4])
     assert len(found) == len(set(found))
     labels = {(gemv_sweep.label(g), gemv_sweep.label(d)) for g, d in found}
-    assert ("t1/r3/c1/n2/send", "t4/r1/c2/s3") in labels
-    assert ("t1/r3/c1", "t4/r1/c2/s3/n2") in labels
-    assert ("t1/r3/c1", "t4/r1/c2/s3") in labels
-    assert ("t1/r3/c1/n2/send", "t4/r1/c2/s3/n4") in labels
+    assert ("t1/r3/c1/n2/send/l4", "t4/r1/c2/s3") in labels
+    assert ("t1/r3/c1/l4", "t4/r1/c2/s3/n2") in labels
+    assert ("t1/r3/c1/l4", "t4/r1/c2/s3") in labels
+    assert ("t1/r3/c1/n2/send/l4", "t4/r1/c2/s3/n4") in labels
     assert not any(g.cluster == 4 for g, _ in found)
 
 

@@ -309,12 +309,13 @@ def pairs(
 
 
 def _with_late(config: GemvConfig, n: int) -> GemvConfig | None:
-    """``config`` with min(n, its staged steps) late steps; None where it has several slices
-    per warp or nothing staged (late_steps needs one slice per warp and a staged step)."""
+    """``config`` with min(n, its staged steps) late steps instead of any pacing; None where
+    it has several slices per warp or nothing staged (late_steps needs one slice per warp and
+    a staged step)."""
     staged = config.slice_k // STEP - config.in_regs
     if config.slices_per_warp > 1 or staged < 1:
         return None
-    return dataclasses.replace(config, late_steps=min(n, staged))
+    return dataclasses.replace(config, late_steps=min(n, staged), paced=0)
 
 
 def pair_requests(
