@@ -94,9 +94,9 @@ def label(config: GemvConfig) -> str:
     splits = f"/x{c.splits}" if c.splits != 1 else ""
     send = "/send" if c.send_x else ""
     late = f"/l{c.late_steps}" if c.late_steps else ""
-    late += f"/p{c.paced}" if c.paced else ""
+    paced = f"/p{c.paced}" if c.paced else ""
     early = "/early" if c.early_launch else ""
-    knobs = f"{spw}{cluster}{slice_k}{splits}{send}{late}{early}"
+    knobs = f"{spw}{cluster}{slice_k}{splits}{send}{late}{paced}{early}"
     return f"t{c.tiles}/r{c.in_regs}/c{c.ctas_per_sm}{knobs}"
 
 

@@ -105,12 +105,11 @@ def _check(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         if not args.spw_tiles_list or any(v < 1 for v in args.spw_tiles_list):
             p.error(f"--spw-tiles must be ints >= 1, got {args.spw_tiles!r}")
     else:
-        args.late_list = _ints(args.late, "--late", p)
-        if any(n < 1 for n in args.late_list):
-            p.error(f"--late values must be >= 1, got {args.late!r}")
-        args.paced_list = _ints(args.paced, "--paced", p)
-        if any(n < 1 for n in args.paced_list):
-            p.error(f"--paced values must be >= 1, got {args.paced!r}")
+        for knob in ("late", "paced"):  # staged-step counts
+            counts = _ints(getattr(args, knob), f"--{knob}", p)
+            if any(n < 1 for n in counts):
+                p.error(f"--{knob} values must be >= 1, got {getattr(args, knob)!r}")
+            setattr(args, f"{knob}_list", counts)
         try:
             args.extra_down = [parse_config(c) for c in args.down_configs.split(",") if c]
             args.extra_gate_up = [parse_config(c) for c in args.gate_up_configs.split(",") if c]

@@ -215,7 +215,7 @@ class Fp8Gemv:
                 for s in range(SPW)
                 for j in range(per_warp)
             ]
-            self.request_late(late)
+            self.request_staged(*late)
             for s in cutlass.range_constexpr(SPW):
                 for j in cutlass.range_constexpr(per_warp):
                     word = words[s * per_warp + j]
@@ -313,10 +313,13 @@ class Fp8Gemv:
         first: int,
         end: int,
         after_x: bool = False,
+        requested=None,
     ):
         """cp.async the staged steps [first, end) of each of the warp's slices into their
         slots, one group per step (groups commit in (slice, step) order: late steps need one
-        slice per warp); ``after_x``: they follow x's loads."""
+        slice per warp); ``after_x``: they follow x's loads. ``requested`` (a paced warp's
+        count of steps it requested before the wait, at run time): the steps below it are
+        not copied again, their groups left empty."""
         if cutlass.const_expr(after_x and first < end):
             # A warp barrier orders them after the x loads issued before this: without it
             # ptxas schedules the copies first, and x would wait behind them again.
@@ -325,8 +328,20 @@ class Fp8Gemv:
             for j in cutlass.range_constexpr(first, end):
                 st = self.in_regs + j
                 s_slot = s_stage + (s * self.staged + j) * 1024
-                ptx.cp_async_cg_16(s_slot, g_a0 + (s * self.slice_k + st * STEP))
-                ptx.cp_async_cg_16(s_slot + 512, g_a1 + (s * self.slice_k + st * STEP))
+                src0 = g_a0 + (s * self.slice_k + st * STEP)
+                src1 = g_a1 + (s * self.slice_k + st * STEP)
+                if cutlass.const_expr(requested is None):
+                    ptx.cp_async_cg_16(s_slot, src0)
+                    ptx.cp_async_cg_16(s_slot + 512, src1)
+                else:
+                    # Predicated, not branched: ptxas would place a branch after x's data
+                    # (stalling the copies). An empty group keeps the waits right: step j's
+                    # group is followed by staged-1-j groups, or by more for the first
+                    # `paced` steps (which then wait a little longer than they need to); a
+                    # persistent kernel's refills all come after these, as before.
+                    due = Int32(j >= requested)
+                    ptx.cp_async_cg_16_if(s_slot, src0, due)
+                    ptx.cp_async_cg_16_if(s_slot + 512, src1, due)
                 cute.arch.cp_async_commit_group()
 
     @cute.jit
@@ -342,27 +357,6 @@ class Fp8Gemv:
                         self.request_staged(s_stage, g_a0, g_a1, j, j + 1)
                         requested = Int32(j + 1)
         return requested
-
-    @cute.jit
-    def request_late(self, late: tuple):
-        """The staged steps not requested before the wait, after x's loads: late_steps's
-        fixed count, or a paced warp's rest (the steps from the count it requested)."""
-        if cutlass.const_expr(self.paced):
-            s_stage, g_a0, g_a1, first, end, _, requested = late
-            cute.arch.sync_warp()  # after x's loads (see request_staged)
-            # Predicated copies and a group per step, empty where the step went out before
-            # the wait: no branch, which ptxas would place after x's data (stalling the
-            # copies). The consumer's waits stay right: step j's group is then followed by
-            # staged-1-j groups, or by more for the first `paced` steps (they wait a little
-            # longer than they need to, for steps requested before the wait).
-            for j in cutlass.range_constexpr(first, end):
-                due = Int32(j >= requested)
-                st = self.in_regs + j
-                ptx.cp_async_cg_16_if(s_stage + j * 1024, g_a0 + st * STEP, due)
-                ptx.cp_async_cg_16_if(s_stage + j * 1024 + 512, g_a1 + st * STEP, due)
-                cute.arch.cp_async_commit_group()
-        else:
-            self.request_staged(*late)
 
     @cute.jit
     def stamp(self, g_out: Int64, tid: Int32, cta: Int32, name: str):
@@ -555,7 +549,7 @@ class Fp8Gemv:
             for s in range(self.spw)
             for p in range(passes)
         ]
-        self.request_late(late)
+        self.request_staged(*late)
         for s in cutlass.range_constexpr(self.spw):
             for p in cutlass.range_constexpr(passes):
                 t = tile + (p * per_pass + sub) * TL
@@ -623,7 +617,7 @@ class Fp8Gemv:
             if cutlass.const_expr(not always_valid):
                 c = cutlass.min(c, chunks - 1)  # past the end: a valid re-read, not quantized
             todo.append((c, self.load_chunk(g_x, c % T, c // T, lane)))
-        self.request_late(late)  # (late weight steps, if any: after x's loads)
+        self.request_staged(*late)  # (late weight steps, if any: after x's loads)
         for j in cutlass.range_constexpr(per_warp):
             c, words = todo[j]
             if cutlass.const_expr(always_valid):  # noqa: SIM114 (static branch, see above)
