@@ -103,13 +103,28 @@ def test_paced_parse_label_and_pairs() -> None:
     assert config.paced == 1 and gemv_sweep.label(config) == "t1/r3/c2/p1"
     with pytest.raises(ValueError):
         gemv_sweep.parse_config("t1/r3/c2/p-1")
-    # GLM-4.5 TP 8 at 2 tokens: one-tile, one-wave gate_up; 6 staged steps (in_regs 2), so a
-    # pace of 6 does not fit (at most 5 in flight before the rest) and is left out.
-    found = gemv_sweep.pairs(5120, 1536, 2, paced=(1, 5, 6))
-    paced = [(g.paced, g.late_steps, d.paced) for g, d in found if g.paced or d.paced]
-    assert paced == [(1, 0, 0), (5, 0, 0)]
+    # GLM-4.5 TP 8 at 2 tokens: a one-tile, one-wave gate_up paced by 1 with 6 staged steps
+    # (in_regs 2), so a pace of 6 does not fit (at most 5 in flight before the rest) and is
+    # left out, and 1 is the default pair's; 0 times it without pacing.
+    found = gemv_sweep.pairs(5120, 1536, 2, paced=(0, 1, 5, 6))
+    added = found[len(gemv_sweep.pairs(5120, 1536, 2)) :]
+    assert [(g.paced, g.late_steps, d.paced) for g, d in added] == [(0, 0, 0), (5, 0, 0)]
     # A persistent gate_up (GLM-5 TP 8 at 8 tokens, one CTA per SM) takes no pace.
     assert not any(g.paced for g, _ in gemv_sweep.pairs(6144, 1536, 8, paced=(1,)))
+
+
+def test_paced_zero_and_paced_down_pairs() -> None:
+    # GLM-5 TP 8 at 1 token: both picks are paced (the down by DOWN_PACED); paced=0 times the
+    # gate_up without its pacing, paced_down sets the down's alone.
+    default_g, default_d = gemv_sweep.pairs(6144, 1536, 1)[0]
+    assert default_g.paced and default_d.paced == tuning.DOWN_PACED == 1
+    found = gemv_sweep.pairs(6144, 1536, 1, paced=(0,), paced_down=(0, 1, 2))
+    added = found[len(gemv_sweep.pairs(6144, 1536, 1)) :]
+    assert [(g.paced, d.paced) for g, d in added] == [(0, 1), (1, 0), (1, 2)]
+    # A down with several slices per warp (GLM-5 TP 8 at 2 tokens) takes no pace.
+    assert not any(d.paced for _, d in gemv_sweep.pairs(6144, 1536, 2, paced_down=(1, 2)))
+    requests = gemv_sweep.layer_requests(["glm5-tp8"], [1], paced_down=(2,))
+    assert len(requests) == len(gemv_sweep.layer_requests(["glm5-tp8"], [1])) + 1
 
 
 def test_parse_config_slices_per_warp() -> None:

@@ -123,7 +123,8 @@ def test_layer_dry_run_lists_every_pair(capsys) -> None:
         (["--clusters", "3"], "--clusters"),
         (["--down-configs", "t4/r3"], "--down-configs"),
         (["--rounds", "0"], "--rounds"),
-        (["--paced", "0"], "--paced"),
+        (["--paced", "-1"], "--paced"),
+        (["--paced-down", "-1"], "--paced-down"),
         (["--paced", "x"], "--paced"),
     ],
 )

@@ -205,8 +205,10 @@ def test_gemv_request_errors(kwargs, match) -> None:
 
 def test_tuned_table_fits_every_token_count_it_covers(monkeypatch):
     """Each measured entry is a valid config for every token count it is used for (late
-    steps, which LATE_STEPS adds on top, aside)."""
+    steps and the down projections' pacing, which LATE_STEPS and DOWN_PACED add on top,
+    aside)."""
     monkeypatch.setattr(tuning, "LATE_STEPS", {})
+    monkeypatch.setattr(tuning, "DOWN_PACED", 0)
     for (rows, k, swiglu), entries in tuning.TUNED_H200.items():
         bounds = [bound for bound, _ in entries]
         assert bounds == sorted(bounds) and bounds[-1] == gemv_params.MAX_TOKENS
@@ -218,6 +220,29 @@ def test_tuned_table_fits_every_token_count_it_covers(monkeypatch):
                     patch.setattr(tuning, "TUNED_H200", {})
                     expected = tuning.choose_config(rows, k, tokens, swiglu)
             assert config == expected, (rows, k, swiglu, tokens)
+
+
+@pytest.mark.parametrize(
+    ("hidden", "inter", "tokens", "paced"),
+    [
+        (6144, 1536, 1, True),  # GLM-5 TP 8: the table's 4-tile pick
+        (6144, 1536, 2, False),  # ... 3 slices per warp: pacing needs one
+        (5120, 3072, 8, True),  # GLM-4.5 TP 4: the heuristics' pick, in clusters of 2
+        (4096, 1536, 5, True),
+        (7168, 256, 1, False),  # one 128-K slice: nothing staged to pace
+    ],
+)
+def test_down_projections_are_paced_where_their_pick_takes_it(
+    hidden: int, inter: int, tokens: int, paced: bool
+) -> None:
+    config = tuning.choose_config(hidden, inter, tokens, False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tuning, "DOWN_PACED", 0)
+        unpaced = tuning.choose_config(hidden, inter, tokens, False)
+        gate_up = tuning.choose_config(2 * inter, hidden, tokens, True)
+    assert config == (replace(unpaced, paced=tuning.DOWN_PACED) if paced else unpaced)
+    assert not unpaced.paced and tuning.config_fits(hidden, inter, tokens, config)
+    assert tuning.choose_config(2 * inter, hidden, tokens, True) == gate_up
 
 
 # Late steps measured on the planner's picks (variant 60 on the H100): (rows, k) of the

@@ -251,6 +251,7 @@ def pairs(
     send_x: bool = False,
     late: Sequence[int] = (),
     paced: Sequence[int] = (),
+    paced_down: Sequence[int] = (),
 ) -> list[tuple[GemvConfig, GemvConfig]]:
     """choose_config's (gate_up, down) with each early_launch combination, then every
     (gate_up, down) of the defaults, tuning.spread_config's picks and the extra configs
@@ -262,7 +263,8 @@ def pairs(
     default pair with gate_up requesting that many staged steps after x (GemvConfig.late_steps,
     at most the config's staged steps; where it fits); per count in ``paced``, the default
     pair with gate_up keeping that many staged steps in flight until the wait returns
-    (GemvConfig.paced, instead of any late steps; where it fits)."""
+    (GemvConfig.paced, instead of any late steps; 0: without pacing; where it fits); per
+    count in ``paced_down``, the default pair with down paced so (where it fits)."""
     gate_up = tuning.choose_config(2 * inter, hidden, m, True)
     down = tuning.choose_config(hidden, inter, m, False)
     found = [
@@ -305,6 +307,10 @@ def pairs(
         g = dataclasses.replace(gate_up, late_steps=0, paced=n)
         if tuning.config_fits(2 * inter, hidden, m, g) and (g, down) not in found:
             found.append((g, down))
+    for n in paced_down:
+        d = dataclasses.replace(down, late_steps=0, paced=n)
+        if tuning.config_fits(hidden, inter, m, d) and (gate_up, d) not in found:
+            found.append((gate_up, d))
     return found
 
 
@@ -340,6 +346,7 @@ def layer_requests(
     send_x: bool = False,
     late: Sequence[int] = (),
     paced: Sequence[int] = (),
+    paced_down: Sequence[int] = (),
 ) -> list[KernelRequest]:
     """The distinct compile requests of every pair the layer sweep times."""
     out: list[KernelRequest] = []
@@ -347,7 +354,8 @@ def layer_requests(
         hidden, inter = LAYER_SHAPES[name]
         for m in tokens:
             for pair in pairs(
-                hidden, inter, m, extra_down, extra_gate_up, clusters, spread, send_x, late, paced
-            ):
+                hidden, inter, m, extra_down, extra_gate_up, clusters, spread, send_x, late,
+                paced, paced_down,
+            ):  # fmt: skip
                 out += [r for r in pair_requests(hidden, inter, m, pair, arch) if r not in out]
     return out

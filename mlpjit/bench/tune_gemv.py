@@ -68,7 +68,7 @@ def _layer_pairs(args: argparse.Namespace, name: str, m: int) -> list:
     hidden, inter = LAYER_SHAPES[name]
     return pairs(
         hidden, inter, m, args.extra_down, args.extra_gate_up, args.cluster_list, args.spread,
-        args.send_x, args.late_list, args.paced_list,
+        args.send_x, args.late_list, args.paced_list, args.paced_down_list,
     )  # fmt: skip
 
 
@@ -105,10 +105,12 @@ def _check(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         if not args.spw_tiles_list or any(v < 1 for v in args.spw_tiles_list):
             p.error(f"--spw-tiles must be ints >= 1, got {args.spw_tiles!r}")
     else:
-        for knob in ("late", "paced"):  # staged-step counts
-            counts = _ints(getattr(args, knob), f"--{knob}", p)
-            if any(n < 1 for n in counts):
-                p.error(f"--{knob} values must be >= 1, got {getattr(args, knob)!r}")
+        # staged-step counts; a pace of 0 times a paced pick without its pacing
+        for knob, low in (("late", 1), ("paced", 0), ("paced_down", 0)):
+            flag = "--" + knob.replace("_", "-")
+            counts = _ints(getattr(args, knob), flag, p)
+            if any(n < low for n in counts):
+                p.error(f"{flag} values must be >= {low}, got {getattr(args, knob)!r}")
             setattr(args, f"{knob}_list", counts)
         try:
             args.extra_down = [parse_config(c) for c in args.down_configs.split(",") if c]
@@ -184,7 +186,12 @@ def parse_args(
         "--paced",
         default="",
         help="staged steps the default pair's gate_up keeps in flight until its PDL wait "
-        "returns, the rest requested after x, e.g. 1,2 (paced)",
+        "returns, the rest requested after x, e.g. 1,2 (paced; 0: a paced pick without it)",
+    )
+    layer.add_argument(
+        "--paced-down",
+        default="",
+        help="the same for the default pair's down projection, e.g. 0,2",
     )
     layer.add_argument(
         "--spread",
@@ -433,6 +440,7 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
                 args.send_x,
                 args.late_list,
                 args.paced_list,
+                args.paced_down_list,
             )
         args.emit.parent.mkdir(parents=True, exist_ok=True)
         args.emit.write_text("".join(r.to_json_line() + "\n" for r in items))
