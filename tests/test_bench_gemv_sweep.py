@@ -204,3 +204,14 @@ def test_send_x_pairs_switch_each_clustered_kernel() -> None:
     assert sends == [(False, False), (True, True), (False, True)]
     assert all(g.cluster == 2 and d.cluster == 2 for g, d in found[len(plain) :])
     assert gemv_sweep.pairs(hidden, inter, 1, send_x=True) == gemv_sweep.pairs(hidden, inter, 1)
+
+
+def test_layer_shape_takes_presets_and_free_names() -> None:
+    assert gemv_sweep.layer_shape("glm5-tp8") == (6144, 1536)
+    assert gemv_sweep.layer_shape("h3072-i1152") == (3072, 1152)
+    for name in ("h3072-i1100", "glm9-tp8", "h3072"):
+        assert gemv_sweep.layer_shape(name) is None
+    assert "h2048-i256" in gemv_sweep.GRID_LAYER_NAMES
+    assert all(gemv_sweep.layer_shape(n) for n in gemv_sweep.GRID_LAYER_NAMES)
+    requests = gemv_sweep.layer_requests(["h3072-i1152"], [1])
+    assert {(r.params["rows"], r.params["k"]) for r in requests} == {(2304, 3072), (3072, 1152)}

@@ -114,6 +114,15 @@ def test_layer_dry_run_lists_every_pair(capsys) -> None:
     assert out[-1].startswith("8 (gate_up + down) pairs")
 
 
+def test_layer_shapes_take_the_grid_and_free_names(capsys) -> None:
+    argv = ["layer", "--dry-run", "--shapes", "h2560-i2304,grid", "--tokens", "1"]
+    assert tune_gemv.main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("h2560-i2304 (hidden=2560, intermediate=2304) m=1: ")
+    assert out[1].startswith("h2048-i256 (hidden=2048, intermediate=256) m=1: ")
+    assert len(out) == 1 + 36 + 1
+
+
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
@@ -123,6 +132,7 @@ def test_layer_dry_run_lists_every_pair(capsys) -> None:
         (["--clusters", "3"], "--clusters"),
         (["--down-configs", "t4/r3"], "--down-configs"),
         (["--rounds", "0"], "--rounds"),
+        (["--shapes", "h3072-i1100"], "unknown"),
         (["--paced", "-1"], "--paced"),
         (["--paced-down", "-1"], "--paced-down"),
         (["--paced", "x"], "--paced"),

@@ -22,12 +22,13 @@ from mlpjit.kernels.fp8_gemv.params import (
     GemvConfig,
     smem_bytes,
 )
-from mlpjit.testing.layers import DENSE_SHAPES, GEMV_SHAPES
+from mlpjit.testing.layers import DENSE_SHAPES, GEMV_SHAPES, GRID_SHAPES, shape_by_name
 
 __all__ = [
     "ARCH",
     "DEFAULT_KERNEL_SHAPES",
     "DEFAULT_LAYER_SHAPES",
+    "GRID_LAYER_NAMES",
     "IN_REGS",
     "KERNEL_SHAPES",
     "KERNEL_TOKENS",
@@ -41,6 +42,7 @@ __all__ = [
     "kernel_requests",
     "label",
     "layer_requests",
+    "layer_shape",
     "pair_requests",
     "pairs",
     "parse_config",
@@ -69,6 +71,22 @@ LAYER_SHAPES = {
     for name, (hidden, inter) in DENSE_SHAPES.items()
     if _kernel_takes(2 * inter, hidden) and _kernel_takes(hidden, inter)
 }
+
+
+def layer_shape(name: str) -> tuple[int, int] | None:
+    """(hidden, intermediate shard) of a layer the sweep can time: a preset of LAYER_SHAPES
+    or any "h<hidden>-i<intermediate>" (the off-table grid's names among them) whose two
+    launches fp8_gemv takes at every token count; None otherwise."""
+    if name in LAYER_SHAPES:
+        return LAYER_SHAPES[name]
+    shape = None if name in DENSE_SHAPES else shape_by_name(name)
+    if shape is None:
+        return None
+    hidden, inter = shape
+    return shape if _kernel_takes(2 * inter, hidden) and _kernel_takes(hidden, inter) else None
+
+
+GRID_LAYER_NAMES = tuple(name for name in dict(GRID_SHAPES) if layer_shape(name) is not None)
 DEFAULT_LAYER_SHAPES = tuple(
     f"{model}-tp{tp}" for model in ("glm5", "glm4.5") for tp in (8, 4, 2, 1)
 )
@@ -351,7 +369,7 @@ def layer_requests(
     """The distinct compile requests of every pair the layer sweep times."""
     out: list[KernelRequest] = []
     for name in shapes:
-        hidden, inter = LAYER_SHAPES[name]
+        hidden, inter = layer_shape(name)
         for m in tokens:
             for pair in pairs(
                 hidden, inter, m, extra_down, extra_gate_up, clusters, spread, send_x, late,

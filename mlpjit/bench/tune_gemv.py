@@ -18,6 +18,7 @@ from mlpjit.bench.gemv_sweep import (
     ARCH,
     DEFAULT_KERNEL_SHAPES,
     DEFAULT_LAYER_SHAPES,
+    GRID_LAYER_NAMES,
     KERNEL_SHAPES,
     KERNEL_TOKENS,
     LAYER_SHAPES,
@@ -27,6 +28,7 @@ from mlpjit.bench.gemv_sweep import (
     kernel_requests,
     label,
     layer_requests,
+    layer_shape,
     pair_requests,
     pairs,
     parse_config,
@@ -65,7 +67,7 @@ def _kernel_variants(args: argparse.Namespace, name: str, m: int) -> list[GemvCo
 
 
 def _layer_pairs(args: argparse.Namespace, name: str, m: int) -> list:
-    hidden, inter = LAYER_SHAPES[name]
+    hidden, inter = layer_shape(name)
     return pairs(
         hidden, inter, m, args.extra_down, args.extra_gate_up, args.cluster_list, args.spread,
         args.send_x, args.late_list, args.paced_list, args.paced_down_list,
@@ -84,11 +86,21 @@ def _ints(text: str, flag: str, p: argparse.ArgumentParser) -> list[int]:
 
 def _check(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     """Parse the comma lists into args.*_list and check them (p.error exits 2)."""
-    shapes = KERNEL_SHAPES if args.mode == "kernel" else LAYER_SHAPES
     args.shape_list = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    unknown = [s for s in args.shape_list if s not in shapes]
+    if args.mode == "kernel":
+        unknown = [s for s in args.shape_list if s not in KERNEL_SHAPES]
+        allowed = ", ".join(KERNEL_SHAPES)
+    else:
+        if "grid" in args.shape_list:
+            at = args.shape_list.index("grid")
+            args.shape_list[at : at + 1] = GRID_LAYER_NAMES
+        unknown = [s for s in args.shape_list if layer_shape(s) is None]
+        allowed = (
+            f"{', '.join(LAYER_SHAPES)}, 'grid' (the off-table grid's shapes fp8_gemv takes) "
+            "or h<hidden>-i<intermediate> (multiples of 128)"
+        )
     if unknown or not args.shape_list:
-        p.error(f"--shapes: unknown {unknown or args.shapes!r}; allowed: {', '.join(shapes)}")
+        p.error(f"--shapes: unknown {unknown or args.shapes!r}; allowed: {allowed}")
     args.token_list = _ints(args.tokens, "--tokens", p)
     if not args.token_list or not all(1 <= t <= MAX_TOKENS for t in args.token_list):
         p.error(f"--tokens must be in 1..{MAX_TOKENS}, got {args.tokens!r}")
@@ -165,7 +177,8 @@ def parse_args(
     layer.add_argument(
         "--shapes",
         default=",".join(DEFAULT_LAYER_SHAPES),
-        help=f"comma list of {', '.join(LAYER_SHAPES)}",
+        help=f"comma list of {', '.join(LAYER_SHAPES)}, 'grid' (the off-table grid's shapes "
+        "fp8_gemv takes) or h<hidden>-i<intermediate> names (multiples of 128)",
     )
     layer.add_argument(
         "--down-configs", default="", help="extra down configs, e.g. t4/r3/c2,t4/r1/c2/s3"
@@ -291,7 +304,7 @@ def time_layers(name: str, args: argparse.Namespace, gpu: dict) -> list[dict]:
     """Time every pair of one dense shard over one chain of layers (freed on return)."""
     import torch
 
-    hidden, inter = LAYER_SHAPES[name]
+    hidden, inter = layer_shape(name)
     count = layers_needed(hidden, inter, gpu["l2_bytes"], args.l2_multiple)
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     layers = [
@@ -402,7 +415,7 @@ def dry_run(args: argparse.Namespace) -> list[str]:
                 text = ", ".join(label(c) + ("*" if c == default else "") for c in found)
                 lines.append(f"{name} (rows={rows}, k={k}, swiglu={swiglu}) m={m}: {text}")
             else:
-                hidden, inter = LAYER_SHAPES[name]
+                hidden, inter = layer_shape(name)
                 found = _layer_pairs(args, name, m)
                 text = ", ".join(f"{label(g)} + {label(d)}" for g, d in found)
                 lines.append(f"{name} (hidden={hidden}, intermediate={inter}) m={m}: {text}")
