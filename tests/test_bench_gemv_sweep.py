@@ -114,10 +114,10 @@ def test_paced_parse_label_and_pairs() -> None:
 
 
 def test_paced_zero_and_paced_down_pairs() -> None:
-    # GLM-5 TP 8 at 1 token: both picks are paced (the down by DOWN_PACED); paced=0 times the
+    # GLM-5 TP 8 at 1 token: both picks are paced (the down by PACED); paced=0 times the
     # gate_up without its pacing, paced_down sets the down's alone.
     default_g, default_d = gemv_sweep.pairs(6144, 1536, 1)[0]
-    assert default_g.paced and default_d.paced == tuning.DOWN_PACED == 1
+    assert default_g.paced and default_d.paced == tuning.PACED == 1
     found = gemv_sweep.pairs(6144, 1536, 1, paced=(0,), paced_down=(0, 1, 2))
     added = found[len(gemv_sweep.pairs(6144, 1536, 1)) :]
     assert [(g.paced, d.paced) for g, d in added] == [(0, 1), (1, 0), (1, 2)]

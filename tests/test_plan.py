@@ -176,7 +176,8 @@ def test_early_launch_is_in_the_request_only_when_set() -> None:
         swiglu for (_, _, swiglu), entries in tuning.TUNED_H200.items()
         for _, c in entries if c and c.early_launch
     )  # fmt: skip
-    assert tuning.choose_config(3072, 5120, 8, True) == early  # GLM-4.5 TP8 gate_up
+    # GLM-4.5 TP8 gate_up (paced by tuning.PACED on top of the table's entry)
+    assert tuning.choose_config(3072, 5120, 8, True) == replace(early, paced=tuning.PACED)
 
 
 def test_gemv_request_limit_only_for_swiglu_and_explicit_config() -> None:
@@ -205,10 +206,10 @@ def test_gemv_request_errors(kwargs, match) -> None:
 
 def test_tuned_table_fits_every_token_count_it_covers(monkeypatch):
     """Each measured entry is a valid config for every token count it is used for (late
-    steps and the down projections' pacing, which LATE_STEPS and DOWN_PACED add on top,
+    steps and the down projections' pacing, which LATE_STEPS and PACED add on top,
     aside)."""
     monkeypatch.setattr(tuning, "LATE_STEPS", {})
-    monkeypatch.setattr(tuning, "DOWN_PACED", 0)
+    monkeypatch.setattr(tuning, "PACED", 0)
     for (rows, k, swiglu), entries in tuning.TUNED_H200.items():
         bounds = [bound for bound, _ in entries]
         assert bounds == sorted(bounds) and bounds[-1] == gemv_params.MAX_TOKENS
@@ -223,26 +224,27 @@ def test_tuned_table_fits_every_token_count_it_covers(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("hidden", "inter", "tokens", "paced"),
+    ("rows", "k", "tokens", "swiglu", "paced"),
     [
-        (6144, 1536, 1, True),  # GLM-5 TP 8: the table's 4-tile pick
-        (6144, 1536, 2, False),  # ... 3 slices per warp: pacing needs one
-        (5120, 3072, 8, True),  # GLM-4.5 TP 4: the heuristics' pick, in clusters of 2
-        (4096, 1536, 5, True),
-        (7168, 256, 1, False),  # one 128-K slice: nothing staged to pace
+        (6144, 1536, 1, False, True),  # GLM-5 TP 8 down: the table's 4-tile pick
+        (6144, 1536, 2, False, False),  # ... 3 slices per warp: pacing needs one
+        (5120, 3072, 8, False, True),  # GLM-4.5 TP 4 down: the heuristics' pick, clustered
+        (7168, 256, 1, False, False),  # one 128-K slice: nothing staged to pace
+        (2304, 3072, 1, True, True),  # h3072-i1152 gate_up: a K split of the heuristics
+        (3072, 5120, 8, True, True),  # GLM-4.5 TP 8 gate_up: the table's, PDL trigger early
+        (3072, 6144, 4, True, False),  # GLM-5 TP 8 gate_up: a persistent grid
+        (512, 6144, 8, True, False),  # LATE_STEPS' pick: its late steps, no pace
     ],
 )
-def test_down_projections_are_paced_where_their_pick_takes_it(
-    hidden: int, inter: int, tokens: int, paced: bool
+def test_picks_are_paced_where_they_take_it(
+    rows: int, k: int, tokens: int, swiglu: bool, paced: bool
 ) -> None:
-    config = tuning.choose_config(hidden, inter, tokens, False)
+    config = tuning.choose_config(rows, k, tokens, swiglu)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tuning, "DOWN_PACED", 0)
-        unpaced = tuning.choose_config(hidden, inter, tokens, False)
-        gate_up = tuning.choose_config(2 * inter, hidden, tokens, True)
-    assert config == (replace(unpaced, paced=tuning.DOWN_PACED) if paced else unpaced)
-    assert not unpaced.paced and tuning.config_fits(hidden, inter, tokens, config)
-    assert tuning.choose_config(2 * inter, hidden, tokens, True) == gate_up
+        patch.setattr(tuning, "PACED", 0)
+        unpaced = tuning.choose_config(rows, k, tokens, swiglu)
+    assert config == (replace(unpaced, paced=tuning.PACED) if paced else unpaced)
+    assert not unpaced.paced and tuning.config_fits(rows, k, tokens, config)
 
 
 # Late steps measured on the planner's picks (variant 60 on the H100): (rows, k) of the
@@ -273,8 +275,9 @@ def test_late_steps_entries_are_the_planner_picks_that_were_measured(shape) -> N
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(tuning, "TUNED_H200", {})
             patch.setattr(tuning, "LATE_STEPS", {})
+            patch.setattr(tuning, "PACED", 0)
             planned = tuning.choose_config(rows, k, tokens, True)
-        assert replace(config, late_steps=0) == planned, (shape, tokens)
+        assert replace(config, late_steps=0, paced=0) == planned, (shape, tokens)
         assert (config.late_steps > 0) == (tokens in PLANNER_PICKS_WITH_LATE_STEPS[shape])
 
 

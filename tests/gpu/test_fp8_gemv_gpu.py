@@ -344,13 +344,17 @@ def test_late_steps_compute_the_same(case) -> None:
 
 
 # paced: staged steps kept in flight until the PDL wait returns, the rest after x's loads;
-# one tile per CTA, all staged, a cluster sharing x by st.async, 128-K slices, K splits.
+# one tile per CTA, all staged, clusters sharing x (st.async or a barrier), 128-K slices, K
+# splits, the trigger at entry.
 PACED_CASES = (
     ("glm5-tp8-gate_up", 1, C(1, 3, 2, paced=1)),
     ("glm5-tp8-gate_up", 2, C(1, 0, 2, paced=2)),
     ("glm5-tp8-gate_up", 8, C(1, 3, 2, cluster=2, send_x=True, paced=1)),
     ("glm5-tp8-down", 1, C(1, 0, 2, slice_k=128, paced=1)),
     ("glm5-tp8-down", 3, C(8, 0, 2, slice_k=128, splits=3, paced=1)),
+    # a cluster sharing x through its fenced barrier; the PDL trigger at entry
+    ("glm5-tp8-gate_up", 6, C(1, 3, 2, cluster=2, paced=1)),
+    ("glm4.5-tp8-gate_up", 8, C(2, 2, 1, early_launch=True, paced=1)),
 )
 
 

@@ -34,8 +34,8 @@ from mlpjit.kernels.fp8_gemv.params import (
 )
 
 __all__ = [
-    "DOWN_PACED",
     "LATE_STEPS",
+    "PACED",
     "TUNED_H200",
     "choose_config",
     "config_fits",
@@ -267,12 +267,13 @@ LATE_STEPS: dict[tuple[int, int], dict[int, int]] = {
     # Qwen3-8B TP 8; at 1 token the sweeps' 0.92 did not carry through DenseMlp (1.01).
     (3072, 4096): {2: 3, 4: 2},
 }
-# Down projections keep this many staged weight steps in flight until their PDL wait returns
-# (GemvConfig.paced, "variant 69"), wherever their pick, TUNED_H200's or the heuristics', can
-# take it: x (gate_up's act) then queues behind fewer weight requests. In the H100 layer sweeps
-# every down that could take it was faster with it, back to back and with a server's norm
-# between the layers; one step beat two on most of them.
-DOWN_PACED = 1
+# Every pick, TUNED_H200's or the heuristics', keeps this many staged weight steps in flight
+# until its PDL wait returns (GemvConfig.paced) where it can take that and has no late steps:
+# x then queues behind fewer weight requests. Down projections ("variant 68"): in the H100
+# layer sweeps and through DenseMlp every down that could take it was faster with it, back to
+# back and with a server's norm between the layers. Gate_ups ("variant 69"): the planner's
+# picks of the off-table grid took 0.87-0.99x the layer time in the layer sweep.
+PACED = 1
 # Heuristic picks keep at most this many steps in registers: 2-3 beat more in the sweeps
 # (more registers cost occupancy, and ptxas may sink register loads below the PDL wait).
 HEURISTIC_MAX_IN_REGS = 3
@@ -950,7 +951,7 @@ def choose_config(
 
     ``swiglu`` takes the same tiling (a CTA's 16-row tile is 8 gate + 8 up rows). ``sms``:
     the target GPU's SM count; TUNED_H200 and LATE_STEPS only apply at hopper.SMS (132).
-    Down projections (no ``swiglu``) are paced by DOWN_PACED where their pick takes it.
+    Picks without late steps are paced by PACED where they take it.
     ValueError if the kernel cannot take the shape (see kernel_supports).
     """
     hopper.check_sms(sms)
@@ -964,17 +965,15 @@ def choose_config(
             "register limits"
         )
     pick = _planned(rows, k, tokens, swiglu, sms)
-    if not swiglu:
-        if not DOWN_PACED or pick.paced or pick.late_steps:
-            return pick
-        paced = replace(pick, paced=DOWN_PACED)
-        return paced if config_fits(rows, k, tokens, paced, sms) else pick
-    late = LATE_STEPS.get((rows, k), {}).get(tokens, 0) if sms == hopper.SMS else 0
+    late = LATE_STEPS.get((rows, k), {}).get(tokens, 0) if swiglu and sms == hopper.SMS else 0
     if late:
         with_late = replace(pick, late_steps=late)
         if config_fits(rows, k, tokens, with_late, sms):
             return with_late
-    return pick
+    if not PACED or pick.paced or pick.late_steps:
+        return pick
+    paced = replace(pick, paced=PACED)
+    return paced if config_fits(rows, k, tokens, paced, sms) else pick
 
 
 def _planned(rows: int, k: int, tokens: int, swiglu: bool, sms: int) -> GemvConfig:
