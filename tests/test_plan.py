@@ -234,6 +234,8 @@ def test_tuned_table_fits_every_token_count_it_covers(monkeypatch):
         (3072, 5120, 8, True, True),  # GLM-4.5 TP 8 gate_up: the table's, PDL trigger early
         (3072, 6144, 4, True, False),  # GLM-5 TP 8 gate_up: a persistent grid
         (512, 6144, 8, True, False),  # LATE_STEPS' pick: its late steps, no pace
+        (2048, 6144, 1, True, False),  # UNPACED_GATE_UPS: measured slower paced
+        (2048, 6144, 2, True, True),  # ... at 1 token only
     ],
 )
 def test_picks_are_paced_where_they_take_it(
@@ -245,6 +247,16 @@ def test_picks_are_paced_where_they_take_it(
         unpaced = tuning.choose_config(rows, k, tokens, swiglu)
     assert config == (replace(unpaced, paced=tuning.PACED) if paced else unpaced)
     assert not unpaced.paced and tuning.config_fits(rows, k, tokens, config)
+
+
+def test_unpaced_gate_ups_are_picks_the_rule_would_pace() -> None:
+    """Each exception names a gate_up and token count the rule would otherwise change."""
+    for (rows, k), counts in tuning.UNPACED_GATE_UPS.items():
+        for tokens in counts:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(tuning, "UNPACED_GATE_UPS", {})
+                assert tuning.choose_config(rows, k, tokens, True).paced == tuning.PACED
+            assert tuning.choose_config(rows, k, tokens, True).paced == 0
 
 
 # Late steps measured on the planner's picks (variant 60 on the H100): (rows, k) of the

@@ -36,6 +36,7 @@ from mlpjit.kernels.fp8_gemv.params import (
 __all__ = [
     "LATE_STEPS",
     "PACED",
+    "UNPACED_GATE_UPS",
     "TUNED_H200",
     "choose_config",
     "config_fits",
@@ -272,8 +273,18 @@ LATE_STEPS: dict[tuple[int, int], dict[int, int]] = {
 # x then queues behind fewer weight requests. Down projections ("variant 68"): in the H100
 # layer sweeps and through DenseMlp every down that could take it was faster with it, back to
 # back and with a server's norm between the layers. Gate_ups ("variant 69"): the planner's
-# picks of the off-table grid took 0.87-0.99x the layer time in the layer sweep.
+# picks of the off-table grid took 0.87-0.99x the layer time in the layer sweep, and through
+# DenseMlp 0.86-0.99x back to back and 0.92-1.02x with a server's norm between the layers,
+# except where UNPACED_GATE_UPS keeps the pick as it was.
 PACED = 1
+# Gate_ups and token counts the pacing rule made more than 2% slower through DenseMlp in one
+# of the two measures (H100): (rows, k) -> token counts. GLM-5's shared expert at TP 2, 1
+# token: 0.915x back to back, 1.040x with the norm; hidden 4096 x 640 at 1 token: 1.026x and
+# 0.962x.
+UNPACED_GATE_UPS: dict[tuple[int, int], tuple[int, ...]] = {
+    (2048, 6144): (1,),
+    (1280, 4096): (1,),
+}
 # Heuristic picks keep at most this many steps in registers: 2-3 beat more in the sweeps
 # (more registers cost occupancy, and ptxas may sink register loads below the PDL wait).
 HEURISTIC_MAX_IN_REGS = 3
@@ -951,7 +962,8 @@ def choose_config(
 
     ``swiglu`` takes the same tiling (a CTA's 16-row tile is 8 gate + 8 up rows). ``sms``:
     the target GPU's SM count; TUNED_H200 and LATE_STEPS only apply at hopper.SMS (132).
-    Picks without late steps are paced by PACED where they take it.
+    Picks without late steps are paced by PACED where they take it (but for
+    UNPACED_GATE_UPS).
     ValueError if the kernel cannot take the shape (see kernel_supports).
     """
     hopper.check_sms(sms)
@@ -971,6 +983,8 @@ def choose_config(
         if config_fits(rows, k, tokens, with_late, sms):
             return with_late
     if not PACED or pick.paced or pick.late_steps:
+        return pick
+    if swiglu and tokens in UNPACED_GATE_UPS.get((rows, k), ()):
         return pick
     paced = replace(pick, paced=PACED)
     return paced if config_fits(rows, k, tokens, paced, sms) else pick
