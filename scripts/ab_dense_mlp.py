@@ -7,7 +7,9 @@ On a CPU machine, export the base and compile both trees' kernels into one cache
 
     python3 scripts/ab_dense_mlp.py prepare --base main --shapes glm5-tp8 --tokens 1,4,8
 
-then carry .gpu-cache/ab (the cache and the base tree) with the checkout to the GPU machine:
+then carry .gpu-cache/ab (the cache and the base tree) with the checkout to the GPU machine
+(packages missing there on PYTHONPATH, as scripts/gpu_run.sh installs them; both trees keep
+it behind their own):
 
     python3 scripts/ab_dense_mlp.py run --shapes glm5-tp8 --tokens 1,4,8
     python3 scripts/ab_dense_mlp.py report .gpu-cache/ab/ab.json
