@@ -7,6 +7,8 @@ import sys
 from dataclasses import replace
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from mlpjit import layer_plan, models
 from mlpjit.kernels import hopper
@@ -247,6 +249,42 @@ def test_picks_are_paced_where_they_take_it(
         unpaced = tuning.choose_config(rows, k, tokens, swiglu)
     assert config == (replace(unpaced, paced=tuning.PACED) if paced else unpaced)
     assert not unpaced.paced and tuning.config_fits(rows, k, tokens, config)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows_blocks=st.integers(1, 96),
+    k_blocks=st.integers(1, 96),
+    tokens=st.integers(1, gemv_params.MAX_TOKENS),
+    swiglu=st.booleans(),
+    sms=st.sampled_from((132, 114, 78)),
+)
+@example(rows_blocks=24, k_blocks=48, tokens=1, swiglu=True, sms=132)  # a paced table entry
+@example(rows_blocks=48, k_blocks=12, tokens=1, swiglu=False, sms=132)  # a down the rule paces
+@example(rows_blocks=16, k_blocks=48, tokens=1, swiglu=True, sms=132)  # UNPACED_GATE_UPS
+def test_the_pace_is_added_exactly_where_the_unpaced_pick_takes_it(
+    rows_blocks: int, k_blocks: int, tokens: int, swiglu: bool, sms: int
+) -> None:
+    """Whatever the shape: PACED only adds a pace, to a pick without late steps that can
+    take it (one that GemvParams accepts and fits the GPU), and nowhere else."""
+    rows, k = 128 * rows_blocks, 128 * k_blocks
+    if not tuning.kernel_supports(rows, k, tokens, sms):
+        return
+    try:
+        config = tuning.choose_config(rows, k, tokens, swiglu, sms)
+    except ValueError:
+        return  # no decomposition fits: the stock path, with or without the rule
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tuning, "PACED", 0)
+        unpaced = tuning.choose_config(rows, k, tokens, swiglu, sms)
+    if unpaced.paced:  # a table entry's own pace
+        assert config == unpaced
+        return
+    assert replace(config, paced=0) == unpaced
+    paced = replace(unpaced, paced=tuning.PACED)
+    exception = swiglu and tokens in tuning.UNPACED_GATE_UPS.get((rows, k), ())
+    takes_it = not unpaced.late_steps and tuning.config_fits(rows, k, tokens, paced, sms)
+    assert config.paced == (tuning.PACED if takes_it and not exception else 0)
 
 
 def test_unpaced_gate_ups_are_picks_the_rule_would_pace() -> None:
