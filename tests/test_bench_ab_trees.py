@@ -19,11 +19,22 @@ def test_run_order_alternates_and_mirrors_with_the_norm() -> None:
     assert [r for _, r, _ in ab_trees.run_order(3)][:6] == [1, 1, 2, 2, 3, 3]
 
 
+def test_tree_env_puts_the_tree_first_and_sets_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/carried/site")
+    env = ab_trees.tree_env(tmp_path / "base", tmp_path / "cache")
+    assert env["PYTHONPATH"].split(":") == [str(tmp_path / "base"), "/carried/site"]
+    assert env["MLPJIT_CACHE_DIR"] == str(tmp_path / "cache")
+
+
 def test_export_base_writes_the_revision_and_names_a_bad_one(tmp_path: Path) -> None:
     dest = ab_trees.export_base("HEAD", tmp_path / "base")
     assert (dest / "mlpjit" / "dense_mlp.py").is_file()
     assert (dest / "scripts" / "bench_dense_mlp.py").is_file()
     assert not (dest / "tests").exists()
+    (dest / "stale.py").write_text("")
+    assert not (ab_trees.export_base("HEAD", dest) / "stale.py").exists()  # emptied first
     with pytest.raises(ValueError, match="no-such-revision"):
         ab_trees.export_base("no-such-revision", tmp_path / "bad")
 
@@ -55,13 +66,13 @@ def test_run_times_both_trees_in_order_and_writes_one_json(
     (work / "base" / "scripts" / "bench_dense_mlp.py").write_text("")
     calls = []
 
-    def fake_bench(tree, mode, shapes, tokens, replays, warmup, out):
+    def fake_bench(tree, cache, mode, shapes, tokens, replays, warmup, out):
+        assert cache == work / "cache"
         calls.append((tree, mode, shapes, tokens, replays, warmup))
         us = 10.0 if tree == work / "base" else 9.0
         return {"meta": {}, "results": [{"shape": "glm5-tp8", "tokens": 1, "mlpjit_us": us}]}
 
     monkeypatch.setattr(ab_trees, "run_bench", fake_bench)
-    monkeypatch.setenv("MLPJIT_CACHE_DIR", str(tmp_path / "elsewhere"))
     argv = ["run", "--work", str(work), "--shapes", "glm5-tp8", "--tokens", "1", "--modes",
             "chain", "--rounds", "2", "--replays", "7"]  # fmt: skip
     assert ab_trees.main(argv) == 0

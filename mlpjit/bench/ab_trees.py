@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -59,8 +60,7 @@ def run_order(rounds: int) -> list[tuple[str, int, str]]:
 def export_base(rev: str, dest: Path, repo: Path = REPO) -> Path:
     """``rev``'s mlpjit/ and scripts/ under ``dest`` (emptied first); ValueError naming the
     revision if git cannot read it."""
-    if dest.exists():
-        subprocess.run(["rm", "-rf", str(dest)], check=True)
+    shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     with tempfile.TemporaryFile() as tar:
         done = subprocess.run(
@@ -108,9 +108,16 @@ def warm_tree(tree: Path, shapes: str, tokens: str, cache: Path, arch: str, jobs
 
 
 def run_bench(
-    tree: Path, mode: str, shapes: str, tokens: str, replays: int, warmup: int, out: Path
+    tree: Path,
+    cache: Path,
+    mode: str,
+    shapes: str,
+    tokens: str,
+    replays: int,
+    warmup: int,
+    out: Path,
 ) -> dict:
-    """One bench_dense_mlp.py run of ``tree`` (mlpjit only); its JSON."""
+    """One bench_dense_mlp.py run of ``tree`` from ``cache`` (mlpjit only); its JSON."""
     argv = [
         sys.executable, str(tree / "scripts" / "bench_dense_mlp.py"), "--shapes", shapes,
         "--tokens", tokens, "--methods", "mlpjit", "--replays", str(replays),
@@ -118,7 +125,7 @@ def run_bench(
     ]  # fmt: skip
     if mode == "norm":
         argv.append("--norm-between")
-    subprocess.run(argv, env=tree_env(tree), cwd=tree, check=True)
+    subprocess.run(argv, env=tree_env(tree, cache), cwd=tree, check=True)
     return json.loads(out.read_text())
 
 
@@ -220,7 +227,6 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
     if not (base / "scripts" / "bench_dense_mlp.py").is_file():
         print(f"error: no base tree in {base}: run `prepare --base REV` first", file=sys.stderr)
         return 2
-    os.environ["MLPJIT_CACHE_DIR"] = str(cache)
     trees = {BASE: base, HEAD: REPO}
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -230,7 +236,7 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
             print(f"{mode} round {r}: tree {tree}", flush=True)
             out = Path(tmp) / f"{mode}_{r}_{tree}.json"
             result = run_bench(
-                trees[tree], mode, args.shapes, args.tokens, args.replays, args.warmup, out
+                trees[tree], cache, mode, args.shapes, args.tokens, args.replays, args.warmup, out
             )
             runs.append({"mode": mode, "round": r, "tree": tree, **result})
     rows = report(runs)
