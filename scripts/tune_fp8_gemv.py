@@ -9,6 +9,10 @@
           streams) only shows in this order. choose_config's pair with every combination of
           early_launch (PDL trigger at kernel entry or after the wait), extra configs crossed
           with it (--gate-up-configs, --down-configs), and the pair in clusters (--clusters).
+  compare each layer pair of a sweep's --json against the planned pair (after / before, the
+          worst round, and with --norm the same sweep's --norm-between run), marking those
+          that pass the table's rule: faster by more than 3% in every round back to back and
+          no slower with the norm (docs/KERNEL_NOTES.md).
 
 The GPU machine has no compiler, so compile the variants here first, then time them there
 from the carried cache (nothing compiles on the GPU):

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mlpjit.bench import sweep_compare
 from mlpjit.bench.cli_args import add_norm_between, add_rounds
 from mlpjit.bench.gemv_sweep import (
     ARCH,
@@ -219,7 +220,27 @@ def parse_args(
         help="also time the default pair with the x sharing of its clustered kernels switched "
         "(send_x: st.async instead of a fenced cluster barrier, or back)",
     )
+    compare = modes.add_parser(
+        "compare",
+        help="a layer sweep's pairs against the planned pair, and which pass the table's rule",
+    )
+    compare.add_argument("chain", type=Path, help="--json of a layer sweep, back to back")
+    compare.add_argument(
+        "--norm", type=Path, help="--json of the same sweep with --norm-between"
+    )
+    compare.add_argument(
+        "--min-gain",
+        type=float,
+        default=sweep_compare.MIN_GAIN,
+        help="a pair passes if faster than the planned one by more than this in every round "
+        "(and, with --norm, not slower there); default 0.03",
+    )
+    compare.add_argument("--passing", action="store_true", help="list only the pairs that pass")
     args = p.parse_args(argv)
+    if args.mode == "compare":
+        if not 0 <= args.min_gain < 1:
+            compare.error(f"--min-gain must be in [0, 1), got {args.min_gain}")
+        return args
     if args.tokens is None:
         args.tokens = ",".join(map(str, KERNEL_TOKENS if args.mode == "kernel" else LAYER_TOKENS))
     _check(args, kernel if args.mode == "kernel" else layer)
@@ -427,10 +448,32 @@ def dry_run(args: argparse.Namespace) -> list[str]:
     return lines
 
 
+def _compare(args: argparse.Namespace) -> int:
+    """Print the compare table; 2 with one line naming a file that cannot be read."""
+    rows = {}
+    for flag, path in (("chain", args.chain), ("--norm", args.norm)):
+        if path is None:
+            continue
+        try:
+            rows[flag] = json.loads(path.read_text())["results"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: {flag} {path}: not a layer sweep's --json ({exc})", file=sys.stderr)
+            return 2
+    try:
+        found = sweep_compare.compare(rows["chain"], rows.get("--norm", ()), args.min_gain)
+    except (KeyError, ValueError) as exc:
+        print(f"error: {args.chain}: {exc}", file=sys.stderr)
+        return 2
+    print(sweep_compare.markdown(found, only_passing=args.passing))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, description: str | None = None) -> int:
     """Emit the requests, list the variants (--dry-run) or time them on the GPU."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv, description)
+    if args.mode == "compare":
+        return _compare(args)
     if args.emit is not None:
         if args.mode == "kernel":
             items = kernel_requests(
