@@ -32,18 +32,6 @@ BASE = "A"  # the base revision's tree
 HEAD = "B"  # this checkout
 MODES = ("chain", "norm")
 REPO = Path(__file__).resolve().parents[2]
-_REQUESTS = """
-import sys
-from mlpjit.dense_mlp import kernel_requests
-from mlpjit.testing.layers import layer_shapes
-tokens = [int(t) for t in sys.argv[2].split(",")]
-seen = []
-for hidden, inter in layer_shapes(sys.argv[1].split(",")).values():
-    for r in kernel_requests(hidden, inter, tokens, sys.argv[3], limit=None, ue8m0=True):
-        if r not in seen:
-            seen.append(r)
-sys.stdout.write("".join(r.to_json_line() + "\\n" for r in seen))
-"""
 
 
 def run_order(rounds: int) -> list[tuple[str, int, str]]:
@@ -90,21 +78,18 @@ def tree_env(tree: Path, cache: Path | None = None) -> dict[str, str]:
 
 def warm_tree(tree: Path, shapes: str, tokens: str, cache: Path, arch: str, jobs: int) -> None:
     """Compile ``tree``'s DenseMlp kernels for the shapes and token counts into ``cache``,
-    with that tree's own source."""
+    with that tree's own source: its ``mlpjit warm`` per layer (the requests DenseMlp's
+    prepare makes)."""
+    from mlpjit.testing.layers import layer_shapes
+
     env = tree_env(tree, cache)
     env["CUTE_DSL_ARCH"] = arch
-    requests = subprocess.run(
-        [sys.executable, "-c", _REQUESTS, shapes, tokens, arch],
-        env=env, cwd=tree, check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
-        f.write(requests)
-    try:
-        warm = ["warm", "--from", f.name, "--arch", arch, "--jobs", str(jobs)]
-        code = f"import sys; from mlpjit.cli import main; sys.exit(main({warm!r}))"
-        subprocess.run([sys.executable, "-c", code], env=env, cwd=tree, check=True)
-    finally:
-        os.unlink(f.name)
+    for hidden, inter in layer_shapes(shapes.split(",")).values():
+        warm = [
+            "warm", "--hidden", str(hidden), "--intermediate", str(inter), "--tp", "1",
+            "--tokens", tokens, "--arch", arch, "--jobs", str(jobs),
+        ]  # fmt: skip
+        subprocess.run([sys.executable, "-m", "mlpjit", *warm], env=env, cwd=tree, check=True)
 
 
 def run_bench(

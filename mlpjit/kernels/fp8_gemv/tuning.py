@@ -129,14 +129,15 @@ def _config(
 # entries of Qwen3-32B TP 8 and of DeepSeek-V3's shared expert at TP 1 are gone: both layers
 # now stream (layer_plan.stream_halves), 1-9% faster than their measured pairs at 1, 4, 6
 # and 8 tokens and level at 2 (docs/KERNEL_NOTES.md, variant 40). Late weight steps on top
-# of these picks and the planner's: LATE_STEPS. Entries marked "paced" ("variant 67": staged steps
-# kept in flight N at a time until the PDL wait returns, the rest after x) beat the pick before
-# them by more than 3% in every round of two H100 layer sweeps back to back, and were no slower
-# with a server's norm between the layers.
+# of these picks and the planner's: LATE_STEPS; a pace on top of them: PACED. Entries marked
+# "paced" ("variant 67": staged steps kept in flight N at a time until the PDL wait returns,
+# the rest after x) beat the pick before them, paced, by more than 3% in every round of two H100
+# layer sweeps back to back, and were no slower with a server's norm between the layers; where
+# their pace is PACED's, the rule adds it.
 TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...]] = {
     # GLM-5 (hidden 6144, intermediate 12288) TP 8
     (3072, 6144, True): (
-        (1, _config(1, 3, 2, paced=1)),  # paced (H100)
+        (1, _config(1, 3, 2)),  # paced by PACED (variant 67 measured it, H100)
         (4, _config(1, 3, 1)),
         (5, _config(1, 3, 1, cluster=2)),
         (8, _config(1, 3, 1, cluster=2, send_x=True)),  # variant 37
@@ -193,9 +194,9 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
     # GLM-4.5 (hidden 5120) TP 8
     (3072, 5120, True): (
         (1, _config(1, 0, 2, paced=2)),  # paced (H100)
-        (2, _config(1, 2, 2, paced=1)),  # paced (H100)
+        (2, _config(1, 2, 2)),
         (3, _config(1, 3, 1)),
-        (4, _config(1, 1, 2, paced=1)),  # paced (H100)
+        (4, _config(1, 1, 2)),  # measured paced by PACED (H100)
         (8, _config(2, 2, 1, early=True)),
     ),
     (5120, 1536, False): (
