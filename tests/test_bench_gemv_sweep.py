@@ -109,8 +109,12 @@ def test_paced_parse_label_and_pairs() -> None:
     found = gemv_sweep.pairs(5120, 1536, 2, paced=(0, 1, 5, 6))
     added = found[len(gemv_sweep.pairs(5120, 1536, 2)) :]
     assert [(g.paced, g.late_steps, d.paced) for g, d in added] == [(0, 0, 0), (5, 0, 0)]
-    # A persistent gate_up (GLM-5 TP 8 at 8 tokens, one CTA per SM) takes no pace.
-    assert not any(g.paced for g, _ in gemv_sweep.pairs(6144, 1536, 8, paced=(1,)))
+    # A persistent gate_up (GLM-5 TP 8 at 8 tokens, one CTA per SM) is timed paced too,
+    # instead of its late steps; a pick of two slices per warp takes no pace.
+    default_g, _ = gemv_sweep.pairs(6144, 1536, 8)[0]
+    paced = [g for g, _ in gemv_sweep.pairs(6144, 1536, 8, paced=(1,)) if g.paced]
+    assert paced == [dataclasses.replace(default_g, late_steps=0, paced=1)]
+    assert not any(g.paced for g, _ in gemv_sweep.pairs(24576, 5120, 1, paced=(1,)))
 
 
 def test_paced_zero_and_paced_down_pairs() -> None:

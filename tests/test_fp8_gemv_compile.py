@@ -172,7 +172,9 @@ def check_kernel_sass(p: dict) -> None:
     # pacing loop's (both before the wait) and the predicated one after x's loads.
     paced = p.get("paced", 0)
     rest = staged - paced
-    assert len(cp_async) == (2 * paced + 6 * rest if paced else 2 * staged * copies * spw)
+    # A persistent kernel's tile loop refills every staged step for the next tile.
+    first_tile = 2 * paced + 6 * rest if paced else 2 * staged * spw
+    assert len(cp_async) == first_tile + 2 * staged * spw * (copies - 1)
     # PDL: the first tile's cp.async share is issued before the dependency wait (ACQBULK),
     # but for its late steps (after x's loads).
     assert ops.count("ACQBULK") == 1
@@ -377,6 +379,9 @@ PACED_VARIANTS = {
     "cluster-send-p1": {"tokens": 8, "cluster": 2, "send_x": True, "paced": 1},
     "down-slice128-p1": {"rows": 6144, "k": 1536, "in_regs": 0, "swiglu": False, "tokens": 1,
                          "slice_k": 128, "paced": 1},
+    "persistent-p1": {"tokens": 2, "ctas_per_sm": 1, "paced": 1},
+    "persistent-cluster-send-p1": {"tokens": 6, "ctas_per_sm": 1, "cluster": 2, "send_x": True,
+                                   "paced": 1},
 }  # fmt: skip
 
 
@@ -384,7 +389,7 @@ PACED_VARIANTS = {
 def test_paced_steps_before_the_wait_and_the_rest_after_x(changes) -> None:
     """Before the PDL wait: every warp's first ``paced`` steps, warp 0's others and the
     pacing loop's copies (two LDGSTS each); after it, x's loads, then the rest, predicated
-    (one group per step); no spills."""
+    (one group per step), and in a persistent grid the next tiles' refills; no spills."""
     p = gemv_params.GemvParams(**_variant(**changes))
     rest = p.staged - p.paced
     facts = _facts(_freeze(_variant(**changes)))
@@ -394,11 +399,12 @@ def test_paced_steps_before_the_wait_and_the_rest_after_x(changes) -> None:
     copies = [i for i, op in enumerate(ops) if op.startswith("LDGSTS")]
     assert len([i for i in copies if i < wait]) == 2 * p.paced + 4 * rest
     after = [i for i in copies if i > wait]
-    assert len(after) == 2 * rest
+    assert len(after) == 2 * rest + (2 * p.staged if p.persistent else 0)
+    late = after[: 2 * rest]
     x_loads = [i for i, op in enumerate(ops) if i > wait and op == "LDG.E.128"]
-    assert x_loads and x_loads[0] < after[0]
+    assert x_loads and x_loads[0] < late[0]
     # The late copies are not behind a branch (which ptxas puts after x's data).
-    assert "BRA" not in ops[x_loads[0] : after[-1]]
+    assert "BRA" not in ops[x_loads[0] : late[-1]]
 
 
 # Clustered variants of _variant: persistent and not, chunk counts the cluster does not divide.
@@ -592,7 +598,6 @@ def test_deterministic_across_processes() -> None:
         ({"paced": True}, "paced must be an int"),
         ({"paced": 1, "late_steps": 1}, "paced needs"),
         ({"paced": 1, "slices_per_warp": 2}, "paced needs"),
-        ({"paced": 1, "ctas_per_sm": 1}, "persistent=True"),  # 192 tiles on 132 CTAs
     ],
 )
 def test_bad_params(changes, match) -> None:

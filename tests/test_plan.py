@@ -284,7 +284,27 @@ def test_the_pace_is_added_exactly_where_the_unpaced_pick_takes_it(
     paced = replace(unpaced, paced=tuning.PACED)
     exception = swiglu and tokens in tuning.UNPACED_GATE_UPS.get((rows, k), ())
     takes_it = not unpaced.late_steps and tuning.config_fits(rows, k, tokens, paced, sms)
+    persistent = gemv_params.GemvParams.of(
+        rows, k, tokens, unpaced, swiglu=False, limit=None, ue8m0=False, sms=sms
+    ).persistent
+    exception = exception or (persistent and not tuning.PACE_PERSISTENT)
     assert config.paced == (tuning.PACED if takes_it and not exception else 0)
+
+
+@pytest.mark.parametrize("tokens", [2, 4, 5, 6, 7])
+def test_persistent_picks_take_a_pace_once_the_rule_reaches_them(monkeypatch, tokens) -> None:
+    """GLM-5 TP 8's gate_up at 2-7 tokens is a persistent grid of one slice per warp: the
+    kernel takes a pace there, and PACE_PERSISTENT decides whether the planner adds it."""
+    unpaced = tuning.choose_config(3072, 6144, tokens, True)
+    assert not unpaced.paced and not unpaced.late_steps
+    launch = gemv_params.GemvParams.of(
+        3072, 6144, tokens, unpaced, swiglu=True, limit=None, ue8m0=False
+    )
+    assert launch.persistent and launch.ctas < launch.row_tiles
+    monkeypatch.setattr(tuning, "PACE_PERSISTENT", True)
+    paced = tuning.choose_config(3072, 6144, tokens, True)
+    assert paced == replace(unpaced, paced=tuning.PACED)
+    assert tuning.config_fits(3072, 6144, tokens, paced)
 
 
 def test_unpaced_gate_ups_are_picks_the_rule_would_pace() -> None:

@@ -345,7 +345,7 @@ def test_late_steps_compute_the_same(case) -> None:
 
 # paced: staged steps kept in flight until the PDL wait returns, the rest after x's loads;
 # one tile per CTA, all staged, clusters sharing x (st.async or a barrier), 128-K slices, K
-# splits, the trigger at entry.
+# splits, the trigger at entry, persistent grids.
 PACED_CASES = (
     ("glm5-tp8-gate_up", 1, C(1, 3, 2, paced=1)),
     ("glm5-tp8-gate_up", 2, C(1, 0, 2, paced=2)),
@@ -355,6 +355,10 @@ PACED_CASES = (
     # a cluster sharing x through its fenced barrier; the PDL trigger at entry
     ("glm5-tp8-gate_up", 6, C(1, 3, 2, cluster=2, paced=1)),
     ("glm4.5-tp8-gate_up", 8, C(2, 2, 1, early_launch=True, paced=1)),
+    # persistent grids: the first tile paced, the next tiles' refills as before
+    ("glm5-tp8-gate_up", 2, C(1, 3, 1, paced=1)),
+    ("glm5-tp8-gate_up", 6, C(1, 3, 1, cluster=2, send_x=True, paced=1)),
+    ("glm4.5-tp2-down", 3, C(1, 2, 1, paced=2)),
 )
 
 

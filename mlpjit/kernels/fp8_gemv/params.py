@@ -345,12 +345,12 @@ class GemvParams:
                 f"{self.in_regs}), lower tiles (now {self.tiles}) or ctas_per_sm"
             )
         check_int("paced", self.paced, 0, max(self.staged - 1, 0))
-        if self.paced and (self.spw > 1 or self.late_steps or self.warps < 2 or self.persistent):
+        if self.paced and (self.spw > 1 or self.late_steps or self.warps < 2):
             raise ValueError(
-                "paced needs one row tile per CTA, slices_per_warp=1, late_steps=0 and 2 "
-                "or more warps (it decides the late steps as the weights land), got "
+                "paced needs slices_per_warp=1, late_steps=0 and 2 or more warps (it decides "
+                "the late steps as the weights land), got "
                 f"slices_per_warp={self.slices_per_warp}, late_steps={self.late_steps}, "
-                f"{self.warps} warps, persistent={self.persistent}"
+                f"{self.warps} warps"
             )
 
     @classmethod

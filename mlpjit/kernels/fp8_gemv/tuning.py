@@ -36,6 +36,7 @@ from mlpjit.kernels.fp8_gemv.params import (
 __all__ = [
     "LATE_STEPS",
     "PACED",
+    "PACE_PERSISTENT",
     "UNPACED_GATE_UPS",
     "TUNED_H200",
     "choose_config",
@@ -286,6 +287,10 @@ UNPACED_GATE_UPS: dict[tuple[int, int], tuple[int, ...]] = {
     (2048, 6144): (1,),
     (1280, 4096): (1,),
 }
+# Whether PACED reaches persistent grids too. The kernel takes a pace there (tile 0's steps
+# are paced; the refills of later tiles follow as before), but no persistent pick has been
+# timed paced through DenseMlp yet: the layer sweep's `--paced 1` times them.
+PACE_PERSISTENT = False
 # Heuristic picks keep at most this many steps in registers: 2-3 beat more in the sweeps
 # (more registers cost occupancy, and ptxas may sink register loads below the PDL wait).
 HEURISTIC_MAX_IN_REGS = 3
@@ -964,7 +969,7 @@ def choose_config(
     ``swiglu`` takes the same tiling (a CTA's 16-row tile is 8 gate + 8 up rows). ``sms``:
     the target GPU's SM count; TUNED_H200 and LATE_STEPS only apply at hopper.SMS (132).
     Picks without late steps are paced by PACED where they take it (but for
-    UNPACED_GATE_UPS).
+    UNPACED_GATE_UPS, and persistent grids unless PACE_PERSISTENT).
     ValueError if the kernel cannot take the shape (see kernel_supports).
     """
     hopper.check_sms(sms)
@@ -986,6 +991,8 @@ def choose_config(
     if not PACED or pick.paced or pick.late_steps:
         return pick
     if swiglu and tokens in UNPACED_GATE_UPS.get((rows, k), ()):
+        return pick
+    if not PACE_PERSISTENT and _launch(rows, k, tokens, pick, sms).persistent:
         return pick
     paced = replace(pick, paced=PACED)
     return paced if config_fits(rows, k, tokens, paced, sms) else pick
