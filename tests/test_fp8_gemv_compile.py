@@ -171,7 +171,7 @@ def check_kernel_sass(p: dict) -> None:
     # A paced kernel's steps past its first `paced` have three copies: the first warp's, the
     # pacing loop's (both before the wait) and the predicated one after x's loads.
     paced = p.get("paced", 0)
-    rest = staged - paced
+    rest = staged * spw - paced
     # A persistent kernel's tile loop refills every staged step for the next tile.
     first_tile = 2 * paced + 6 * rest if paced else 2 * staged * spw
     assert len(cp_async) == first_tile + 2 * staged * spw * (copies - 1)
@@ -382,6 +382,10 @@ PACED_VARIANTS = {
     "persistent-p1": {"tokens": 2, "ctas_per_sm": 1, "paced": 1},
     "persistent-cluster-send-p1": {"tokens": 6, "ctas_per_sm": 1, "cluster": 2, "send_x": True,
                                    "paced": 1},
+    "down-3-slices-p1": {"rows": 6144, "k": 1536, "tiles": 4, "in_regs": 1, "swiglu": False,
+                         "tokens": 2, "slices_per_warp": 3, "paced": 1},
+    "persistent-3-slices-p2": {"rows": 24576, "tokens": 2, "in_regs": 0, "slices_per_warp": 3,
+                               "paced": 2},
 }  # fmt: skip
 
 
@@ -391,7 +395,7 @@ def test_paced_steps_before_the_wait_and_the_rest_after_x(changes) -> None:
     pacing loop's copies (two LDGSTS each); after it, x's loads, then the rest, predicated
     (one group per step), and in a persistent grid the next tiles' refills; no spills."""
     p = gemv_params.GemvParams(**_variant(**changes))
-    rest = p.staged - p.paced
+    rest = p.spw * p.staged - p.paced
     facts = _facts(_freeze(_variant(**changes)))
     assert facts["stack"] == 0 and facts["local"] == 0
     ops = facts["ops"]
@@ -399,7 +403,7 @@ def test_paced_steps_before_the_wait_and_the_rest_after_x(changes) -> None:
     copies = [i for i, op in enumerate(ops) if op.startswith("LDGSTS")]
     assert len([i for i in copies if i < wait]) == 2 * p.paced + 4 * rest
     after = [i for i in copies if i > wait]
-    assert len(after) == 2 * rest + (2 * p.staged if p.persistent else 0)
+    assert len(after) == 2 * rest + (2 * p.spw * p.staged if p.persistent else 0)
     late = after[: 2 * rest]
     x_loads = [i for i, op in enumerate(ops) if i > wait and op == "LDG.E.128"]
     assert x_loads and x_loads[0] < late[0]
@@ -597,7 +601,7 @@ def test_deterministic_across_processes() -> None:
         ({"paced": 5}, r"paced must be in \[0, 4\]"),  # in_regs 3: 5 staged, one left late
         ({"paced": True}, "paced must be an int"),
         ({"paced": 1, "late_steps": 1}, "paced needs"),
-        ({"paced": 1, "slices_per_warp": 2}, "paced needs"),
+        ({"paced": 10, "slices_per_warp": 2}, r"paced must be in \[0, 9\]"),  # 2 x 5 staged
     ],
 )
 def test_bad_params(changes, match) -> None:

@@ -229,7 +229,7 @@ def test_tuned_table_fits_every_token_count_it_covers(monkeypatch):
     ("rows", "k", "tokens", "swiglu", "paced"),
     [
         (6144, 1536, 1, False, True),  # GLM-5 TP 8 down: the table's 4-tile pick
-        (6144, 1536, 2, False, False),  # ... 3 slices per warp: pacing needs one
+        (6144, 1536, 2, False, False),  # ... 3 slices per warp: not PACE_SLICES_PER_WARP
         (5120, 3072, 8, False, True),  # GLM-4.5 TP 4 down: the heuristics' pick, clustered
         (7168, 256, 1, False, False),  # one 128-K slice: nothing staged to pace
         (2304, 3072, 1, True, True),  # h3072-i1152 gate_up: a K split of the heuristics
@@ -284,10 +284,14 @@ def test_the_pace_is_added_exactly_where_the_unpaced_pick_takes_it(
     paced = replace(unpaced, paced=tuning.PACED)
     exception = swiglu and tokens in tuning.UNPACED_GATE_UPS.get((rows, k), ())
     takes_it = not unpaced.late_steps and tuning.config_fits(rows, k, tokens, paced, sms)
-    persistent = gemv_params.GemvParams.of(
+    launch = gemv_params.GemvParams.of(
         rows, k, tokens, unpaced, swiglu=False, limit=None, ue8m0=False, sms=sms
-    ).persistent
-    exception = exception or (persistent and not tuning.PACE_PERSISTENT)
+    )
+    exception = (
+        exception
+        or (launch.persistent and not tuning.PACE_PERSISTENT)
+        or (launch.spw > 1 and not tuning.PACE_SLICES_PER_WARP)
+    )
     assert config.paced == (tuning.PACED if takes_it and not exception else 0)
 
 
@@ -305,6 +309,26 @@ def test_persistent_picks_take_a_pace_once_the_rule_reaches_them(monkeypatch, to
     paced = tuning.choose_config(3072, 6144, tokens, True)
     assert paced == replace(unpaced, paced=tuning.PACED)
     assert tuning.config_fits(3072, 6144, tokens, paced)
+
+
+@pytest.mark.parametrize(
+    ("rows", "k", "tokens", "swiglu"),
+    [
+        (6144, 1536, 2, False),  # GLM-5 TP 8 down: one wave of 3 slices per warp
+        (5120, 1536, 8, False),  # GLM-4.5 TP 8 down: the same at 8 tokens
+        (24576, 6144, 2, True),  # GLM-5 TP 1 gate_up: a persistent grid of 3 slices per warp
+    ],
+)
+def test_picks_of_several_slices_per_warp_take_a_pace_once_the_rule_reaches_them(
+    monkeypatch, rows: int, k: int, tokens: int, swiglu: bool
+) -> None:
+    unpaced = tuning.choose_config(rows, k, tokens, swiglu)
+    assert unpaced.slices_per_warp > 1 and not unpaced.paced
+    monkeypatch.setattr(tuning, "PACE_SLICES_PER_WARP", True)
+    monkeypatch.setattr(tuning, "PACE_PERSISTENT", True)
+    paced = tuning.choose_config(rows, k, tokens, swiglu)
+    assert paced == replace(unpaced, paced=tuning.PACED)
+    assert tuning.config_fits(rows, k, tokens, paced)
 
 
 def test_unpaced_gate_ups_are_picks_the_rule_would_pace() -> None:

@@ -345,7 +345,7 @@ def test_late_steps_compute_the_same(case) -> None:
 
 # paced: staged steps kept in flight until the PDL wait returns, the rest after x's loads;
 # one tile per CTA, all staged, clusters sharing x (st.async or a barrier), 128-K slices, K
-# splits, the trigger at entry, persistent grids.
+# splits, the trigger at entry, persistent grids, several slices per warp.
 PACED_CASES = (
     ("glm5-tp8-gate_up", 1, C(1, 3, 2, paced=1)),
     ("glm5-tp8-gate_up", 2, C(1, 0, 2, paced=2)),
@@ -359,6 +359,10 @@ PACED_CASES = (
     ("glm5-tp8-gate_up", 2, C(1, 3, 1, paced=1)),
     ("glm5-tp8-gate_up", 6, C(1, 3, 1, cluster=2, send_x=True, paced=1)),
     ("glm4.5-tp2-down", 3, C(1, 2, 1, paced=2)),
+    # several slices per warp, paced slice after slice: one wave, a persistent grid, K splits
+    ("glm5-tp8-down", 2, C(4, 1, 2, slices_per_warp=3, paced=1)),
+    ("glm5-tp1-gate_up", 2, C(1, 0, 2, slices_per_warp=3, paced=2)),
+    ("glm5-tp8-down", 8, C(6, 1, 1, slices_per_warp=3, slice_k=128, splits=2, paced=1)),
 )
 
 

@@ -164,18 +164,19 @@ class Fp8Gemv:
                 r_a0[s].append(ptx.ld_global_nc_v4_hint(g_a0 + (s * SL + st * STEP), policy))
                 r_a1[s].append(ptx.ld_global_nc_v4_hint(g_a1 + (s * SL + st * STEP), policy))
         s_stage = s_wgt + (warp * SPW * self.staged) * 1024 + lane * 16
-        early = self.staged - self.late_steps
+        warp_staged = SPW * self.staged  # the warp's staged steps, slice after slice
+        early = warp_staged - self.late_steps
         if cutlass.const_expr(self.paced):
             early = self.paced
         self.request_staged(s_stage, g_a0, g_a1, 0, early)
-        late = (s_stage, g_a0, g_a1, early, self.staged, True)  # once x's loads are out
+        late = (s_stage, g_a0, g_a1, early, warp_staged, True)  # once x's loads are out
         if cutlass.const_expr(self.paced):
             s_flag = s_base + self.smem_flag
             requested = Int32(early)  # the warp's staged steps requested so far
             # Warp 0 waits for the previous grid (below) and requests all of its steps now.
             if warp == 0:
-                self.request_staged(s_stage, g_a0, g_a1, early, self.staged)
-                requested = Int32(self.staged)
+                self.request_staged(s_stage, g_a0, g_a1, early, warp_staged)
+                requested = Int32(warp_staged)
             if tid == 0:
                 ptx.st_volatile_shared_u32(s_flag, Int32(0))
         r_ws0, r_ws1 = self.weight_scales(g_ws, row0, row1, slc0, grp0)
@@ -315,47 +316,48 @@ class Fp8Gemv:
         after_x: bool = False,
         requested=None,
     ):
-        """cp.async the staged steps [first, end) of each of the warp's slices into their
-        slots, one group per step (groups commit in (slice, step) order: late steps need one
-        slice per warp); ``after_x``: they follow x's loads. ``requested`` (a paced warp's
-        count of steps it requested before the wait, at run time): the steps below it are
-        not copied again, their groups left empty."""
+        """cp.async the warp's staged steps [first, end) into their slots, one group per
+        step; a warp's steps are numbered slice after slice (slice s, step j: s * staged + j),
+        the order its groups commit in. ``after_x``: they follow x's loads. ``requested`` (a
+        paced warp's count of steps it requested before the wait, at run time): the steps
+        below it are not copied again, their groups left empty."""
         if cutlass.const_expr(after_x and first < end):
             # A warp barrier orders them after the x loads issued before this: without it
             # ptxas schedules the copies first, and x would wait behind them again.
             cute.arch.sync_warp()
-        for s in cutlass.range_constexpr(self.spw):
-            for j in cutlass.range_constexpr(first, end):
-                st = self.in_regs + j
-                s_slot = s_stage + (s * self.staged + j) * 1024
-                src0 = g_a0 + (s * self.slice_k + st * STEP)
-                src1 = g_a1 + (s * self.slice_k + st * STEP)
-                if cutlass.const_expr(requested is None):
-                    ptx.cp_async_cg_16(s_slot, src0)
-                    ptx.cp_async_cg_16(s_slot + 512, src1)
-                else:
-                    # Predicated, not branched: ptxas would place a branch after x's data
-                    # (stalling the copies). An empty group keeps the waits right: step j's
-                    # group is followed by staged-1-j groups, or by more for the first
-                    # `paced` steps (which then wait a little longer than they need to); a
-                    # persistent kernel's refills all come after these, as before.
-                    due = Int32(j >= requested)
-                    ptx.cp_async_cg_16_if(s_slot, src0, due)
-                    ptx.cp_async_cg_16_if(s_slot + 512, src1, due)
-                cute.arch.cp_async_commit_group()
+        for n in cutlass.range_constexpr(first, end):
+            s, j = divmod(n, self.staged)
+            st = self.in_regs + j
+            s_slot = s_stage + n * 1024
+            src0 = g_a0 + (s * self.slice_k + st * STEP)
+            src1 = g_a1 + (s * self.slice_k + st * STEP)
+            if cutlass.const_expr(requested is None):
+                ptx.cp_async_cg_16(s_slot, src0)
+                ptx.cp_async_cg_16(s_slot + 512, src1)
+            else:
+                # Predicated, not branched: ptxas would place a branch after x's data
+                # (stalling the copies). An empty group keeps the waits right: step n's
+                # group is followed by SPW*staged-1-n groups, or by more for the first
+                # `paced` steps (which then wait a little longer than they need to); a
+                # persistent kernel's refills all come after these, as before.
+                due = Int32(n >= requested)
+                ptx.cp_async_cg_16_if(s_slot, src0, due)
+                ptx.cp_async_cg_16_if(s_slot + 512, src1, due)
+            cute.arch.cp_async_commit_group()
 
     @cute.jit
     def pace(self, s_stage: Int32, g_a0: Int64, g_a1: Int64, s_flag: Int32, requested: Int32):
-        """Until warp 0 flags that the PDL wait returned, request staged step j only once
-        step j - paced has landed, so the warp keeps ``paced`` steps in flight; returns the
-        steps requested (warp 0: all of them, so it skips this)."""
-        for j in cutlass.range_constexpr(self.paced, self.staged):
-            if requested == j:  # noqa: SIM102 (runtime conditions, kept apart)
+        """Until warp 0 flags that the PDL wait returned, request the warp's staged step n
+        (slice after slice) only once step n - paced has landed, so the warp keeps ``paced``
+        steps in flight; returns the steps requested (warp 0: all of them, so it skips
+        this)."""
+        for n in cutlass.range_constexpr(self.paced, self.spw * self.staged):
+            if requested == n:  # noqa: SIM102 (runtime conditions, kept apart)
                 if ptx.ld_volatile_shared_u32(s_flag) == 0:
                     cute.arch.cp_async_wait_group(self.paced - 1)
                     if ptx.ld_volatile_shared_u32(s_flag) == 0:
-                        self.request_staged(s_stage, g_a0, g_a1, j, j + 1)
-                        requested = Int32(j + 1)
+                        self.request_staged(s_stage, g_a0, g_a1, n, n + 1)
+                        requested = Int32(n + 1)
         return requested
 
     @cute.jit

@@ -344,13 +344,11 @@ class GemvParams:
                 f"{budget} B at ctas_per_sm={self.ctas_per_sm}; raise in_regs (now "
                 f"{self.in_regs}), lower tiles (now {self.tiles}) or ctas_per_sm"
             )
-        check_int("paced", self.paced, 0, max(self.staged - 1, 0))
-        if self.paced and (self.spw > 1 or self.late_steps or self.warps < 2):
+        check_int("paced", self.paced, 0, max(self.spw * self.staged - 1, 0))
+        if self.paced and (self.late_steps or self.warps < 2):
             raise ValueError(
-                "paced needs slices_per_warp=1, late_steps=0 and 2 or more warps (it decides "
-                "the late steps as the weights land), got "
-                f"slices_per_warp={self.slices_per_warp}, late_steps={self.late_steps}, "
-                f"{self.warps} warps"
+                "paced needs late_steps=0 and 2 or more warps (it decides the late steps as "
+                f"the weights land), got late_steps={self.late_steps}, {self.warps} warps"
             )
 
     @classmethod

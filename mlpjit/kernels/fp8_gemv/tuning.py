@@ -37,6 +37,7 @@ __all__ = [
     "LATE_STEPS",
     "PACED",
     "PACE_PERSISTENT",
+    "PACE_SLICES_PER_WARP",
     "UNPACED_GATE_UPS",
     "TUNED_H200",
     "choose_config",
@@ -287,10 +288,13 @@ UNPACED_GATE_UPS: dict[tuple[int, int], tuple[int, ...]] = {
     (2048, 6144): (1,),
     (1280, 4096): (1,),
 }
-# Whether PACED reaches persistent grids too. The kernel takes a pace there (tile 0's steps
-# are paced; the refills of later tiles follow as before), but no persistent pick has been
-# timed paced through DenseMlp yet: the layer sweep's `--paced 1` times them.
+# Whether PACED reaches persistent grids, and picks of several slices per warp. The kernel
+# takes a pace in both (variant 70: a persistent grid's first tile is paced, the refills of
+# later tiles follow as before; a warp paces its steps slice after slice), but no such pick
+# has been timed paced through DenseMlp yet: the layer sweep's --paced and --paced-down
+# time them.
 PACE_PERSISTENT = False
+PACE_SLICES_PER_WARP = False
 # Heuristic picks keep at most this many steps in registers: 2-3 beat more in the sweeps
 # (more registers cost occupancy, and ptxas may sink register loads below the PDL wait).
 HEURISTIC_MAX_IN_REGS = 3
@@ -969,7 +973,8 @@ def choose_config(
     ``swiglu`` takes the same tiling (a CTA's 16-row tile is 8 gate + 8 up rows). ``sms``:
     the target GPU's SM count; TUNED_H200 and LATE_STEPS only apply at hopper.SMS (132).
     Picks without late steps are paced by PACED where they take it (but for
-    UNPACED_GATE_UPS, and persistent grids unless PACE_PERSISTENT).
+    UNPACED_GATE_UPS, persistent grids unless PACE_PERSISTENT, several slices per warp unless
+    PACE_SLICES_PER_WARP).
     ValueError if the kernel cannot take the shape (see kernel_supports).
     """
     hopper.check_sms(sms)
@@ -992,7 +997,8 @@ def choose_config(
         return pick
     if swiglu and tokens in UNPACED_GATE_UPS.get((rows, k), ()):
         return pick
-    if not PACE_PERSISTENT and _launch(rows, k, tokens, pick, sms).persistent:
+    launch = _launch(rows, k, tokens, pick, sms)
+    if (launch.persistent and not PACE_PERSISTENT) or (launch.spw > 1 and not PACE_SLICES_PER_WARP):
         return pick
     paced = replace(pick, paced=PACED)
     return paced if config_fits(rows, k, tokens, paced, sms) else pick
