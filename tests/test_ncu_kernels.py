@@ -65,6 +65,7 @@ def test_in_flight_is_a_ctas_k_part_times_resident_ctas() -> None:
     for launch in ncu_kernels.launches(["glm5-tp8", "deepseek-v3-shared-tp8"], [1]):
         p = ncu_kernels.kernel_params(launch["request"])
         assert isinstance(p, GemvParams)
+        p = dataclasses.replace(p, paced=0, late_steps=0)
         got = ncu_kernels.in_flight_per_sm(p)
         assert got % (p.tiles * 16 * (p.k // p.splits)) == 0
         # never more than the SM's resident CTAs request, never less than one CTA's share
@@ -112,3 +113,27 @@ def test_table_joins_ncu_rows_with_the_order_by_id() -> None:
     missing = "\n".join(line for line in CSV.splitlines() if "dram__bytes" not in line)
     with pytest.raises(ValueError, match="--metrics"):
         ncu_kernels.table(missing, order)
+
+
+def test_gemv_in_flight_leaves_out_late_and_paced_steps() -> None:
+    """GLM-5 TP 8's gate_up at 2 tokens: a persistent grid of one CTA per SM, 12 warps of
+    one 512-K slice (8 steps of 1 KB: 3 in registers, 5 staged)."""
+    base = GemvParams(
+        rows=3072, k=6144, tokens=2, tiles=1, in_regs=3, ctas_per_sm=1, swiglu=True,
+        limit=None, ue8m0=True,
+    )  # fmt: skip
+    assert base.persistent and base.warps == 12
+    kb = 1024
+    assert ncu_kernels.in_flight_per_sm(base) == 12 * 8 * kb
+    late = dataclasses.replace(base, late_steps=2)
+    assert ncu_kernels.in_flight_per_sm(late) == 12 * 6 * kb
+    # warp 0: all 8 steps; the other 11: 3 register steps and 1 (or 2) staged in flight
+    assert ncu_kernels.in_flight_per_sm(dataclasses.replace(base, paced=1)) == (8 + 11 * 4) * kb
+    assert ncu_kernels.in_flight_per_sm(dataclasses.replace(base, paced=2)) == (8 + 11 * 5) * kb
+    # nothing in registers, 3 slices per warp (24 staged steps): warp 0's 24 and 1 per other
+    wide = GemvParams(
+        rows=6144, k=1536, tokens=2, tiles=4, in_regs=0, ctas_per_sm=2, swiglu=False,
+        limit=None, ue8m0=True, slices_per_warp=3, paced=1,
+    )  # fmt: skip
+    assert wide.warps == 4 and wide.ctas == 96
+    assert ncu_kernels.in_flight_per_sm(wide) == (24 + 3 * 1) * kb

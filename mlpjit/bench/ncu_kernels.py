@@ -19,7 +19,7 @@ from typing import Any
 from mlpjit.jit.spec import KernelRequest
 from mlpjit.kernels import hopper
 from mlpjit.kernels.blocks import BLOCK
-from mlpjit.kernels.fp8_gemv.params import GemvParams
+from mlpjit.kernels.fp8_gemv.params import STEP, GemvParams
 from mlpjit.kernels.fp8_stream.params import TILE_ROWS, StreamParams
 from mlpjit.testing.layers import DENSE_SHAPES
 
@@ -93,17 +93,25 @@ def kernel_params(request: KernelRequest) -> GemvParams | StreamParams:
 
 
 def in_flight_per_sm(params: GemvParams | StreamParams, sms: int = hopper.SMS) -> int:
-    """Weight bytes one SM has requested before its CTAs' first wait, by the kernel's
-    design, times the CTAs resident per SM (fewer when the grid is smaller). fp8_gemv: each
-    CTA requests all of its tiles' K part (registers and shared memory) at once. fp8_stream:
-    the producer fills the ring's ``stages`` before it first waits for a slot, so the
-    busiest CTA's first ``stages`` stages (all of its range where the ring holds it)."""
+    """Weight bytes one SM has in flight before its CTAs' first wait (what x's loads queue
+    behind), by the kernel's design, times the CTAs resident per SM (fewer when the grid is
+    smaller). fp8_gemv: each warp requests its register steps and its staged steps at once,
+    but for its late steps (after x's loads); with ``paced``, warp 0 requests all of its
+    steps and every other warp keeps only its register steps and ``paced`` staged steps in
+    flight (a persistent grid: its first row tile). fp8_stream: the producer fills the
+    ring's ``stages`` before it first waits for a slot, so the busiest CTA's first
+    ``stages`` stages (all of its range where the ring holds it)."""
     if isinstance(params, StreamParams):
         per_cta = TILE_ROWS * BLOCK * max(
             sum(params.stage_fills(b0, b1)[: params.stages]) for b0, b1 in params.cta_ranges()
         )
     else:
-        per_cta = params.tiles * 16 * (params.k // params.splits)
+        step = 16 * STEP  # a warp's 64-K step of its 16 rows
+        regs, staged = params.in_regs * params.spw, params.staged * params.spw
+        if params.paced:
+            per_cta = step * (regs + staged + (params.warps - 1) * (regs + params.paced))
+        else:
+            per_cta = step * params.warps * (regs + staged - params.late_steps)
     resident = min(params.ctas_per_sm, -(-params.ctas // sms))
     return per_cta * resident
 
