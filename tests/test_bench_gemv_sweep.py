@@ -135,6 +135,27 @@ def test_paced_zero_and_paced_down_pairs() -> None:
     assert len(requests) == len(gemv_sweep.layer_requests(["glm5-tp8"], [1])) + 1
 
 
+def test_paced_regs_pairs() -> None:
+    """GLM-5 TP 8 at 2 tokens: each half with 0 or 1 steps in registers, paced by PACED (the
+    gate_up a persistent grid, the down 3 slices per warp); the rest of the pair as planned."""
+    gate_up, down = gemv_sweep.pairs(6144, 1536, 2)[0]
+    found = gemv_sweep.pairs(6144, 1536, 2, paced_regs=(0, 1))
+    added = found[len(gemv_sweep.pairs(6144, 1536, 2)) :]
+    paced = {"paced": tuning.PACED, "late_steps": 0}
+    assert added == [
+        (dataclasses.replace(gate_up, in_regs=0, **paced), down),
+        (gate_up, dataclasses.replace(down, in_regs=0, **paced)),
+        (dataclasses.replace(gate_up, in_regs=1, **paced), down),
+        (gate_up, dataclasses.replace(down, in_regs=1, **paced)),
+    ]
+    # more register steps than a 128-K slice has (2): nothing added
+    assert len(gemv_sweep.pairs(7168, 256, 1, paced_regs=(3,))) == len(
+        gemv_sweep.pairs(7168, 256, 1)
+    )
+    requests = gemv_sweep.layer_requests(["glm5-tp8"], [2], paced_regs=(0,))
+    assert len(requests) == len(gemv_sweep.layer_requests(["glm5-tp8"], [2])) + 2
+
+
 def test_parse_config_slices_per_warp() -> None:
     assert gemv_sweep.parse_config("t1/r0/c2/s3").slices_per_warp == 3
     assert gemv_sweep.parse_config("t1/r0/c2").slices_per_warp == 1

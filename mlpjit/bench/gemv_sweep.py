@@ -270,6 +270,7 @@ def pairs(
     late: Sequence[int] = (),
     paced: Sequence[int] = (),
     paced_down: Sequence[int] = (),
+    paced_regs: Sequence[int] = (),
 ) -> list[tuple[GemvConfig, GemvConfig]]:
     """choose_config's (gate_up, down) with each early_launch combination, then every
     (gate_up, down) of the defaults, tuning.spread_config's picks and the extra configs
@@ -282,7 +283,10 @@ def pairs(
     at most the config's staged steps; where it fits); per count in ``paced``, the default
     pair with gate_up keeping that many staged steps in flight until the wait returns
     (GemvConfig.paced, instead of any late steps; 0: without pacing; where it fits); per
-    count in ``paced_down``, the default pair with down paced so (where it fits)."""
+    count in ``paced_down``, the default pair with down paced so (where it fits); per count
+    in ``paced_regs``, the default pair with gate_up, then down, holding that many steps in
+    registers and paced (its own pace, else tuning.PACED; where it fits): fewer register
+    steps put fewer bytes ahead of x."""
     gate_up = tuning.choose_config(2 * inter, hidden, m, True)
     down = tuning.choose_config(hidden, inter, m, False)
     found = [
@@ -329,6 +333,16 @@ def pairs(
         d = dataclasses.replace(down, late_steps=0, paced=n)
         if tuning.config_fits(hidden, inter, m, d) and (gate_up, d) not in found:
             found.append((gate_up, d))
+    for r in paced_regs:
+        g, d = (
+            dataclasses.replace(c, in_regs=r, late_steps=0, paced=c.paced or tuning.PACED)
+            for c in (gate_up, down)
+        )
+        g_fits = tuning.config_fits(2 * inter, hidden, m, g)
+        d_fits = tuning.config_fits(hidden, inter, m, d)
+        for pair, ok in (((g, down), g_fits), ((gate_up, d), d_fits)):
+            if ok and pair not in found:
+                found.append(pair)
     return found
 
 
@@ -365,6 +379,7 @@ def layer_requests(
     late: Sequence[int] = (),
     paced: Sequence[int] = (),
     paced_down: Sequence[int] = (),
+    paced_regs: Sequence[int] = (),
 ) -> list[KernelRequest]:
     """The distinct compile requests of every pair the layer sweep times."""
     out: list[KernelRequest] = []
@@ -373,7 +388,7 @@ def layer_requests(
         for m in tokens:
             for pair in pairs(
                 hidden, inter, m, extra_down, extra_gate_up, clusters, spread, send_x, late,
-                paced, paced_down,
+                paced, paced_down, paced_regs,
             ):  # fmt: skip
                 out += [r for r in pair_requests(hidden, inter, m, pair, arch) if r not in out]
     return out

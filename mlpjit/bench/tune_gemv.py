@@ -72,6 +72,7 @@ def _layer_pairs(args: argparse.Namespace, name: str, m: int) -> list:
     return pairs(
         hidden, inter, m, args.extra_down, args.extra_gate_up, args.cluster_list, args.spread,
         args.send_x, args.late_list, args.paced_list, args.paced_down_list,
+        args.paced_regs_list,
     )  # fmt: skip
 
 
@@ -119,7 +120,7 @@ def _check(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
             p.error(f"--spw-tiles must be ints >= 1, got {args.spw_tiles!r}")
     else:
         # staged-step counts; a pace of 0 times a paced pick without its pacing
-        for knob, low in (("late", 1), ("paced", 0), ("paced_down", 0)):
+        for knob, low in (("late", 1), ("paced", 0), ("paced_down", 0), ("paced_regs", 0)):
             flag = "--" + knob.replace("_", "-")
             counts = _ints(getattr(args, knob), flag, p)
             if any(n < low for n in counts):
@@ -206,6 +207,12 @@ def parse_args(
         "--paced-down",
         default="",
         help="the same for the default pair's down projection, e.g. 0,2",
+    )
+    layer.add_argument(
+        "--paced-regs",
+        default="",
+        help="64-K steps in registers for the default pair's gate_up, then its down, each "
+        "paced (its own pace, else tuning.PACED), e.g. 0,1: fewer bytes ahead of x",
     )
     layer.add_argument(
         "--spread",
@@ -497,6 +504,7 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
                 args.late_list,
                 args.paced_list,
                 args.paced_down_list,
+                args.paced_regs_list,
             )
         args.emit.parent.mkdir(parents=True, exist_ok=True)
         args.emit.write_text("".join(r.to_json_line() + "\n" for r in items))
