@@ -135,6 +135,20 @@ def test_paced_zero_and_paced_down_pairs() -> None:
     assert len(requests) == len(gemv_sweep.layer_requests(["glm5-tp8"], [1])) + 1
 
 
+def test_spread_picks_are_paced_as_the_planner_would_pace_them() -> None:
+    """h3072-i1152 and GLM-5 TP 8 at 1 token: each spread pick the sweep adds is
+    tuning.with_pace's form of it, and some of them take a pace."""
+    paced = 0
+    for hidden, inter in ((3072, 1152), (6144, 1536)):
+        found = gemv_sweep.pairs(hidden, inter, 1, spread=3)
+        for rows, k, swiglu, half in ((2 * inter, hidden, True, 0), (hidden, inter, False, 1)):
+            for config in tuning.spread_configs(rows, k, 1, count=3):
+                planned = tuning.with_pace(rows, k, 1, swiglu, config)
+                assert any(pair[half] == planned for pair in found)
+                paced += planned.paced != config.paced
+    assert paced >= 2
+
+
 def test_paced_regs_pairs() -> None:
     """GLM-5 TP 8 at 2 tokens: each half with 0 or 1 steps in registers, paced by PACED (the
     gate_up a persistent grid, the down 3 slices per warp); the rest of the pair as planned."""

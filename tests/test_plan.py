@@ -347,6 +347,15 @@ def test_picks_of_several_slices_per_warp_take_a_pace_once_the_rule_reaches_them
     assert tuning.config_fits(rows, k, tokens, paced)
 
 
+def test_with_pace_leaves_paced_late_and_switched_off_forms_alone() -> None:
+    one_wave = GemvConfig(1, 3, 2)  # GLM-5 TP 8 gate_up at 1 token: one wave, one slice
+    assert tuning.with_pace(3072, 6144, 1, True, one_wave) == replace(one_wave, paced=tuning.PACED)
+    for config in (replace(one_wave, paced=2), replace(one_wave, late_steps=2)):
+        assert tuning.with_pace(3072, 6144, 1, True, config) == config
+    persistent = GemvConfig(1, 3, 1)  # 192 tiles on 132 CTAs
+    assert tuning.with_pace(3072, 6144, 2, True, persistent) == persistent
+
+
 def test_unpaced_gate_ups_are_picks_the_rule_would_pace() -> None:
     """Each exception names a gate_up and token count the rule would otherwise change."""
     for (rows, k), counts in tuning.UNPACED_GATE_UPS.items():

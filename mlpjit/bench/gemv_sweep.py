@@ -274,7 +274,8 @@ def pairs(
 ) -> list[tuple[GemvConfig, GemvConfig]]:
     """choose_config's (gate_up, down) with each early_launch combination, then every
     (gate_up, down) of the defaults, tuning.spread_config's picks and the extra configs
-    that fit (and the ``spread`` best picks of tuning.spread_configs), with gate_up's trigger
+    that fit (and the ``spread`` best picks of tuning.spread_configs, paced as the planner
+    would pace them: tuning.with_pace), with gate_up's trigger
     at entry and after the wait (down's after the wait); then, per cluster size in
     ``clusters``, the default pair with gate_up, down and both set to that cluster size
     (where it fits); with ``send_x``, the default pair with the way each of its clustered
@@ -293,10 +294,17 @@ def pairs(
         (dataclasses.replace(gate_up, early_launch=g), dataclasses.replace(down, early_launch=d))
         for g, d in itertools.product((False, True), repeat=2)
     ]
-    # The model's spread picks (K splits, any tiles) beside the defaults, where they differ.
+    # The model's spread picks (K splits, any tiles) beside the defaults, where they differ,
+    # paced as the planner would pace them.
     if spread:
-        spread_g = tuning.spread_configs(2 * inter, hidden, m, count=spread)
-        spread_d = tuning.spread_configs(hidden, inter, m, count=spread)
+        spread_g = [
+            tuning.with_pace(2 * inter, hidden, m, True, c)
+            for c in tuning.spread_configs(2 * inter, hidden, m, count=spread)
+        ]
+        spread_d = [
+            tuning.with_pace(hidden, inter, m, False, c)
+            for c in tuning.spread_configs(hidden, inter, m, count=spread)
+        ]
         extra_gate_up = [*extra_gate_up, *(c for c in spread_g if c != gate_up)]
         extra_down = [*extra_down, *(c for c in spread_d if c != down)]
     gate_ups = [gate_up] + [c for c in extra_gate_up if tuning.config_fits(2 * inter, hidden, m, c)]

@@ -47,6 +47,7 @@ __all__ = [
     "spread_config",
     "spread_configs",
     "tuned",
+    "with_pace",
 ]
 
 # Registers the kernel needs besides the in-register weights (8 per in_regs step), measured
@@ -992,6 +993,15 @@ def choose_config(
         with_late = replace(pick, late_steps=late)
         if config_fits(rows, k, tokens, with_late, sms):
             return with_late
+    return with_pace(rows, k, tokens, swiglu, pick, sms)
+
+
+def with_pace(
+    rows: int, k: int, tokens: int, swiglu: bool, pick: GemvConfig, sms: int = hopper.SMS
+) -> GemvConfig:
+    """``pick`` with PACED's pace where the planner's rule gives it one: no pace or late
+    steps of its own, not one of UNPACED_GATE_UPS, a form the rule reaches (PACE_PERSISTENT,
+    PACE_SLICES_PER_WARP) and it fits; else ``pick`` as it is."""
     if not PACED or pick.paced or pick.late_steps:
         return pick
     if swiglu and tokens in UNPACED_GATE_UPS.get((rows, k), ()):
