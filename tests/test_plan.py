@@ -225,22 +225,6 @@ def test_tuned_table_fits_every_token_count_it_covers(monkeypatch):
             assert config == expected, (rows, k, swiglu, tokens)
 
 
-def test_table_entries_differ_from_the_planner_somewhere() -> None:
-    """An entry whose config the planner picks by itself at every token count it covers is
-    None instead: the table holds only what a sweep measured against the planner."""
-    for (rows, k, swiglu), entries in tuning.TUNED_H200.items():
-        first = 1
-        for bound, config in entries:
-            if config is not None:
-                planner = []
-                for tokens in range(first, bound + 1):
-                    with pytest.MonkeyPatch.context() as patch:
-                        patch.setattr(tuning, "TUNED_H200", {})
-                        planner.append(tuning._planned(rows, k, tokens, swiglu, hopper.SMS))
-                assert planner != [config] * len(planner), (rows, k, swiglu, bound)
-            first = bound + 1
-
-
 @pytest.mark.parametrize(
     ("rows", "k", "tokens", "swiglu", "paced"),
     [

@@ -136,8 +136,9 @@ def _config(
 # "paced" ("variant 67": staged steps kept in flight N at a time until the PDL wait returns,
 # the rest after x) beat the pick before them, paced, by more than 3% in every round of two H100
 # layer sweeps back to back, and were no slower with a server's norm between the layers; where
-# their pace is PACED's, the rule adds it. A measured pick that the planner makes by itself at
-# every token count of its entry is an entry of None.
+# their pace is PACED's, the rule adds it. An entry also keeps its layer on fp8_gemv at its
+# token counts (layer_plan.stream_halves: the table's picks beat the stream), so an entry the
+# planner would pick by itself is not redundant.
 TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...]] = {
     # GLM-5 (hidden 6144, intermediate 12288) TP 8
     (3072, 6144, True): (
@@ -170,7 +171,7 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
     # GLM-5 TP 2
     (12288, 6144, True): (
         (1, _config(1, 2, 2, spw=3)),
-        (2, None),
+        (2, _config(1, 0, 2, spw=3)),
         (4, _config(1, 2, 2, spw=3)),
         (7, _config(1, 3, 1)),
         (8, _config(1, 3, 1, cluster=2)),
@@ -182,16 +183,18 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
     ),
     # GLM-5 TP 1
     (24576, 6144, True): (
-        (2, None),
+        (2, _config(1, 0, 2, spw=3)),
         (3, _config(1, 0, 1, spw=3)),
         (4, _config(1, 0, 1, spw=3, cluster=2)),
         (8, _config(1, 3, 1, cluster=2)),
     ),
+    # At 8 tokens spw 3 in clusters of 2 beat the unclustered spw 2 pick by 1.3 us per layer
+    # (spw 2 in clusters spills; spw 2 unclustered spills at 5-7 tokens).
     (6144, 12288, False): (
         (1, _config(1, 0, 1, spw=3)),
-        (2, None),
+        (2, _config(1, 0, 1, spw=2)),
         (6, _config(1, 2, 1, spw=3, cluster=2)),
-        (8, None),
+        (8, _config(1, 3, 1, spw=3, cluster=2)),
     ),
     # GLM-4.5 (hidden 5120) TP 8
     (3072, 5120, True): (
@@ -209,11 +212,11 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
     ),
     # GLM-4.5 TP 4 gate_up: at 1 token the one-wave heuristic's pick beat the wide persistent
     # one (16.54 vs 17.57 us per layer), at 2-8 tokens the wide one won by 1.08-1.15x; at 8
-    # tokens clusters of 2 by 0.2-0.6 us (the planner's own pick there).
+    # tokens clusters of 2 by 0.2-0.6 us.
     (6144, 5120, True): (
         (1, _config(2, 3, 1)),
         (7, _config(1, 0, 1, spw=2)),
-        (8, None),
+        (8, _config(1, 0, 1, spw=2, cluster=2)),
     ),
     # From the layer sweeps of the K-granularity-128 kernels (`tune_fp8_gemv.py layer
     # --spread 3`), where a pair beat the planner's by >= 2%; token counts not listed keep
@@ -227,7 +230,7 @@ TUNED_H200: dict[tuple[int, int, bool], tuple[tuple[int, GemvConfig | None], ...
     (512, 7168, True): (
         (4, None),
         (7, _config(2, 3, 2, slice_k=256, splits=7)),
-        (8, None),
+        (8, _config(2, 3, 1, slice_k=256, splits=7)),  # variant 33
     ),
     # Qwen3-8B (hidden 4096) TP 8 gate_up, paced (H100); 2-7 tokens keep the planner's pick.
     (3072, 4096, True): (
